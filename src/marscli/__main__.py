@@ -1,0 +1,3 @@
+from marscli.cli import main
+
+main()

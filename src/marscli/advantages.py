@@ -1,0 +1,217 @@
+"""Advantages: one scalar per trajectory from the rewards of its group (pure numpy, no torch).
+
+BN-GSPO (the paper's estimator) normalises twice. Group step, within the G samples of a prompt:
+Ā_i = (r_i − mean_g) / (std_g + 1e-6), std unbiased (ddof=1). Batch step, over the batch:
+Ã_i = (Ā_i − mean_B Ā) / (std_B Ā + 1e-9), std population (ddof=0). Every estimator in
+`ESTIMATORS` shares one signature and works on one minibatch; `compute` runs it per minibatch and
+`run` turns scored rows into advantage rows.
+
+Where marscli departs from the paper or the released code (verl `core_algos.py`), and why:
+1. A group of one sample gets advantage 0 under every estimator. The released code gives it
+   mean 0 and std 1, so its advantage is its raw reward: a sample with no siblings has no
+   baseline, and a raw reward of a different scale would dominate the batch step.
+2. Scope of the batch step. The released code applies it once to the whole training batch,
+   before that batch is cut into PPO minibatches. marscli applies it to the input file
+   (`--minibatches 1`, the default, which reproduces the released code when one file is one
+   batch), or, with `--minibatches M`, within each of M minibatches of whole groups, assigned by
+   a seeded shuffle and recorded in the `minibatch` field so that `update` uses the same split.
+3. Statistics are computed in float64 (the released code uses float32 or the reward dtype).
+4. `--filter-zero-std` (off by default) drops groups whose rewards are all equal, groups of one
+   included, before the batch step, as DAPO's dynamic sampling does but without resampling.
+   Such groups carry no learning signal yet would shift the batch mean and shrink its std.
+5. The advantage is one number per trajectory. Broadcasting it over tokens with the loss mask
+   (model tokens 1, prompt and tool tokens 0) happens in `update`, not here.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Callable, Hashable, Sequence
+
+import numpy as np
+
+from marscli.errors import BadInput
+from marscli.jsonl import AtomicJsonl, get_field, read_rows, write_sidecar
+from marscli.registry import Registry
+
+# fn(rewards [N], group_index [N] in 0..n_groups-1, n_groups, eps_group, eps_batch) -> [N]
+Estimator = Callable[[np.ndarray, np.ndarray, int, float, float], np.ndarray]
+ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
+
+
+def group_stats(r: np.ndarray, g: np.ndarray, n: int) -> tuple[np.ndarray, ...]:
+    """Per-group size, sum, mean and unbiased std (0 for a group of one); each [n]."""
+    size = np.bincount(g, minlength=n)  # [n]
+    total = np.bincount(g, weights=r, minlength=n)  # [n]
+    mean = total / np.maximum(size, 1)  # [n]
+    dev = r - mean[g]  # [N], two passes: stable where E[x²] − E[x]² is not
+    ss = np.bincount(g, weights=dev * dev, minlength=n)  # [n]
+    std = np.sqrt(ss / np.maximum(size - 1, 1))  # [n]
+    return size, total, mean, std
+
+
+@ESTIMATORS.register("bn-gspo")
+def bn_gspo(r: np.ndarray, g: np.ndarray, n: int, eps_group: float, eps_batch: float) -> np.ndarray:
+    a = grpo(r, g, n, eps_group, eps_batch)  # [N] group step
+    return (a - a.mean()) / (a.std() + eps_batch)  # batch step, population std
+
+
+@ESTIMATORS.register("grpo")
+def grpo(r: np.ndarray, g: np.ndarray, n: int, eps_group: float, eps_batch: float) -> np.ndarray:
+    _, _, mean, std = group_stats(r, g, n)
+    return (r - mean[g]) / (std[g] + eps_group)  # a group of one: (r − r) / eps = 0
+
+
+@ESTIMATORS.register("dr-grpo")
+def dr_grpo(r: np.ndarray, g: np.ndarray, n: int, eps_group: float, eps_batch: float) -> np.ndarray:
+    _, _, mean, _ = group_stats(r, g, n)
+    return r - mean[g]
+
+
+@ESTIMATORS.register("rloo")
+def rloo(r: np.ndarray, g: np.ndarray, n: int, eps_group: float, eps_batch: float) -> np.ndarray:
+    size, total, _, _ = group_stats(r, g, n)
+    k = size[g]  # [N]
+    others = (total[g] - r) / np.maximum(k - 1, 1)  # mean of the other k − 1 samples
+    return np.where(k > 1, r - others, 0.0)
+
+
+def codes(ids: Sequence[Hashable] | np.ndarray) -> tuple[np.ndarray, int]:
+    """Dense indices 0..n-1 for arbitrary hashable ids: sorted order for a numeric array,
+    order of first appearance otherwise."""
+    if isinstance(ids, np.ndarray) and ids.dtype.kind in "iub":
+        uniq, idx = np.unique(ids, return_inverse=True)
+        return idx.reshape(-1).astype(np.int64), len(uniq)
+    seen: dict[Hashable, int] = {}
+    items = ids.tolist() if isinstance(ids, np.ndarray) else ids
+    idx = np.fromiter((seen.setdefault(x, len(seen)) for x in items), np.int64, len(items))
+    return idx, len(seen)
+
+
+def compute(rewards: Sequence[float] | np.ndarray, group_ids: Sequence[Hashable] | np.ndarray,
+            estimator: str = "bn-gspo", minibatch_ids: Sequence[Hashable] | np.ndarray | None = None,
+            eps_group: float = 1e-6, eps_batch: float = 1e-9) -> np.ndarray:
+    """Advantages [N] (float64, input order); the estimator runs within each minibatch."""
+    fn = ESTIMATORS.get(estimator)
+    r = np.asarray(rewards, dtype=np.float64)  # [N]
+    if len(group_ids) != len(r):
+        raise ValueError(f"{len(r)} rewards but {len(group_ids)} group ids")
+    if minibatch_ids is None:
+        g, n = codes(group_ids)
+        return fn(r, g, n, eps_group, eps_batch)
+    mb, _ = codes(minibatch_ids)  # [N]
+    if len(mb) != len(r):
+        raise ValueError(f"{len(r)} rewards but {len(mb)} minibatch ids")
+    gid, _ = codes(group_ids)  # [N]
+    order = np.argsort(mb, kind="stable")  # rows grouped by minibatch
+    cuts = np.flatnonzero(np.diff(mb[order])) + 1
+    out = np.empty_like(r)
+    for rows in np.split(order, cuts):  # a loop over minibatches, not rows
+        _, g = np.unique(gid[rows], return_inverse=True)
+        out[rows] = fn(r[rows], g.reshape(-1), int(g.max()) + 1, eps_group, eps_batch)
+    return out
+
+
+def assign_minibatches(prompt_ids: Sequence[Hashable] | np.ndarray, m: int, seed: int) -> np.ndarray:
+    """Minibatch index [N] in 0..m-1, keeping each prompt's group whole.
+
+    Groups are shuffled (numpy Generator, `seed`), stably sorted by size, largest first, and dealt
+    out in snake order (0..m-1, m-1..0, ...): group counts differ by at most one, and row counts
+    are equal when groups are and close otherwise.
+    """
+    g, n = codes(prompt_ids)
+    if not 1 <= m <= n:
+        raise BadInput(f"--minibatches: {m} is out of range — must be between 1 and the "
+                       f"number of groups ({n})")
+    size = np.bincount(g, minlength=n)  # [n]
+    perm = np.random.default_rng(seed).permutation(n)  # [n] groups in shuffled order
+    perm = perm[np.argsort(-size[perm], kind="stable")]
+    k = np.arange(n) % (2 * m)
+    slot = np.where(k < m, k, 2 * m - 1 - k)  # snake: 0,1,..,m-1,m-1,..,0
+    of_group = np.empty(n, np.int64)
+    of_group[perm] = slot
+    return of_group[g]
+
+
+def _validate(rows: list[tuple[int, dict]], src: str) -> tuple[list[str], np.ndarray]:
+    first: dict[str, int] = {}
+    pids: list[str] = []
+    rewards = np.empty(len(rows), np.float64)
+    for i, (line, row) in enumerate(rows):
+        rid = get_field(row, "id", str, src, line)
+        if rid in first:
+            raise BadInput(f"{src}:{line}: id: duplicate id {rid!r} (first at line {first[rid]}) "
+                           f"— each trajectory must appear once")
+        first[rid] = line
+        pids.append(get_field(row, "prompt_id", str, src, line))
+        reward = row.get("reward")
+        if isinstance(reward, dict) and reward.get("status") == "unscored":
+            raise BadInput(f"{src}:{line}: reward.status: row is unscored — rerun `marscli "
+                           f"reward` on it before computing advantages")
+        rewards[i] = get_field(row, "reward.total", (int, float), src, line)
+    return pids, rewards
+
+
+def run(rows: list[tuple[int, dict]], src: str, estimator: str = "bn-gspo", minibatches: int = 1,
+        filter_zero_std: bool = False, seed: int = 0) -> tuple[list[dict], dict]:
+    """Scored rows → the same rows with `advantage`, `group` (and `minibatch` when M > 1)."""
+    ESTIMATORS.get(estimator)  # fail on a bad name before looking at the data
+    if minibatches < 1:
+        raise BadInput(f"--minibatches: {minibatches} is out of range — must be >= 1")
+    pids, r = _validate(rows, src)
+    g, n = codes(pids)
+    size, _, mean, std = group_stats(r, g, n)
+    flat = std == 0  # [n] all rewards equal (groups of one included)
+    keep = ~flat[g] if filter_zero_std else np.ones(len(r), bool)  # [N]
+    if not keep.any():
+        raise BadInput(f"{src}: all {n} groups have equal rewards, so --filter-zero-std dropped "
+                       f"every row — drop the flag or sample more per prompt")
+    kept = np.flatnonzero(keep)
+    mb = assign_minibatches(g[kept], minibatches, seed) if minibatches > 1 else None
+    adv = compute(r[kept], g[kept], estimator, mb)  # [K]
+    out: list[dict] = []
+    for j, i in enumerate(kept.tolist()):
+        row = rows[i][1]
+        gi = g[i]
+        row["advantage"] = float(adv[j])
+        row["group"] = {"mean": float(mean[gi]), "std": float(std[gi]), "size": int(size[gi])}
+        if mb is not None:
+            row["minibatch"] = int(mb[j])
+        else:
+            row.pop("minibatch", None)  # a stale split from an earlier run would mislead update
+        out.append(row)
+    n_kept = int(np.unique(g[kept]).size)
+    stats = {
+        "estimator": estimator,
+        "groups": n_kept,
+        "rows": len(out),
+        "dropped_groups": n - n_kept,
+        "dropped_rows": len(r) - len(out),
+        "zero_std_groups": int(flat.sum()),
+        "reward_mean": float(r[kept].mean()),
+        "advantage_mean": float(adv.mean()),
+        "advantage_std": float(adv.std()),
+        "minibatch_rows": np.bincount(mb, minlength=minibatches).tolist() if mb is not None
+        else [len(out)],
+    }
+    return out, stats
+
+
+def main(input: str, output: str = "-", estimator: str = "bn-gspo", minibatches: int = 1,
+         filter_zero_std: bool = False, seed: int = 0) -> dict:
+    """read → run → atomic write → sidecar; a one-line summary on stderr. Returns the stats."""
+    started = time.time()
+    ESTIMATORS.get(estimator)  # before blocking on stdin
+    rows, stats = run(read_rows(input), input, estimator, minibatches, filter_zero_std, seed)
+    with AtomicJsonl(output) as out:
+        out.write_all(rows)
+    config = {"estimator": estimator, "minibatches": minibatches,
+              "filter_zero_std": filter_zero_std, "eps_group": 1e-6, "eps_batch": 1e-9}
+    write_sidecar(output, stage="advantages", seed=seed, config=config, inputs=[input],
+                  stats=stats, started=started)
+    dropped = f", dropped {stats['dropped_groups']} flat groups" if filter_zero_std else ""
+    print(f"advantages ({estimator}): {stats['rows']} rows in {stats['groups']} groups{dropped}, "
+          f"zero-std groups {stats['zero_std_groups']}, wrote {'stdout' if output == '-' else output}",
+          file=sys.stderr)
+    return stats

@@ -1,0 +1,88 @@
+"""Image loading that refuses bad files before they cost memory, and Qwen's smart resize."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from PIL import Image, UnidentifiedImageError
+
+from marscli.errors import BadInput
+
+# An 8000x6000 photo is 48 MP; 50,000 x 50,000 is a decompression bomb. Refuse above this,
+# from the header alone, before any pixel is decoded.
+MAX_INPUT_PIXELS = 200_000_000
+Image.MAX_IMAGE_PIXELS = None  # we do our own check, with a clearer message
+
+QWEN_FACTOR = 32
+CROP_MIN_PIXELS = 65_536
+CROP_MAX_PIXELS = 8_294_400
+MIN_SIDE = 28
+
+
+def open_image(path: str | Path, *, max_pixels: int | None = None, what: str = "image") -> Image.Image:
+    """Decode an RGB image, checking it exists, is a file, is an image and is not a bomb.
+
+    With `max_pixels`, large images are downscaled on load (JPEG draft mode decodes at a
+    fraction of the size, so an 8000x6000 input never occupies full-resolution memory twice).
+    """
+    p = Path(path)
+    if not p.exists():
+        raise BadInput(f"{path}: {what} not found")
+    if p.is_dir():
+        raise BadInput(f"{path}: {what} path is a folder, expected an image file")
+    try:
+        im = Image.open(p)
+        w, h = im.size
+        if w * h > MAX_INPUT_PIXELS:
+            raise BadInput(f"{path}: {what} claims {w}x{h} pixels, over the {MAX_INPUT_PIXELS:,} "
+                           "pixel limit (decompression bomb?) — downscale it first")
+        if max_pixels and w * h > max_pixels:
+            scale = math.sqrt(max_pixels / (w * h))
+            im.draft("RGB", (max(1, int(w * scale)), max(1, int(h * scale))))
+        im = im.convert("RGB")
+        im.load()
+    except BadInput:
+        raise
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+        raise BadInput(f"{path}: {what} cannot be decoded ({type(e).__name__}: {e})") from None
+    if max_pixels and im.width * im.height > max_pixels:
+        nh, nw = fit_pixels(im.height, im.width, max_pixels)
+        im = im.resize((nw, nh), Image.BICUBIC)
+    return im
+
+
+def fit_pixels(h: int, w: int, max_pixels: int) -> tuple[int, int]:
+    """Scale (h, w) down, keeping the aspect ratio, to at most max_pixels."""
+    s = math.sqrt(max_pixels / (h * w))
+    return max(1, int(h * s)), max(1, int(w * s))
+
+
+def smart_resize(h: int, w: int, factor: int = QWEN_FACTOR, min_pixels: int = CROP_MIN_PIXELS,
+                 max_pixels: int = CROP_MAX_PIXELS) -> tuple[int, int]:
+    """Qwen-VL's resize rule: both sides multiples of `factor`, area within [min, max] pixels,
+    aspect ratio kept as closely as the grid allows."""
+    if max(h, w) / min(h, w) > 200:
+        raise ValueError(f"aspect ratio {max(h, w) / min(h, w):.0f} is over 200")
+    hb = max(factor, round(h / factor) * factor)
+    wb = max(factor, round(w / factor) * factor)
+    if hb * wb > max_pixels:
+        beta = math.sqrt(h * w / max_pixels)
+        hb = max(factor, math.floor(h / beta / factor) * factor)
+        wb = max(factor, math.floor(w / beta / factor) * factor)
+    elif hb * wb < min_pixels:
+        beta = math.sqrt(min_pixels / (h * w))
+        hb = math.ceil(h * beta / factor) * factor
+        wb = math.ceil(w * beta / factor) * factor
+    return hb, wb
+
+
+def resize_crop(im: Image.Image) -> Image.Image:
+    """What the zoom-in tool returns: tiny crops upscaled to 28 px first, then smart-resized."""
+    w, h = im.size
+    if min(w, h) < MIN_SIDE:
+        s = MIN_SIDE / min(w, h)
+        w, h = max(MIN_SIDE, round(w * s)), max(MIN_SIDE, round(h * s))
+        im = im.resize((w, h), Image.BICUBIC)
+    nh, nw = smart_resize(h, w)
+    return im if (nw, nh) == im.size else im.resize((nw, nh), Image.BICUBIC)

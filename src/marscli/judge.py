@@ -1,0 +1,315 @@
+"""LLM judges for the reward stage: is a non-exact answer still correct?
+
+Specs (`--judge`):
+- `exact`: no judge. An answer that does not match a gold answer exactly scores 0, a real,
+  deterministic score (the verdict is always No), not a failure.
+- `openai:MODEL@URL` (or `openai:MODEL`, URL from `OPENAI_BASE_URL`, default OpenAI's): an
+  OpenAI-compatible `POST {URL}/chat/completions` (vLLM, SGLang, OpenAI...). The API key comes
+  from `OPENAI_API_KEY` or `JUDGE_API_KEY` and is only ever put in the Authorization header.
+
+An HTTP judge retries connection errors, timeouts, HTTP 429/5xx and malformed replies with
+exponential backoff and jitter, up to `attempts` in all; other 4xx are not retried (asking again
+will not help). When it gives up it raises `JudgeError`, which the reward stage records as an
+unscored row. Successful verdicts are cached in SQLite (WAL, one connection per thread, safe for
+several processes) keyed by sha256 of (prompt version, model, question, gold, response), so a
+re-run after a partial failure only asks what it has not asked yet.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import os
+import random
+import re
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import orjson
+import requests
+
+from marscli.errors import BadInput, RuntimeFailure
+from marscli.jsonl import redact
+from marscli.registry import Registry
+
+PROMPT_VERSION = 1  # part of the cache key: a new prompt must not reuse the old prompt's verdicts
+IMAGE_MAX_SIDE = 512  # the judge needs the gist of the image, not its pixels
+_VERDICT = re.compile(r"<judge>\s*(yes|no)\b[^<]*</judge>", re.I)
+
+PROMPT = """You grade answers to questions about an image. Compare the candidate answer with the \
+reference answer (the ground truth) and decide whether the candidate is correct.
+
+Question: {question}
+Reference answer: {gold}
+Candidate answer: {response}
+
+Principles:
+- A candidate that is more specific than the reference but agrees with it is correct \
+(e.g. "Lyon, France" for "Lyon"); one that is vaguer, hedges between several answers, or \
+names a different thing is not.
+- Numbers are correct when they are equal after converting units or notation \
+(e.g. "1.5 km" and "1500 m", "3 million" and "3,000,000"); rounding is fine only when the \
+reference is itself rounded.
+- For a person, both the first and the last name must be right.
+- For a yes/no question, the candidate's yes or no must match the reference.
+- For a multiple-choice question, be lenient: the option letter, the option text, or both \
+are correct when they point to the reference option.
+- Spelling variants, abbreviations and translations of the same thing are correct.
+
+Reply with exactly <judge>Yes</judge> if the candidate is correct, otherwise <judge>No</judge>."""
+
+
+class JudgeError(RuntimeFailure):
+    """The judge gave no verdict after all attempts; the reward stage marks the row unscored."""
+
+
+@dataclass
+class JudgeOptions:
+    timeout_s: float = 60.0
+    attempts: int = 3  # in all, the first one included
+    concurrency: int = 8  # HTTP requests in flight at once
+    cache_path: str | None = None  # None: $MARSCLI_CACHE_DIR/judge.sqlite or ~/.cache/marscli
+    backoff_s: float = 1.0  # first retry waits backoff_s * (1..2), then doubles
+    max_tokens: int = 256  # room for a judge that thinks before its tag
+
+
+@dataclass
+class JudgeStats:
+    calls: int = 0  # verdicts asked of the judge (cache misses)
+    requests: int = 0  # HTTP requests sent, retries included
+    retries: int = 0
+    cache_hits: int = 0
+
+
+class Judge:
+    """One signature for every judge: `verdict(question, gold, response, image) -> bool`."""
+
+    form = ""  # the spec form, for error messages
+    name = ""  # what goes into `reward.judge`
+    remote = False  # asks a model: needs the question and the image
+
+    def __init__(self, arg: str, opts: JudgeOptions) -> None:
+        self.stats = JudgeStats()
+
+    def verdict(self, question: str, gold: str, response: str, image: str | None) -> bool:
+        raise NotImplementedError
+
+    def config(self) -> dict:
+        return {"judge": self.name}
+
+    def close(self) -> None:
+        pass
+
+
+JUDGES: Registry[type[Judge]] = Registry("judge")
+
+
+@JUDGES.register("exact")
+class ExactJudge(Judge):
+    form = "exact"
+    name = "exact"
+
+    def __init__(self, arg: str, opts: JudgeOptions) -> None:
+        super().__init__(arg, opts)
+        if arg:
+            raise BadInput(f"--judge exact:{arg}: the exact judge takes no argument — use exact")
+
+    def verdict(self, question: str, gold: str, response: str, image: str | None) -> bool:
+        return False  # exact matches were already scored; anything else is wrong
+
+
+@JUDGES.register("openai")
+class OpenAIJudge(Judge):
+    form = "openai:MODEL@URL"
+    remote = True
+
+    def __init__(self, arg: str, opts: JudgeOptions) -> None:
+        super().__init__(arg, opts)
+        model, at, url = arg.rpartition("@") if "@" in arg else (arg, "", "")
+        url = url or os.environ.get("OPENAI_BASE_URL", "https://api.openai.com/v1")
+        if not model:
+            raise BadInput(f"--judge openai:{arg}: no model name — use openai:MODEL@URL, "
+                           "e.g. openai:Qwen2.5-VL-72B-Instruct@http://localhost:8000/v1")
+        if not re.match(r"https?://", url):
+            raise BadInput(f"--judge openai:{arg}: URL {url!r} must start with http:// or https://")
+        self.model, self.url, self.opts = model, url.rstrip("/") + "/chat/completions", opts
+        self.name = f"openai:{model}"
+        self._sem = threading.BoundedSemaphore(opts.concurrency)
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self.cache = VerdictCache(opts.cache_path or default_cache_path())
+
+    def config(self) -> dict:
+        o = self.opts
+        return {"judge": self.name, "url": self.url, "timeout_s": o.timeout_s,
+                "attempts": o.attempts, "concurrency": o.concurrency, "cache": self.cache.path,
+                "prompt_version": PROMPT_VERSION, "max_tokens": o.max_tokens}
+
+    def verdict(self, question: str, gold: str, response: str, image: str | None) -> bool:
+        key = cache_key(self.model, question, gold, response)
+        cached = self.cache.get(key)
+        if cached is not None:
+            self._count("cache_hits")
+            return cached
+        self._count("calls")
+        yes = self._ask(self._body(question, gold, response, image))
+        self.cache.put(key, yes)
+        return yes
+
+    def _body(self, question: str, gold: str, response: str, image: str | None) -> dict:
+        content: list[dict] = []
+        if image:
+            content.append({"type": "image_url", "image_url": {"url": image_data_url(image)}})
+        text = PROMPT.format(question=question, gold=gold, response=response)
+        content.append({"type": "text", "text": text})
+        return {"model": self.model, "messages": [{"role": "user", "content": content}],
+                "temperature": 0, "max_tokens": self.opts.max_tokens}
+
+    def _ask(self, body: dict) -> bool:
+        o, err = self.opts, "no attempt made"
+        for attempt in range(1, o.attempts + 1):
+            if attempt > 1:
+                self._count("retries")
+                time.sleep(o.backoff_s * 2 ** (attempt - 2) * (1 + random.random()))
+            try:
+                if True:
+                    self._count("requests")
+                    r = self._session().post(self.url, json=body, headers=_headers(),
+                                             timeout=o.timeout_s)
+            except requests.Timeout:
+                err = f"timed out after {o.timeout_s:g} s"
+                continue
+            except requests.RequestException as e:
+                err = f"connection failed ({type(e).__name__})"
+                continue
+            if r.status_code == 429 or r.status_code >= 500:
+                err = f"HTTP {r.status_code}"
+                continue
+            if r.status_code >= 400:  # our request is wrong (auth, model name): asking again won't help
+                raise JudgeError(_safe(f"judge refused: HTTP {r.status_code}: {r.text[:200]}"))
+            try:
+                return _parse_verdict(r.content)
+            except ValueError as e:
+                err = f"malformed reply ({e})"
+        raise JudgeError(_safe(f"judge gave no verdict after {o.attempts} attempts: {err}"))
+
+    def _session(self) -> requests.Session:
+        # requests.Session is not documented as thread-safe: one per worker thread
+        if not hasattr(self._local, "s"):
+            self._local.s = requests.Session()
+        return self._local.s
+
+    def _count(self, field: str) -> None:
+        with self._lock:
+            setattr(self.stats, field, getattr(self.stats, field) + 1)
+
+    def close(self) -> None:
+        self.cache.close()
+
+
+def parse_spec(spec: str) -> tuple[str, str]:
+    """`openai:MODEL@URL` -> ("openai", "MODEL@URL"); `exact` -> ("exact", "")."""
+    name, _, arg = spec.partition(":")
+    if name not in JUDGES:
+        forms = ", ".join(JUDGES.get(n).form for n in JUDGES.names())
+        raise BadInput(f"--judge {spec!r}: unknown judge — valid forms: {forms}")
+    return name, arg
+
+
+def make_judge(spec: str, opts: JudgeOptions | None = None) -> Judge:
+    name, arg = parse_spec(spec)
+    return JUDGES.get(name)(arg, opts or JudgeOptions())
+
+
+def _headers() -> dict:
+    key = os.environ.get("OPENAI_API_KEY") or os.environ.get("JUDGE_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def _safe(msg: str) -> str:
+    """A server may echo our key back in an error body; never let it into a record."""
+    return redact(msg)
+
+
+def _parse_verdict(raw: bytes) -> bool:
+    try:
+        content = orjson.loads(raw)["choices"][0]["message"]["content"]
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+        raise ValueError("not an OpenAI chat completion") from None
+    found = _VERDICT.findall(content) if isinstance(content, str) else []
+    if not found:
+        raise ValueError("no <judge>Yes</judge> or <judge>No</judge> in it")
+    return found[-1].lower() == "yes"
+
+
+@lru_cache(maxsize=64)  # G samples of a prompt share one image: encode it once
+def image_data_url(path: str) -> str:
+    from marscli.images import open_image  # Pillow only; kept out of the exact path
+
+    im = open_image(path, what="judge image")
+    im.thumbnail((IMAGE_MAX_SIDE, IMAGE_MAX_SIDE))
+    buf = io.BytesIO()
+    im.save(buf, format="JPEG", quality=90)
+    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def cache_key(model: str, question: str, gold: str, response: str) -> str:
+    blob = orjson.dumps([PROMPT_VERSION, model, question, gold, response])
+    return hashlib.sha256(blob).hexdigest()
+
+
+def default_cache_path() -> str:
+    base = os.environ.get("MARSCLI_CACHE_DIR") or Path.home() / ".cache" / "marscli"
+    return str(Path(base) / "judge.sqlite")
+
+
+class VerdictCache:
+    """Judge verdicts in SQLite: WAL so readers never block the writer, a busy timeout so
+    several processes can share one file, and one connection per thread (sqlite3's rule)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._local = threading.local()
+        self._conns: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self._conn()
+        except (OSError, sqlite3.Error) as e:
+            raise BadInput(f"--judge-cache {path}: cannot open the judge cache ({e}) — "
+                           "pick another path or set MARSCLI_CACHE_DIR") from None
+
+    def _conn(self) -> sqlite3.Connection:
+        c = getattr(self._local, "c", None)
+        if c is None:
+            # check_same_thread=False only so close() can run from the main thread
+            c = sqlite3.connect(self.path, timeout=30, isolation_level=None,
+                                check_same_thread=False)
+            c.execute("PRAGMA busy_timeout=30000")
+            c.execute("PRAGMA journal_mode=WAL")
+            c.execute("CREATE TABLE IF NOT EXISTS verdicts "
+                      "(key TEXT PRIMARY KEY, yes INTEGER NOT NULL, created REAL NOT NULL)")
+            self._local.c = c
+            with self._lock:
+                self._conns.append(c)
+        return c
+
+    def get(self, key: str) -> bool | None:
+        row = self._conn().execute("SELECT yes FROM verdicts WHERE key = ?", (key,)).fetchone()
+        return None if row is None else bool(row[0])
+
+    def put(self, key: str, yes: bool) -> None:
+        self._conn().execute("INSERT OR REPLACE INTO verdicts VALUES (?, ?, ?)",
+                             (key, int(yes), time.time()))
+
+    def close(self) -> None:
+        with self._lock:
+            for c in self._conns:
+                c.close()
+            self._conns.clear()
+        self._local = threading.local()

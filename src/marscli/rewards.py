@@ -1,0 +1,275 @@
+"""The reward stage: trajectory rows in, the same rows with `reward` out.
+
+    reward.total = accuracy (0 or 1) + format (format_weight or 0)
+
+Accuracy, as the paper scores it:
+1. Take the response's last `<answer>` (the record's `final_answer`, else parsed from the last
+   model segment). No answer: accuracy 0, and no judge is asked.
+2. Multiple choice (the row has `choices`): extract a letter A-E (a bare letter, `\\boxed{X}`,
+   "answer is (X)", the last standalone capital letter) or accept the text of an option; it is
+   right when it names a gold option. No judge.
+3. Otherwise normalise SQuAD-style (lower case, no punctuation, no articles, single spaces),
+   keeping a lone "a" so the letter A survives; an exact match with any gold answer scores 1.
+4. Else, when a judge is configured, ask it once per gold answer (question, gold, answer,
+   image); any Yes scores 1. With `--judge exact` the answer scores 0.
+
+Format: `format_weight` when the trajectory ended with a non-empty answer (stop "answer") and
+made no invalid tool call (a tool segment with ok false, or stop "format_error").
+
+Failures: a judge that gives no verdict after its retries leaves the row
+`{"status": "unscored", "error": ...}` with no `total`, never a silent 0. When more than
+`max_unscored` of the rows are unscored the stage exits 1, but only after writing the output
+and sidecar anyway: the scored rows (and their cached verdicts) are not lost, a re-run asks the
+judge only about what is missing, and `advantages` refuses rows without a total.
+
+Departures from the paper / released code:
+1. The judge prompt is marscli's own wording of the paper's grading principles.
+2. The judge sees the extracted answer, not the whole trajectory, and is asked about gold
+   answers one at a time, stopping at the first Yes.
+
+The last-`<answer>` regex below is private until `marscli.protocol.last_answer` lands.
+Nothing here imports torch or transformers.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from marscli.errors import BadInput, RuntimeFailure
+from marscli.jsonl import AtomicJsonl, get_field, read_rows, redact, write_sidecar
+from marscli.judge import Judge, JudgeError, JudgeOptions, make_judge
+
+LETTERS = "ABCDE"
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)  # TODO: protocol.last_answer
+_PUNCT = set(string.punctuation)
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_BOXED = re.compile(r"\\boxed\{\s*\(?\s*([A-Ea-e])\s*\)?\s*\}")
+# "answer is (c)", "answer: D", "correct answer is option B"; a lower-case letter only when
+# bracketed or last ("the answer is a dog" is not option A)
+_ANSWER_IS = re.compile(r"(?i:answer)\s*(?:(?i:is)\s*:?|:)\s*(?:(?i:option)\s*)?"
+                        r"(?:\(([A-Ea-e])\)|([A-E])(?![\w])|([a-e])(?=\s*[.!]?\s*$))")
+_LONE_LETTER = re.compile(r"(?<![\w])([A-E])(?![\w])")
+_OPTION_LABEL = re.compile(r"^\s*\(?[A-Ea-e][.):]\s+")  # "A. cat", "(B) dog"
+
+
+def _last_answer(text: str) -> str | None:
+    found = _ANSWER.findall(text)
+    return found[-1].strip() if found else None
+
+
+def normalize(s: str) -> str:
+    """SQuAD normalisation, except that a lone "a" stays (it is the option letter A)."""
+    s = "".join(ch for ch in s.lower() if ch not in _PUNCT)
+    if s.strip() == "a":
+        return "a"
+    return " ".join(_ARTICLES.sub(" ", s).split())
+
+
+def extract_choice(text: str, letters: str = LETTERS) -> str | None:
+    """The option letter a response picks, upper case, or None. `letters` bounds the range
+    (ABCD for four options)."""
+    text = _last_answer(text) or text
+    bare = text.strip().strip(string.punctuation + " ").strip()
+    candidates = [bare.upper()] if len(bare) == 1 and bare.upper() in LETTERS else []
+    candidates += [m.upper() for m in _BOXED.findall(text)[-1:]]
+    candidates += ["".join(m).upper() for m in _ANSWER_IS.findall(text)[-1:]]
+    candidates += _LONE_LETTER.findall(text)[-1:]
+    # the strongest signal decides; an out-of-range letter (E of four options) is wrong
+    return candidates[0] if candidates and candidates[0] in letters else None
+
+
+def _option_text(option: str) -> str:
+    return normalize(_OPTION_LABEL.sub("", option))
+
+
+def _choice(answer: str, choices: list[str]) -> str | None:
+    """A letter, or an option's text, in the answer -> its letter."""
+    letters = LETTERS[: len(choices)]
+    bare = answer.strip().strip(string.punctuation + " ")
+    if len(bare) == 1 and bare.upper() in letters:
+        return bare.upper()
+    texts = [_option_text(c) for c in choices]
+    if normalize(answer) in texts:
+        return letters[texts.index(normalize(answer))]
+    return extract_choice(answer, letters)
+
+
+def gold_letters(gold_answers: list[str], choices: list[str]) -> set[str]:
+    """Gold answers given as letters or as option texts, as letters."""
+    letters = LETTERS[: len(choices)]
+    texts = [_option_text(c) for c in choices]
+    out = set()
+    for g in gold_answers:
+        bare = g.strip().strip(string.punctuation + " ")
+        if len(bare) == 1 and bare.upper() in letters:
+            out.add(bare.upper())
+        elif normalize(g) in texts:
+            out.add(letters[texts.index(normalize(g))])
+    return out
+
+
+def score_answer(response_text: str, gold_answers: list[str],
+                 choices: list[str] | None = None) -> float:
+    """Exact-path accuracy (no judge): 1.0 or 0.0. Uses the last `<answer>` if there is one,
+    else the whole text."""
+    answer = _last_answer(response_text)
+    answer = response_text if answer is None else answer
+    if choices:
+        picked = _choice(answer, choices)
+        return float(picked is not None and picked in gold_letters(gold_answers, choices))
+    pred = normalize(answer)
+    return float(bool(pred) and any(pred == normalize(g) for g in gold_answers))
+
+
+def response_answer(traj: dict) -> str | None:
+    """The trajectory's final answer: `final_answer`, else the last model segment's tag."""
+    if isinstance(traj.get("final_answer"), str):
+        return traj["final_answer"]
+    models = [s for s in traj.get("segments") or [] if s.get("role") == "model"]
+    return _last_answer(models[-1].get("text") or "") if models else None
+
+
+def format_ok(traj: dict) -> bool:
+    """Ended with a non-empty answer and made no invalid tool call."""
+    answer = response_answer(traj)
+    if not answer or not answer.strip() or traj.get("stop", "answer") != "answer":
+        return False
+    return all(s.get("ok", True) is not False
+               for s in traj.get("segments") or [] if s.get("role") == "tool")
+
+
+# ----------------------------------------------------------------------------- the stage
+
+
+def _validate(row: dict, src: str, line: int, judge: Judge) -> str | None:
+    """Check the fields scoring needs; return the judge's image path (or None)."""
+    gold = get_field(row, "answer_gt", list, src, line)
+    if not gold or not all(isinstance(g, str) for g in gold):
+        raise BadInput(f"{src}:{line}: answer_gt: expected a non-empty list of strings, "
+                       f"got {gold!r:.80}")
+    choices = get_field(row, "choices", list, src, line, default=None)
+    if choices is not None:
+        if not 1 <= len(choices) <= len(LETTERS) or not all(isinstance(c, str) for c in choices):
+            raise BadInput(f"{src}:{line}: choices: expected 1 to {len(LETTERS)} option strings "
+                           f"(letters {LETTERS})")
+        if not gold_letters(gold, choices):
+            raise BadInput(f"{src}:{line}: answer_gt: {gold!r:.80} names none of the "
+                           f"{len(choices)} choices — give a letter or an option's text")
+    get_field(row, "final_answer", (str, type(None)), src, line, default=None)
+    get_field(row, "stop", str, src, line, default="answer")
+    for i, seg in enumerate(get_field(row, "segments", list, src, line)):
+        if not isinstance(seg, dict):
+            raise BadInput(f"{src}:{line}: segments[{i}]: expected an object")
+        if seg.get("role") == "tool":
+            if not isinstance(seg.get("ok"), bool):
+                raise BadInput(f"{src}:{line}: segments[{i}].ok: expected true or false")
+        if seg.get("role") == "model" and not isinstance(seg.get("text", ""), str):
+            raise BadInput(f"{src}:{line}: segments[{i}].text: expected a string")
+    if not judge.remote:  # the exact judge needs neither question nor image
+        return None
+    get_field(row, "question", str, src, line)
+    images = get_field(row, "images", list, src, line, default=[])
+    if not images:
+        return None
+    rel = images[0].get("path") if isinstance(images[0], dict) else None
+    if not isinstance(rel, str):
+        raise BadInput(f"{src}:{line}: images[0].path: expected a string")
+    base = Path(src).parent if src != "-" else Path.cwd()
+    path = base / rel
+    if not path.is_file():
+        raise BadInput(f"{src}:{line}: images[0].path: {path} not found")
+    return str(path)
+
+
+def _score(row: dict, image: str | None, judge: Judge, format_weight: float) -> dict:
+    gold, choices = row["answer_gt"], row.get("choices")
+    fmt = format_weight if format_ok(row) else 0.0
+    answer = response_answer(row)
+    acc = 0.0 if answer is None else score_answer(answer, gold, choices)
+    if acc == 0.0 and answer and answer.strip() and not choices:
+        try:
+            acc = _ask_judge(judge, row.get("question", ""), gold, answer, image)
+        except JudgeError as e:
+            return {"status": "unscored", "error": redact(str(e)), "format": fmt,
+                    "judge": judge.name}
+    return {"total": acc + fmt, "accuracy": acc, "format": fmt, "judge": judge.name}
+
+
+def _ask_judge(judge: Judge, question: str, gold: list[str], answer: str,
+               image: str | None) -> float:
+    """Any Yes scores 1; a failure only matters if no other gold answer got a Yes."""
+    failure: JudgeError | None = None
+    for g in gold:
+        try:
+            if judge.verdict(question, g, answer, image):
+                return 1.0
+        except JudgeError as e:
+            failure = e
+    if failure:
+        raise failure
+    return 0.0
+
+
+def run(rows: list[tuple[int, dict]], src: str, judge: Judge, format_weight: float = 0.5,
+        max_unscored: float = 0.05, concurrency: int = 8) -> tuple[list[dict], dict]:
+    """Score rows (validated first, so bad input costs no judge call). Returns the rows with
+    `reward` and the stage statistics; `stats["over_unscored"]` is true when more than
+    `max_unscored` of them are unscored (the caller decides to fail, after writing)."""
+    images = [_validate(row, src, line, judge) for line, row in rows]
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        rewards = list(pool.map(lambda ri: _score(ri[0][1], ri[1], judge, format_weight),
+                                zip(rows, images)))
+    out = [{**row, "reward": rw} for (_, row), rw in zip(rows, rewards)]
+    scored = [r for r in rewards if "total" in r]
+    unscored = len(rewards) - len(scored)
+    stats = {
+        "rows": len(rows), "accuracy_mean": _mean(scored, "accuracy"),
+        "format_mean": _mean(scored, "format"), "total_mean": _mean(scored, "total"), "judge_calls": judge.stats.calls,
+        "judge_requests": judge.stats.requests, "judge_retries": judge.stats.retries,
+        "cache_hits": judge.stats.cache_hits, "unscored": unscored,
+        "over_unscored": unscored > max_unscored * len(rows),
+        "first_error": next((r["error"] for r in rewards if "error" in r), None),
+    }
+    return out, stats
+
+
+def _mean(rewards: list[dict], key: str) -> float | None:
+    return round(sum(r[key] for r in rewards) / len(rewards), 6) if rewards else None
+
+
+def main(input: str, output: str = "-", judge_spec: str = "exact", format_weight: float = 0.5,
+         max_unscored: float = 0.05, judge_timeout: float = 60.0, judge_retries: int = 2,
+         judge_concurrency: int = 8, judge_cache: str | None = None,
+         judge_backoff: float = 1.0) -> dict[str, Any]:
+    """`marscli reward`: read, score, write all-or-nothing, write the sidecar; raise
+    RuntimeFailure (exit 1) after writing when too many rows are unscored."""
+    started = time.time()
+    opts = JudgeOptions(timeout_s=judge_timeout, attempts=judge_retries + 1,
+                        concurrency=judge_concurrency, cache_path=judge_cache,
+                        backoff_s=judge_backoff)
+    judge = make_judge(judge_spec, opts)  # a bad spec fails before the input is read
+    try:
+        rows = read_rows(input)
+        out, stats = run(rows, input, judge, format_weight, max_unscored, judge_concurrency)
+    finally:
+        judge.close()
+    with AtomicJsonl(output) as w:
+        w.write_all(out)
+    config = {**judge.config(), "format_weight": format_weight, "max_unscored": max_unscored}
+    write_sidecar(output, stage="reward", config=config, inputs=[input], stats=stats,
+                  started=started)
+    print(f"reward: {stats['rows']} rows, accuracy {stats['accuracy_mean']}, format "
+          f"{stats['format_mean']}, judge calls {stats['judge_calls']} (cache hits "
+          f"{stats['cache_hits']}), unscored {stats['unscored']}", file=sys.stderr)
+    if stats["over_unscored"]:
+        raise RuntimeFailure(
+            f"{stats['unscored']} of {stats['rows']} rows unscored (over {max_unscored:.0%}), "
+            f"first error: {stats['first_error']} — the judge is failing; {output} was written "
+            "with those rows marked unscored; fix the judge and re-run (cached verdicts are reused)")
+    return stats

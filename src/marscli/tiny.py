@@ -1,0 +1,550 @@
+"""A tiny, randomly initialised Qwen3-VL checkpoint for tests and CPU demos (`marscli tiny-model`).
+
+The folder is a Hugging Face checkpoint like the real ones: `config.json`, `generation_config.json`,
+`model.safetensors`, a fast tokenizer and a `Qwen3VLProcessor` (image + video processor, chat
+template). `AutoModelForImageTextToText.from_pretrained(OUT)`, `AutoProcessor.from_pretrained(OUT)`
+and vLLM load it offline as they are. The same seed and texts give byte-identical files.
+
+How it departs from a released Qwen3-VL checkpoint, and why:
+1. The tokenizer is a byte-level BPE of at most `VOCAB_CAP` tokens trained here on a built-in text
+   (protocol and tool vocabulary, a system prompt, common English words) plus any `--text` given.
+   A tiny model only learns a task when the task's words are single tokens (FINDINGS, "Can the
+   tiny model learn"), so pass the toy world's corpus and prompts with `--text`.
+   Pre-tokenisation is Qwen2's split regex (digits one by one, `_zoom` one piece) followed by
+   byte-level mapping without a prefix space, as in Qwen's own tokenizer.
+2. Token ids are fixed whatever the texts: `SPECIAL_TOKENS` take ids 0-6 and `PROTOCOL_TAGS` ids
+   7-16, then the 256 byte symbols, then the merges. The protocol tags are added tokens that are
+   *not* special, so `decode(skip_special_tokens=True)` keeps them and generated text round-trips.
+3. The chat template is marscli's own, minimal one (`CHAT_TEMPLATE`): no default system prompt, no
+   `<think>` injection, no tool rendering (tools live in the system prompt text). Assistant turns
+   are wrapped in `{% generation %}` so `return_assistant_tokens_mask=True` marks exactly the
+   assistant's content and its `<|im_end|>`.
+4. Images are capped at `TINY_MAX_PIXELS` (at most 196 merged tokens each) and floored at
+   `TINY_MIN_PIXELS` (64 tokens); patch 16, merge 2, temporal patch 2 as in Qwen3-VL.
+5. Text RoPE keeps Qwen3-VL's interleaved M-RoPE with `mrope_section` [8, 12, 12] (sums to
+   head_dim / 2 = 32); head_dim stays 64 because vLLM's CPU attention refuses smaller heads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import struct
+from pathlib import Path
+from typing import Iterable
+
+from marscli.errors import BadInput
+
+# ids 0..6, in this order, special=True (skipped by decode(skip_special_tokens=True))
+SPECIAL_TOKENS: tuple[str, ...] = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+# ids 7..16, in this order, added tokens with special=False (decode keeps them)
+PROTOCOL_TAGS: tuple[str, ...] = (
+    "<thinking>",
+    "</thinking>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<answer>",
+    "</answer>",
+    "<tool_response>",
+    "</tool_response>",
+)
+EOS_TOKEN = "<|im_end|>"
+PAD_TOKEN = "<|endoftext|>"
+VOCAB_CAP = 4096  # BPE stops earlier when the texts run out of pairs seen twice
+MODEL_MAX_LENGTH = 32768
+
+PATCH_SIZE = 16
+MERGE_SIZE = 2
+TEMPORAL_PATCH_SIZE = 2
+TINY_MIN_PIXELS = 65_536   # 256 x 256: 64 merged tokens
+TINY_MAX_PIXELS = 200_704  # 448 x 448: 196 merged tokens
+
+# Rendering, for every message: `<|im_start|>{role}\n` + content + `<|im_end|>\n`.
+# Content is a string or a list of parts: {"type": "image"} / {"type": "image_url"} render
+# `<|vision_start|><|image_pad|><|vision_end|>` (the processor expands the pad), {"type": "video"}
+# the same with `<|video_pad|>`, {"type": "text", "text": ...} the text verbatim. Assistant content
+# plus its `<|im_end|>` sit inside {% generation %} (the assistant-token mask); the `\n` after it
+# does not. `add_generation_prompt` appends `<|im_start|>assistant\n`.
+# The `{% generation %}` tag must stay at the template's top level (not inside a macro): its span
+# is measured against the output streamed so far.
+CHAT_TEMPLATE = (
+    "{%- macro render(content) -%}"
+    "{%- if content is none -%}"
+    "{%- elif content is string -%}{{- content -}}"
+    "{%- else -%}{%- for part in content -%}"
+    "{%- if part is string -%}{{- part -}}"
+    "{%- elif part['type'] in ['image', 'image_url'] -%}"
+    "{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
+    "{%- elif part['type'] == 'video' -%}"
+    "{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}"
+    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}"
+    "{%- else -%}{{- raise_exception('unknown content part type: ' ~ part['type']) -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{%- endmacro -%}"
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+    "{%- if message['role'] == 'assistant' -%}"
+    "{%- generation -%}{{- render(message['content']) + '<|im_end|>' -}}{%- endgeneration -%}"
+    "{{- '\\n' -}}"
+    "{%- else -%}"
+    "{{- render(message['content']) + '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+# Qwen2's pre-tokeniser split (tokenization_qwen2.PRETOKENIZE_REGEX).
+_QWEN2_SPLIT = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
+SIZES: dict[str, dict] = {
+    "tiny": {
+        "text": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                     num_attention_heads=2, num_key_value_heads=1, head_dim=64),
+        "vision": dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=4,
+                       num_position_embeddings=256, deepstack_visual_indexes=[0, 1]),
+    },
+    "small": {
+        "text": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=64),
+        "vision": dict(depth=2, hidden_size=128, intermediate_size=256, num_heads=4,
+                       num_position_embeddings=256, deepstack_visual_indexes=[0, 1]),
+    },
+}
+
+# ------------------------------------------------------------------------------ built-in text
+
+_SYSTEM_PROMPT = """\
+You are a helpful visual research assistant. You answer questions about images. Think step by \
+step inside <thinking> and </thinking>. When you need more detail, call a tool inside <tool_call> \
+and </tool_call> with a JSON object that has a name and arguments. Tool results come back inside \
+<tool_response> and </tool_response>. When you know the answer, give it inside <answer> and \
+</answer>. Use one tool call per turn. Keep the final answer short: a word, a name, a number or \
+a date.
+
+# Tools
+
+You may call one or more functions to assist with the user query.
+
+You are provided with function signatures within <tools></tools> XML tags:
+<tools>
+{"type": "function", "function": {"name": "image_zoom_in_tool", "description": "Zoom in on a \
+region of an image by cropping it. The bounding box is given in relative coordinates from 0 to \
+1000.", "parameters": {"type": "object", "properties": {"bbox_2d": {"type": "array", "items": \
+{"type": "number"}, "description": "The bounding box [x1, y1, x2, y2] of the region to zoom in \
+on."}, "label": {"type": "string", "description": "The name of the object in the region."}, \
+"img_idx": {"type": "integer", "description": "The index of the image to crop, starting from 0."}}, \
+"required": ["bbox_2d", "label"]}}}
+{"type": "function", "function": {"name": "text_search_tool", "description": "Search the web for \
+text about a query and return the top results.", "parameters": {"type": "object", "properties": \
+{"query": {"type": "string", "description": "The search query."}}, "required": ["query"]}}}
+{"type": "function", "function": {"name": "image_search_tool", "description": "Reverse image \
+search: find web pages with images similar to the input image and return their titles and \
+thumbnails.", "parameters": {"type": "object", "properties": {}, "required": []}}}
+</tools>
+
+For each function call, return a json object with function name and arguments within \
+<tool_call></tool_call> XML tags:
+<tool_call>
+{"name": <function-name>, "arguments": <args-json-object>}
+</tool_call>
+"""
+
+_EXAMPLES = """\
+<thinking>The question asks about the small object in the top left corner. I should zoom in.\
+</thinking><tool_call>{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [0, 0, 500, 500], \
+"label": "object", "img_idx": 0}}</tool_call>
+<thinking>I need to find out more about this building.</thinking><tool_call>{"name": \
+"text_search_tool", "arguments": {"query": "who designed the tower"}}</tool_call>
+<thinking>Let me search for similar images.</thinking><tool_call>{"name": "image_search_tool", \
+"arguments": {}}</tool_call>
+<tool_response>
+Error: the tool call is not valid JSON. Error: unknown tool. Error: bbox_2d must be four numbers \
+between 0 and 1000 with x1 < x2 and y1 < y2. Error: img_idx is out of range.
+</tool_response>
+<tool_response>
+1. Title: result one. Snippet: text of the first result.
+2. Title: result two. Snippet: text of the second result.
+</tool_response>
+<think>The square is red and it is in the bottom right.</think><answer>bottom right red</answer>
+<thinking>The crop shows the answer clearly.</thinking><answer>1997</answer>
+{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [120, 340, 560, 780], "label": "sign", \
+"img_idx": 1}}
+{"name": "text_search_tool", "arguments": {"query": "when was the bridge built"}}
+{"name": "image_search_tool", "arguments": {}}
+"""
+
+_TASK_WORDS = """\
+what which who whom whose where when why how how many how much is are was were does do did can \
+could would should will shall may might must has have had be been being there here this that \
+these those it its they them their he she his her him you your we our us i me my
+What Which Who Whom Whose Where When Why How Is Are Was Were Does Do Did Can Could In On At The \
+A An This That These There It Answer Question Image Error Title Snippet Result Search Tool Let \
+I We You He She They Yes No None Unknown
+system user assistant tool
+red green blue yellow orange purple pink brown black white grey gray cyan magenta gold silver \
+dark light bright colour color colours colors shade
+top bottom left right center centre middle upper lower corner side edge above below behind \
+front between near far inside outside next beside under over top left top right bottom left \
+bottom right quadrant half
+zero one two three four five six seven eight nine ten eleven twelve twenty thirty forty fifty \
+hundred thousand million first second third fourth fifth last number count total
+0 1 2 3 4 5 6 7 8 9 10 100 1000 2024 1997 0.5 [0, 0, 1000, 1000]
+image images picture photo crop zoom region box bounding bbox coordinates relative pixel pixels \
+small large big tiny square circle triangle rectangle shape object objects scene background \
+foreground text sign label title caption page figure chart table map logo name word letter
+question answer answers think thinking reason reasoning step tool tools call calls response \
+search query result results query title snippet thumbnail source web page document index \
+function arguments parameters description type string number integer array object properties \
+required items error invalid unknown missing valid true false null
+"""
+
+_ENGLISH = """\
+the a an and or but not no yes if then else so because of to in on at by for with from into \
+onto about as after before during until while again also only just very more most less least \
+some any all each every both either neither other another same different such own
+time year years day days month week hour today city country river mountain building bridge \
+tower church museum street car bus train plane boat ship bike dog cat bird horse cow fish tree \
+flower grass sky water sea lake house door window wall roof road person people man woman child \
+boy girl team player game ball food fruit apple banana book paper card bottle cup phone clock \
+computer screen animal plant king queen president company brand film movie song album artist \
+painting statue flag team school university hospital station airport market shop store
+say said see seen saw look looks looked find found know known think thought show shows shown \
+give given make made take taken use used get got go went come came tell told ask asked need \
+want like call called build built design designed found founded open opened write written \
+read hold held stand stands located location place named born die died win won play played
+good new old great high low long short large little big small young early late same able best \
+better main major real public full free clear certain possible sure special whole local \
+national international famous official original final
+account act action activity add address age agree air allow already always amount animal area \
+arm army around art article attack attention audience author available away baby back bad bag \
+bank bar base beautiful become bed begin behavior believe benefit bill bit blood board body \
+born box break bring brother budget business buy camera campaign cancer candidate capital card \
+care career carry case catch cause cell central century chair challenge chance change character \
+charge check choice choose church citizen civil claim class close coach cold collection college \
+community compare condition conference congress consider contain continue control cost court \
+cover create crime cultural culture current customer cut damage dance data daughter dead deal \
+death debate decade decide decision deep defense degree democrat describe detail determine \
+develop development difference difficult dinner direction director discover discuss disease \
+doctor draw dream drive drop drug east easy economic economy education effect effort election \
+else employee end energy enjoy enough enter entire environment especially establish evening \
+event ever everyone everything evidence exactly example executive exist expect experience expert \
+explain eye face fact factor fail fall family father fear federal feel feeling field fight \
+fill financial fine finger finish fire firm floor fly focus follow foot force foreign forget \
+form former forward friend fund future garden gas general generation girl glass goal government \
+green ground group grow growth guess gun guy hair hand hang happen happy hard head health hear \
+heart heat heavy help herself history hit home hope hot hotel huge human husband idea identify \
+imagine impact important improve include including increase indeed indicate individual industry \
+information instead institution interest interesting interview investment issue item itself job \
+join keep key kid kill kind kitchen knowledge land language laugh law lawyer lay lead leader \
+learn leave leg legal let level lie life line list listen live loss lot love machine magazine \
+maintain majority manage management manager mark marriage material matter mean measure media \
+medical meet meeting member memory mention message method military mind minute miss mission \
+model modern moment money morning mother mouth move movement mrs music myself nation natural \
+nature necessary network news newspaper nice night north note nothing notice now occur offer \
+office officer often oil ok once operation opportunity option order organization others outside \
+owner pain parent part participant particular particularly partner party pass past patient \
+pattern pay peace perform performance perhaps period personal phone physical pick piece plan \
+point police policy political politics poor popular population position positive power practice \
+prepare present pressure pretty prevent price private probably problem process produce product \
+production professional professor program project property protect prove provide pull purpose \
+push put quality quickly quite race radio raise range rate rather reach ready realize really \
+receive recent recently recognize record reduce reflect region relate relationship religious \
+remain remember remove report represent republican require research resource respond rest \
+return reveal rich rise risk rock role room rule run safe save scene science scientist score \
+season seat section security seek seem sell send senior sense series serious serve service set \
+seven several sex sexual shake share shoot shot should shoulder simple simply since sing single \
+sister sit site situation size skill skin smile social society soldier somebody someone \
+something sometimes son soon sort sound south southern space speak specific speech spend sport \
+spring staff stage star start state statement stay still stock stop story strategy street strong \
+structure student study stuff style subject success successful suddenly suffer suggest summer \
+support surface system talk task tax teach teacher technology television tend term test thank \
+themselves theory thing though threat through throughout throw thus together tonight too toward \
+town trade traditional training travel treat treatment trial trip trouble truth try turn \
+type understand unit until up upon usually value various victim view violence visit voice vote \
+wait walk war watch way weapon wear weight west western whatever whether wide wife wind wish \
+within without wonder work worker world worry wrong yard yeah yet yourself
+"""
+
+
+def builtin_text() -> str:
+    """The text every tiny tokenizer is trained on (protocol, tools, system prompt, English)."""
+    # The protocol parts are repeated so their merges come first when VOCAB_CAP binds.
+    # Task words (colours, positions, question words, tool words) also learn their no-space form.
+    parts = [_SYSTEM_PROMPT] * 3 + [_EXAMPLES] * 3 + [_TASK_WORDS, _ENGLISH]
+    return "\n".join(parts + [_word_list([_TASK_WORDS])])
+
+
+def _word_list(texts: Iterable[str]) -> str:
+    """Every distinct word on its own line, sorted: each also learns its no-space form.
+
+    BPE learns ` red` (after a space) and `red` (after `<answer>` or a newline) as different
+    tokens; a word seen only mid-sentence would otherwise split after a tag.
+    """
+    words = set()
+    for t in texts:
+        words.update(re.findall(r"[^\W\d_]+", t))
+    return "\n".join(sorted(words))
+
+
+def read_texts(paths: Iterable[str | Path]) -> list[str]:
+    """Training texts from files: JSON/JSONL rows give their string values, others their text.
+
+    Keys, `sha256` digests and image paths are left out so the vocabulary goes to words.
+    """
+    out: list[str] = []
+    for p in paths:
+        path = Path(p)
+        if not path.is_file():
+            raise BadInput(f"{p}: no such file — --text takes a text or JSONL file")
+        try:
+            raw = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise BadInput(f"{p}: not UTF-8 text ({e.reason}) — --text takes a text or JSONL file")
+        if path.suffix in (".jsonl", ".json"):
+            for n, line in enumerate(raw.splitlines() if path.suffix == ".jsonl" else [raw], 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise BadInput(f"{p}:{n}: not valid JSON: {e.msg}") from None
+                out.extend(_strings(obj))
+        else:
+            out.append(raw)
+    return out
+
+
+_SKIP_KEYS = {"sha256", "path", "image", "thumbnail", "image_search_thumbnail_list"}
+
+
+def _strings(obj) -> Iterable[str]:
+    if isinstance(obj, str):
+        yield obj
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _strings(v)
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            if k not in _SKIP_KEYS:
+                yield from _strings(v)
+
+
+# ---------------------------------------------------------------------------------- tokenizer
+
+
+def train_tokenizer(texts: Iterable[str] = ()):
+    """A byte-level BPE `tokenizers.Tokenizer` trained on the built-in text plus `texts`.
+
+    Deterministic: the trainer counts words (order-free) and breaks ties by pair id, and the
+    ids of the alphabet are sorted; the test builds twice and compares the JSON.
+    """
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    tok = Tokenizer(models.BPE())  # no unk: byte-level covers every input
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated", invert=False),
+        ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    # Special tokens and tags first (ids 0..16), then the byte alphabet, then merges.
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_CAP,
+        min_frequency=1,
+        show_progress=False,
+        special_tokens=[AddedToken(t, special=True, normalized=False)
+                        for t in SPECIAL_TOKENS + PROTOCOL_TAGS],
+        initial_alphabet=ByteLevel.alphabet(),
+    )
+    # Protocol tags are cut out of the training text: they are added tokens, not BPE words.
+    texts = list(texts)
+    corpus = [_strip_tags(t) for t in [builtin_text(), *texts, _word_list(texts)]]
+    tok.train_from_iterator(corpus, trainer=trainer)
+
+    # The trainer registers every listed token as special; mark the protocol tags non-special.
+    spec = json.loads(tok.to_str())
+    for entry in spec["added_tokens"]:
+        entry["special"] = entry["content"] in SPECIAL_TOKENS
+    tok = Tokenizer.from_str(json.dumps(spec))
+    for i, t in enumerate(SPECIAL_TOKENS + PROTOCOL_TAGS):
+        assert tok.token_to_id(t) == i, (t, tok.token_to_id(t))
+    return tok
+
+
+def _strip_tags(text: str) -> str:
+    for t in SPECIAL_TOKENS + PROTOCOL_TAGS:
+        text = text.replace(t, " ")
+    return text
+
+
+def make_tokenizer(texts: Iterable[str] = ()):
+    """`PreTrainedTokenizerFast` around `train_tokenizer(texts)`, with the chat template."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(
+        tokenizer_object=train_tokenizer(texts),
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        extra_special_tokens=[t for t in SPECIAL_TOKENS if t not in (EOS_TOKEN, PAD_TOKEN)],
+        model_max_length=MODEL_MAX_LENGTH,
+        clean_up_tokenization_spaces=False,
+        padding_side="left",
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+def make_processor(tokenizer):
+    """`Qwen3VLProcessor` with Qwen3-VL's patching and the tiny pixel budget."""
+    from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
+
+    common = dict(patch_size=PATCH_SIZE, merge_size=MERGE_SIZE,
+                  temporal_patch_size=TEMPORAL_PATCH_SIZE,
+                  image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+    image_processor = Qwen2VLImageProcessor(
+        size={"shortest_edge": TINY_MIN_PIXELS, "longest_edge": TINY_MAX_PIXELS}, **common)
+    video_processor = Qwen3VLVideoProcessor(
+        size={"shortest_edge": TINY_MIN_PIXELS, "longest_edge": 4 * TINY_MAX_PIXELS}, **common)
+    return Qwen3VLProcessor(image_processor=image_processor, tokenizer=tokenizer,
+                            video_processor=video_processor, chat_template=CHAT_TEMPLATE)
+
+
+# ------------------------------------------------------------------------------------- model
+
+
+def make_config(tokenizer, size: str = "tiny"):
+    """`Qwen3VLConfig` of the given size, with token ids taken from `tokenizer`."""
+    from transformers import Qwen3VLConfig
+
+    if size not in SIZES:
+        raise BadInput(f"unknown size {size!r} — choose one of: {', '.join(SIZES)}")
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    text = dict(
+        SIZES[size]["text"],
+        vocab_size=len(tokenizer),
+        max_position_embeddings=MODEL_MAX_LENGTH,
+        rope_parameters={"rope_type": "default", "rope_theta": 5_000_000.0,
+                         "mrope_section": [8, 12, 12], "mrope_interleaved": True},
+        pad_token_id=ids[PAD_TOKEN],
+        dtype="float32",
+    )
+    vision = dict(
+        SIZES[size]["vision"],
+        patch_size=PATCH_SIZE,
+        spatial_merge_size=MERGE_SIZE,
+        temporal_patch_size=TEMPORAL_PATCH_SIZE,
+        out_hidden_size=text["hidden_size"],
+    )
+    return Qwen3VLConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+        dtype="float32",
+        architectures=["Qwen3VLForConditionalGeneration"],
+    )
+
+
+def build_tiny_model(out: str | Path, seed: int = 0, texts: Iterable[str] = (),
+                     size: str = "tiny", force: bool = False) -> Path:
+    """Write a random Qwen3-VL checkpoint (model, tokenizer, processor) to folder `out`.
+
+    `texts` are training texts for the tokenizer (strings, not paths: see `read_texts`). The
+    folder is built as `OUT.tmp-PID` and renamed onto `out`; an existing non-empty `out` is
+    refused unless `force`. Same seed and texts, same bytes in every file.
+    """
+    out = Path(out)
+    if size not in SIZES:
+        raise BadInput(f"--size: unknown size {size!r} — choose one of: {', '.join(SIZES)}")
+    if out.exists() and not out.is_dir():
+        raise BadInput(f"{out}: exists and is not a folder — choose another OUT")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise BadInput(f"{out}: folder exists and is not empty — pass --force to replace it")
+    texts = list(texts)
+
+    import torch
+    from transformers import GenerationConfig, Qwen3VLForConditionalGeneration
+
+    tokenizer = make_tokenizer(texts)
+    processor = make_processor(tokenizer)
+    config = make_config(tokenizer, size)
+    with torch.random.fork_rng(devices=[]):  # leave the caller's RNG state alone
+        torch.manual_seed(seed)
+        model = Qwen3VLForConditionalGeneration(config).to(torch.float32).eval()
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.convert_tokens_to_ids(EOS_TOKEN),
+        pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
+    )
+
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir(parents=True)
+        model.save_pretrained(tmp, safe_serialization=True)
+        processor.save_pretrained(tmp)  # tokenizer files, processor configs, chat_template.jinja
+        old = out.with_name(f"{out.name}.old-{os.getpid()}")
+        if out.exists():
+            os.replace(out, old)  # --force: the old folder goes only once the new one is in place
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def main(out: str, seed: int = 0, text_files: Iterable[str] = (), size: str = "tiny",
+         force: bool = False) -> Path:
+    """`marscli tiny-model`: build, write `OUT.meta.json` beside the folder, report on stderr."""
+    import sys
+    import time
+
+    from marscli.jsonl import write_sidecar
+
+    started = time.time()
+    text_files = list(text_files)
+    path = build_tiny_model(out, seed=seed, texts=read_texts(text_files), size=size, force=force)
+    n_params = count_parameters(path)
+    with open(path / "config.json") as fh:
+        vocab = json.load(fh)["text_config"]["vocab_size"]
+    mb = sum(f.stat().st_size for f in path.iterdir()) / 1e6
+    write_sidecar(str(path), stage="tiny-model", seed=seed, config={"size": size, **SIZES[size]},
+                  inputs=text_files, stats={"parameters": n_params, "vocab_size": vocab, "mb": mb},
+                  started=started)
+    print(f"{path}: {size} Qwen3-VL, {n_params:,} parameters, vocab {vocab}, {mb:.1f} MB, "
+          f"{time.time() - started:.1f} s", file=sys.stderr)
+    return path
+
+
+def count_parameters(folder: str | Path) -> int:
+    """Parameters stored in a checkpoint's safetensors files (tied weights counted once)."""
+    total = 0
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        for name, info in header.items():
+            if name != "__metadata__":
+                p = 1
+                for d in info["shape"]:
+                    p *= d
+                total += p
+    return total

@@ -1,0 +1,152 @@
+"""Token-exact conversation assembly, shared by rollout (building prompts turn by turn) and by
+update/sft (rebuilding the training batch from a trajectory's segments).
+
+The layout is the chat template's, byte for byte: `<|im_start|>{role}\\n{content}<|im_end|>\\n`,
+images as `<|vision_start|><|image_pad|>*n<|vision_end|>`. Every piece boundary falls on a
+special token, so encoding the pieces separately gives exactly the ids of encoding the whole
+rendered conversation: the test in tests/test_tokens.py checks that against the processor.
+
+Image placeholders are stored compactly: a negative id -n stands for n `<|image_pad|>` tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+IMAGE_MARK = "<image>"
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    im_start: int
+    im_end: int
+    pad: int
+    image_pad: int
+    video_pad: int
+    vision_start: int
+    vision_end: int
+
+    @property
+    def vision(self) -> tuple[int, ...]:
+        """Ids the sampler must never emit: a sampled placeholder breaks the next forward."""
+        return (self.image_pad, self.video_pad, self.vision_start, self.vision_end)
+
+
+def special_ids(tokenizer: Any) -> SpecialIds:
+    get = tokenizer.convert_tokens_to_ids
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else get("<|endoftext|>")
+    return SpecialIds(im_start=get("<|im_start|>"), im_end=get("<|im_end|>"), pad=pad,
+                      image_pad=get("<|image_pad|>"), video_pad=get("<|video_pad|>"),
+                      vision_start=get("<|vision_start|>"), vision_end=get("<|vision_end|>"))
+
+
+def encode_parts(tokenizer: Any, ids: SpecialIds, parts: Sequence[str | int]) -> list[int]:
+    """Encode text pieces and images (an int n: an image of n placeholder tokens), compact."""
+    out: list[int] = []
+    for p in parts:
+        if isinstance(p, int):
+            out += [ids.vision_start, -p, ids.vision_end]
+        elif p:
+            out += tokenizer.encode(p, add_special_tokens=False)
+    return out
+
+
+def split_images(text: str, counts: Sequence[int]) -> list[str | int]:
+    """`a<image>b` with counts [n] → ["a", n, "b"]; images without a marker go last."""
+    pieces = text.split(IMAGE_MARK)
+    if len(pieces) - 1 > len(counts):
+        raise ValueError(f"{len(pieces) - 1} {IMAGE_MARK} markers for {len(counts)} images")
+    parts: list[str | int] = [pieces[0]]
+    for i, piece in enumerate(pieces[1:]):
+        parts += [counts[i], piece]
+    parts += list(counts[len(pieces) - 1:])
+    return parts
+
+
+def prompt_parts(system: str, question: str, image_counts: Sequence[int]) -> list[str | int]:
+    """System turn, the user's question with its images (first, unless marked), and the
+    assistant header the model continues from."""
+    q = question if IMAGE_MARK in question else IMAGE_MARK * len(image_counts) + question
+    return [f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n",
+            *split_images(q, image_counts), "<|im_end|>\n<|im_start|>assistant\n"]
+
+
+def tool_parts(text: str, image_counts: Sequence[int], model_closed: bool) -> list[str | int]:
+    """A tool response as the next user turn, then the assistant header. When the model's turn
+    was cut before `<|im_end|>`, the tool segment closes it (masked out: not the model's)."""
+    head = ("" if model_closed else "<|im_end|>") + "\n<|im_start|>user\n<tool_response>\n"
+    return [head, *split_images(text, image_counts),
+            "\n</tool_response><|im_end|>\n<|im_start|>assistant\n"]
+
+
+def expand(tokens: Sequence[int], image_pad: int) -> list[int]:
+    """Compact ids → model ids (each -n becomes n image placeholders)."""
+    out: list[int] = []
+    for t in tokens:
+        if t < 0:
+            out.extend([image_pad] * -t)
+        else:
+            out.append(t)
+    return out
+
+
+def compact(tokens: Sequence[int], image_pad: int) -> list[int]:
+    """Model ids → compact ids (runs of image placeholders become -n)."""
+    out: list[int] = []
+    for t in tokens:
+        if t == image_pad:
+            if out and out[-1] < 0:
+                out[-1] -= 1
+            else:
+                out.append(-1)
+        else:
+            out.append(t)
+    return out
+
+
+def image_token_count(grid_thw: Sequence[int], merge_size: int) -> int:
+    t, h, w = grid_thw
+    return int(t * h * w) // (merge_size * merge_size)
+
+
+@dataclass
+class ImageFeatures:
+    """What the model consumes for one image: patches, grid, and the placeholder count."""
+
+    pixel_values: Any  # torch.Tensor [patches, dim]
+    grid_thw: Any  # torch.Tensor [3]
+    n_tokens: int
+
+
+def image_features(processor: Any, image: Any) -> ImageFeatures:
+    """Run the policy's image processor on one PIL image."""
+    out = processor.image_processor(images=[image], return_tensors="pt")
+    grid = out["image_grid_thw"][0]
+    merge = getattr(processor.image_processor, "merge_size", 2)
+    return ImageFeatures(out["pixel_values"], grid, image_token_count(grid.tolist(), merge))
+
+
+@dataclass
+class Sequence_:
+    """One trajectory assembled for a training forward."""
+
+    input_ids: list[int]  # expanded
+    loss_mask: list[int]  # 1 on model tokens
+    model_logprobs: list[float | None]  # engine log-probs aligned to input_ids (None off-mask)
+
+
+def assemble(segments: Sequence[Any], image_pad: int) -> Sequence_:
+    """Concatenate segments token-exactly; the loss mask is 1 on `model` segments only."""
+    ids: list[int] = []
+    mask: list[int] = []
+    lps: list[float | None] = []
+    for s in segments:
+        role = s.role if hasattr(s, "role") else s["role"]
+        toks = expand(s.tokens if hasattr(s, "tokens") else s["tokens"], image_pad)
+        ids += toks
+        is_model = role == "model"
+        mask += [1 if is_model else 0] * len(toks)
+        seg_lp = (s.logprobs if hasattr(s, "logprobs") else s.get("logprobs")) if is_model else None
+        lps += list(seg_lp) if seg_lp is not None else [None] * len(toks)
+    return Sequence_(ids, mask, lps)
