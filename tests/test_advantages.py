@@ -204,6 +204,16 @@ def test_filter_zero_std_drops_flat_groups_before_batch_step():
     assert (stats["groups"], stats["dropped_groups"], stats["dropped_rows"]) == (1, 2, 3)
 
 
+def test_equal_rewards_are_flat_despite_rounding():
+    # 3 × 0.1 sums to 0.30000000000000004: the group must still count as flat, exactly
+    rows = _rows(("a", 0.1), ("a", 0.1), ("a", 0.1), ("b", 1), ("b", 0))
+    out, stats = A.run([(n, dict(r)) for n, r in rows], "s", "grpo")
+    assert [r["advantage"] for r in out[:3]] == [0.0, 0.0, 0.0]
+    assert out[0]["group"] == {"mean": 0.1, "std": 0.0, "size": 3}
+    out, stats = A.run(rows, "s", "grpo", filter_zero_std=True)
+    assert [r["prompt_id"] for r in out] == ["b", "b"] and stats["dropped_groups"] == 1
+
+
 def test_filter_zero_std_all_flat_is_bad_input():
     with pytest.raises(BadInput, match="dropped every row"):
         A.run(_rows(("a", 1), ("a", 1)), "s", filter_zero_std=True)
@@ -249,7 +259,7 @@ def test_run_more_minibatches_than_groups():
 
 def _cli(*args: str, stdin: bytes | None = None, cwd: Path | None = None):
     return subprocess.run([sys.executable, "-m", "marscli", "advantages", *args], input=stdin,
-                          capture_output=True, cwd=cwd, timeout=120)
+                          check=False, capture_output=True, cwd=cwd, timeout=120)
 
 
 def _write(path: Path, rows: list[dict]) -> Path:
@@ -329,6 +339,7 @@ def test_cli_path_never_imports_torch(tmp_path):
         "assert not bad, bad\n"
         "print('ok')\n"
     )
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
+    p = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True,
+                       timeout=120)
     assert p.returncode == 0 and p.stdout.strip() == b"ok", p.stderr
     assert (tmp_path / "o.jsonl").exists()

@@ -11,9 +11,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Callable
 
 import orjson
 import pytest
@@ -21,7 +21,7 @@ from PIL import Image
 
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.judge import JudgeOptions, VerdictCache, make_judge
-from marscli.rewards import main, run
+from marscli.rewards import main
 
 SENTINEL = "sk-SENTINEL-9f8e7d6c5b4a"
 
@@ -165,7 +165,7 @@ def test_no_is_a_real_zero_not_a_failure(serve, data):
 def test_one_question_per_gold_answer_any_yes_wins(serve, data):
     srv = serve(lambda n, body: (200, YES if "Reference answer: Lutetia" in
                                  body["messages"][0]["content"][-1]["text"] else NO, 0))
-    rows, stats = score(data(answers=("the French capital",), gold=("Lyon", "Lutetia")), srv.spec)
+    rows, _ = score(data(answers=("the French capital",), gold=("Lyon", "Lutetia")), srv.spec)
     assert rows[0]["reward"]["accuracy"] == 1.0 and srv.count == 2
 
 
@@ -201,7 +201,7 @@ def test_http_500_then_success_counts_the_retry(serve, data):
 
 def test_permanent_malformed_leaves_row_unscored(serve, data):
     srv = serve(always(200, chat("no tag at all")))
-    rows, stats = score(data(), srv.spec, max_unscored=1.0)
+    rows, _ = score(data(), srv.spec, max_unscored=1.0)
     rw = rows[0]["reward"]
     assert rw["status"] == "unscored" and "total" not in rw and "accuracy" not in rw
     assert "malformed" in rw["error"] and srv.count == 3
@@ -210,8 +210,8 @@ def test_permanent_malformed_leaves_row_unscored(serve, data):
 @pytest.mark.parametrize("retries", [0, 1, 3])
 def test_attempts_never_exceed_the_bound(serve, data, retries):
     srv = serve(always(503, "busy"))
-    rows, stats = score(data(answers=("x", "y")), srv.spec, judge_retries=retries,
-                        max_unscored=1.0)
+    _, stats = score(data(answers=("x", "y")), srv.spec, judge_retries=retries,
+                     max_unscored=1.0)
     assert srv.count == 2 * (retries + 1)  # two rows, one gold answer each
     assert stats["unscored"] == 2 and stats["judge_requests"] == srv.count
 
@@ -225,7 +225,7 @@ def test_client_error_is_not_retried(serve, data):
 def test_slow_judge_times_out(serve, data):
     srv = serve(always(200, YES, delay=1.5))
     t0 = time.time()
-    rows, stats = score(data(), srv.spec, judge_timeout=0.2, judge_retries=1, max_unscored=1.0)
+    rows, _ = score(data(), srv.spec, judge_timeout=0.2, judge_retries=1, max_unscored=1.0)
     assert rows[0]["reward"]["status"] == "unscored" and "timed out" in rows[0]["reward"]["error"]
     assert srv.count == 2 and time.time() - t0 < 1.4
 
@@ -284,6 +284,19 @@ def test_concurrency_is_bounded(serve, data):
     assert srv.count == 8 and srv.max_in_flight == 2
 
 
+def test_judge_semaphore_bounds_callers_that_bring_their_own_threads(serve, tmp_path):
+    srv = serve(always(200, YES, delay=0.15))
+    judge = make_judge(srv.spec, JudgeOptions(concurrency=2, cache_path=str(tmp_path / "c.db")))
+    threads = [threading.Thread(target=judge.verdict, args=("q", "g", f"r{i}", None))
+               for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    judge.close()
+    assert srv.count == 6 and srv.max_in_flight == 2
+
+
 def test_missing_image_is_bad_input_before_any_call(serve, data, tmp_path):
     srv = serve(always(200, YES))
     path = data()
@@ -321,7 +334,8 @@ def test_api_key_never_leaks_cli(serve, data, tmp_path):
     out = tmp_path / "scored.jsonl"
     env = {**os.environ, "OPENAI_API_KEY": SENTINEL}
     p = subprocess.run([sys.executable, "-m", "marscli", "reward", str(path), "--judge", srv.spec,
-                        "-o", str(out)], env=env, text=True, capture_output=True, timeout=60)
+                        "-o", str(out)], env=env, text=True, capture_output=True, timeout=60,
+                       check=False)
     assert p.returncode == 1, p.stderr
     assert srv.headers[0]["Authorization"] == f"Bearer {SENTINEL}"  # it was sent, to the judge
     assert srv.count == 2  # 401: no retries
@@ -338,7 +352,7 @@ def test_cli_judge_options(serve, data, tmp_path):
     p = subprocess.run([sys.executable, "-m", "marscli", "reward", str(data()), "--judge", srv.spec,
                         "--judge-retries", "0", "--judge-timeout", "5", "--judge-cache",
                         str(tmp_path / "c.sqlite"), "--max-unscored", "0", "-o", str(out)],
-                       text=True, capture_output=True, timeout=60)
+                       text=True, capture_output=True, timeout=60, check=False)
     assert p.returncode == 1 and srv.count == 1, p.stderr
     assert orjson.loads(out.read_bytes())["reward"]["status"] == "unscored"
     assert (tmp_path / "c.sqlite").exists()

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
 
@@ -41,10 +41,15 @@ ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
 
 
 def group_stats(r: np.ndarray, g: np.ndarray, n: int) -> tuple[np.ndarray, ...]:
-    """Per-group size, sum, mean and unbiased std (0 for a group of one); each [n]."""
+    """Per-group size, sum, mean and unbiased std; each [n]. A group whose rewards are all equal
+    (a group of one included) gets exactly that reward as mean and exactly 0 as std, where
+    sum / size would be off by rounding (3 × 0.1)."""
     size = np.bincount(g, minlength=n)  # [n]
     total = np.bincount(g, weights=r, minlength=n)  # [n]
-    mean = total / np.maximum(size, 1)  # [n]
+    lo, hi = np.full(n, np.inf), np.full(n, -np.inf)  # [n]
+    np.minimum.at(lo, g, r)
+    np.maximum.at(hi, g, r)
+    mean = np.where(lo == hi, lo, total / np.maximum(size, 1))  # [n]
     dev = r - mean[g]  # [N], two passes: stable where E[x²] − E[x]² is not
     ss = np.bincount(g, weights=dev * dev, minlength=n)  # [n]
     std = np.sqrt(ss / np.maximum(size - 1, 1))  # [n]
@@ -155,14 +160,15 @@ def _validate(rows: list[tuple[int, dict]], src: str) -> tuple[list[str], np.nda
 
 def run(rows: list[tuple[int, dict]], src: str, estimator: str = "bn-gspo", minibatches: int = 1,
         filter_zero_std: bool = False, seed: int = 0) -> tuple[list[dict], dict]:
-    """Scored rows → the same rows with `advantage`, `group` (and `minibatch` when M > 1)."""
+    """Scored rows → the same rows (dicts updated in place, input order) with `advantage`,
+    `group` and, when M > 1, `minibatch`; also the stage statistics for the sidecar."""
     ESTIMATORS.get(estimator)  # fail on a bad name before looking at the data
     if minibatches < 1:
         raise BadInput(f"--minibatches: {minibatches} is out of range — must be >= 1")
     pids, r = _validate(rows, src)
     g, n = codes(pids)
     size, _, mean, std = group_stats(r, g, n)
-    flat = std == 0  # [n] all rewards equal (groups of one included)
+    flat = std == 0  # [n] all rewards equal (groups of one included), exactly: see group_stats
     keep = ~flat[g] if filter_zero_std else np.ones(len(r), bool)  # [N]
     if not keep.any():
         raise BadInput(f"{src}: all {n} groups have equal rewards, so --filter-zero-std dropped "

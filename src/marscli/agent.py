@@ -129,7 +129,8 @@ class Agent:
         reqs = []
         for t in active:
             budget = self.cfg.max_response_tokens - t.response_tokens
-            reqs.append(GenRequest(t.context, t.feats, min(self.cfg.max_turn_tokens, budget)))
+            reqs.append(GenRequest(t.context, t.feats, min(self.cfg.max_turn_tokens, budget),
+                                   row=t.prompt.extra, turn=t.turns))
         t0 = time.perf_counter()
         gens = self.engine.generate(reqs, self.cfg.sampling)
         gen_ms = (time.perf_counter() - t0) * 1000 / max(1, len(active))

@@ -121,9 +121,9 @@ def reward(
     judge_retries: Annotated[int, typer.Option(
         help="Retries after a failed judge request (0: one attempt).")] = 2,
     judge_concurrency: Annotated[int, typer.Option(help="Judge requests in flight.")] = 8,
-    judge_cache: Annotated[Optional[str], typer.Option(
-        metavar="PATH", help="SQLite verdict cache [default: $MARSCLI_CACHE_DIR/judge.sqlite "
-                             "or ~/.cache/marscli/judge.sqlite].")] = None,
+    judge_cache: Annotated[str | None, typer.Option(
+        metavar="PATH", help="SQLite verdict cache (default: $MARSCLI_CACHE_DIR/judge.sqlite "
+                             "or ~/.cache/marscli/judge.sqlite).")] = None,
     output: Annotated[str, typer.Option("-o", "--output", help="Output JSONL (- for stdout).")] = "-",
 ) -> None:
     """Add `reward` (accuracy + format) to trajectory rows; torch-free with --judge exact."""
@@ -279,7 +279,7 @@ def search(
 def tiny_model(
     out: Annotated[str, typer.Argument(metavar="OUT", help="Checkpoint folder to create.")],
     seed: Annotated[int, typer.Option(help="Seed of the random weights.")] = 0,
-    text: Annotated[Optional[list[str]], typer.Option(
+    text: Annotated[list[str] | None, typer.Option(
         metavar="FILE", help="Extra tokenizer training text (text or JSONL: string values); "
                              "repeatable. Pass the task's corpus and prompts.")] = None,
     size: Annotated[str, typer.Option(help="tiny (about 1 M parameters) or small (demo).")] = "tiny",

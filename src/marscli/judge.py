@@ -39,7 +39,7 @@ from marscli.registry import Registry
 
 PROMPT_VERSION = 1  # part of the cache key: a new prompt must not reuse the old prompt's verdicts
 IMAGE_MAX_SIDE = 512  # the judge needs the gist of the image, not its pixels
-_VERDICT = re.compile(r"<judge>\s*(yes|no)\b[^<]*</judge>", re.I)
+_VERDICT = re.compile(r"<judge>\s*(yes|no)\b[^<]*</judge>", re.IGNORECASE)
 
 PROMPT = """You grade answers to questions about an image. Compare the candidate answer with the \
 reference answer (the ground truth) and decide whether the candidate is correct.
@@ -130,7 +130,7 @@ class OpenAIJudge(Judge):
 
     def __init__(self, arg: str, opts: JudgeOptions) -> None:
         super().__init__(arg, opts)
-        model, at, url = arg.rpartition("@") if "@" in arg else (arg, "", "")
+        model, _, url = arg.rpartition("@") if "@" in arg else (arg, "", "")
         url = url or os.environ.get("OPENAI_BASE_URL", "https://api.openai.com/v1")
         if not model:
             raise BadInput(f"--judge openai:{arg}: no model name — use openai:MODEL@URL, "
@@ -177,7 +177,7 @@ class OpenAIJudge(Judge):
                 self._count("retries")
                 time.sleep(o.backoff_s * 2 ** (attempt - 2) * (1 + random.random()))
             try:
-                if True:
+                with self._sem:
                     self._count("requests")
                     r = self._session().post(self.url, json=body, headers=_headers(),
                                              timeout=o.timeout_s)

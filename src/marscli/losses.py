@@ -30,7 +30,7 @@ Where marscli departs from the paper or the released code (verl `core_algos.py`)
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -27,8 +27,7 @@ Departures from the paper / released code:
 2. The judge sees the extracted answer, not the whole trajectory, and is asked about gold
    answers one at a time, stopping at the first Yes.
 
-The last-`<answer>` regex below is private until `marscli.protocol.last_answer` lands.
-Nothing here imports torch or transformers.
+Nothing here imports torch or transformers (a test checks `marscli reward` in a subprocess).
 """
 
 from __future__ import annotations
@@ -44,9 +43,9 @@ from typing import Any
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.jsonl import AtomicJsonl, get_field, read_rows, redact, write_sidecar
 from marscli.judge import Judge, JudgeError, JudgeOptions, make_judge
+from marscli.protocol import last_answer
 
 LETTERS = "ABCDE"
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)  # TODO: protocol.last_answer
 _PUNCT = set(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _BOXED = re.compile(r"\\boxed\{\s*\(?\s*([A-Ea-e])\s*\)?\s*\}")
@@ -56,11 +55,6 @@ _ANSWER_IS = re.compile(r"(?i:answer)\s*(?:(?i:is)\s*:?|:)\s*(?:(?i:option)\s*)?
                         r"(?:\(([A-Ea-e])\)|([A-E])(?![\w])|([a-e])(?=\s*[.!]?\s*$))")
 _LONE_LETTER = re.compile(r"(?<![\w])([A-E])(?![\w])")
 _OPTION_LABEL = re.compile(r"^\s*\(?[A-Ea-e][.):]\s+")  # "A. cat", "(B) dog"
-
-
-def _last_answer(text: str) -> str | None:
-    found = _ANSWER.findall(text)
-    return found[-1].strip() if found else None
 
 
 def normalize(s: str) -> str:
@@ -74,9 +68,8 @@ def normalize(s: str) -> str:
 def extract_choice(text: str, letters: str = LETTERS) -> str | None:
     """The option letter a response picks, upper case, or None. `letters` bounds the range
     (ABCD for four options)."""
-    text = _last_answer(text) or text
-    bare = text.strip().strip(string.punctuation + " ").strip()
-    candidates = [bare.upper()] if len(bare) == 1 and bare.upper() in LETTERS else []
+    text = last_answer(text) or text
+    candidates = [c for c in [_bare_letter(text, LETTERS)] if c]
     candidates += [m.upper() for m in _BOXED.findall(text)[-1:]]
     candidates += ["".join(m).upper() for m in _ANSWER_IS.findall(text)[-1:]]
     candidates += _LONE_LETTER.findall(text)[-1:]
@@ -84,44 +77,35 @@ def extract_choice(text: str, letters: str = LETTERS) -> str | None:
     return candidates[0] if candidates and candidates[0] in letters else None
 
 
-def _option_text(option: str) -> str:
-    return normalize(_OPTION_LABEL.sub("", option))
+def _bare_letter(s: str, letters: str) -> str | None:
+    """A bare letter, in range ("b", "(B)", "B.") -> "B"; else None."""
+    bare = s.strip(string.punctuation + string.whitespace)
+    return bare.upper() if len(bare) == 1 and bare.upper() in letters else None
 
 
-def _choice(answer: str, choices: list[str]) -> str | None:
-    """A letter, or an option's text, in the answer -> its letter."""
+def _letter_or_option(s: str, choices: list[str]) -> str | None:
+    """A bare letter, or exactly an option's text (its "A." label optional) -> the letter."""
     letters = LETTERS[: len(choices)]
-    bare = answer.strip().strip(string.punctuation + " ")
-    if len(bare) == 1 and bare.upper() in letters:
-        return bare.upper()
-    texts = [_option_text(c) for c in choices]
-    if normalize(answer) in texts:
-        return letters[texts.index(normalize(answer))]
-    return extract_choice(answer, letters)
+    texts = [normalize(_OPTION_LABEL.sub("", c)) for c in choices]
+    norm = normalize(s)
+    return _bare_letter(s, letters) or (letters[texts.index(norm)] if norm and norm in texts
+                                        else None)
 
 
 def gold_letters(gold_answers: list[str], choices: list[str]) -> set[str]:
     """Gold answers given as letters or as option texts, as letters."""
-    letters = LETTERS[: len(choices)]
-    texts = [_option_text(c) for c in choices]
-    out = set()
-    for g in gold_answers:
-        bare = g.strip().strip(string.punctuation + " ")
-        if len(bare) == 1 and bare.upper() in letters:
-            out.add(bare.upper())
-        elif normalize(g) in texts:
-            out.add(letters[texts.index(normalize(g))])
-    return out
+    return {c for c in (_letter_or_option(g, choices) for g in gold_answers) if c}
 
 
 def score_answer(response_text: str, gold_answers: list[str],
                  choices: list[str] | None = None) -> float:
     """Exact-path accuracy (no judge): 1.0 or 0.0. Uses the last `<answer>` if there is one,
     else the whole text."""
-    answer = _last_answer(response_text)
+    answer = last_answer(response_text)
     answer = response_text if answer is None else answer
     if choices:
-        picked = _choice(answer, choices)
+        picked = _letter_or_option(answer, choices) or extract_choice(
+            answer, LETTERS[: len(choices)])
         return float(picked is not None and picked in gold_letters(gold_answers, choices))
     pred = normalize(answer)
     return float(bool(pred) and any(pred == normalize(g) for g in gold_answers))
@@ -132,7 +116,7 @@ def response_answer(traj: dict) -> str | None:
     if isinstance(traj.get("final_answer"), str):
         return traj["final_answer"]
     models = [s for s in traj.get("segments") or [] if s.get("role") == "model"]
-    return _last_answer(models[-1].get("text") or "") if models else None
+    return last_answer(models[-1].get("text") or "") if models else None
 
 
 def format_ok(traj: dict) -> bool:
@@ -166,9 +150,8 @@ def _validate(row: dict, src: str, line: int, judge: Judge) -> str | None:
     for i, seg in enumerate(get_field(row, "segments", list, src, line)):
         if not isinstance(seg, dict):
             raise BadInput(f"{src}:{line}: segments[{i}]: expected an object")
-        if seg.get("role") == "tool":
-            if not isinstance(seg.get("ok"), bool):
-                raise BadInput(f"{src}:{line}: segments[{i}].ok: expected true or false")
+        if seg.get("role") == "tool" and not isinstance(seg.get("ok"), bool):
+            raise BadInput(f"{src}:{line}: segments[{i}].ok: expected true or false")
         if seg.get("role") == "model" and not isinstance(seg.get("text", ""), str):
             raise BadInput(f"{src}:{line}: segments[{i}].text: expected a string")
     if not judge.remote:  # the exact judge needs neither question nor image

@@ -32,8 +32,8 @@ import os
 import re
 import shutil
 import struct
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from marscli.errors import BadInput
 
@@ -114,16 +114,16 @@ _QWEN2_SPLIT = (
 
 SIZES: dict[str, dict] = {
     "tiny": {
-        "text": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                     num_attention_heads=2, num_key_value_heads=1, head_dim=64),
-        "vision": dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=4,
-                       num_position_embeddings=256, deepstack_visual_indexes=[0, 1]),
+        "text": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+                 "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64},
+        "vision": {"depth": 2, "hidden_size": 64, "intermediate_size": 128, "num_heads": 4,
+                   "num_position_embeddings": 256, "deepstack_visual_indexes": [0, 1]},
     },
     "small": {
-        "text": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-                     num_attention_heads=4, num_key_value_heads=2, head_dim=64),
-        "vision": dict(depth=2, hidden_size=128, intermediate_size=256, num_heads=4,
-                       num_position_embeddings=256, deepstack_visual_indexes=[0, 1]),
+        "text": {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4,
+                 "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64},
+        "vision": {"depth": 2, "hidden_size": 128, "intermediate_size": 256, "num_heads": 4,
+                   "num_position_embeddings": 256, "deepstack_visual_indexes": [0, 1]},
     },
 }
 
@@ -413,9 +413,9 @@ def make_processor(tokenizer):
     """`Qwen3VLProcessor` with Qwen3-VL's patching and the tiny pixel budget."""
     from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
 
-    common = dict(patch_size=PATCH_SIZE, merge_size=MERGE_SIZE,
-                  temporal_patch_size=TEMPORAL_PATCH_SIZE,
-                  image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+    common = {"patch_size": PATCH_SIZE, "merge_size": MERGE_SIZE,
+              "temporal_patch_size": TEMPORAL_PATCH_SIZE,
+              "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
     image_processor = Qwen2VLImageProcessor(
         size={"shortest_edge": TINY_MIN_PIXELS, "longest_edge": TINY_MAX_PIXELS}, **common)
     video_processor = Qwen3VLVideoProcessor(
@@ -482,6 +482,7 @@ def build_tiny_model(out: str | Path, seed: int = 0, texts: Iterable[str] = (),
 
     import torch
     from transformers import GenerationConfig, Qwen3VLForConditionalGeneration
+    from transformers.utils import logging as hf_logging
 
     tokenizer = make_tokenizer(texts)
     processor = make_processor(tokenizer)
@@ -498,8 +499,14 @@ def build_tiny_model(out: str | Path, seed: int = 0, texts: Iterable[str] = (),
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir(parents=True)
-        model.save_pretrained(tmp, safe_serialization=True)
-        processor.save_pretrained(tmp)  # tokenizer files, processor configs, chat_template.jinja
+        was_on = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # no "Writing model shards" bar on stderr
+        try:
+            model.save_pretrained(tmp, safe_serialization=True)
+        finally:
+            if was_on:
+                hf_logging.enable_progress_bar()
+        processor.save_pretrained(tmp)  # tokenizer files, processor_config.json, chat_template.jinja
         old = out.with_name(f"{out.name}.old-{os.getpid()}")
         if out.exists():
             os.replace(out, old)  # --force: the old folder goes only once the new one is in place
@@ -526,7 +533,7 @@ def main(out: str, seed: int = 0, text_files: Iterable[str] = (), size: str = "t
     with open(path / "config.json") as fh:
         vocab = json.load(fh)["text_config"]["vocab_size"]
     mb = sum(f.stat().st_size for f in path.iterdir()) / 1e6
-    write_sidecar(str(path), stage="tiny-model", seed=seed, config={"size": size, **SIZES[size]},
+    write_sidecar(str(path), stage="tiny-model", seed=seed, config={"size": size, "text_files": text_files},
                   inputs=text_files, stats={"parameters": n_params, "vocab_size": vocab, "mb": mb},
                   started=started)
     print(f"{path}: {size} Qwen3-VL, {n_params:,} parameters, vocab {vocab}, {mb:.1f} MB, "

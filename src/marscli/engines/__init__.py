@@ -24,6 +24,8 @@ class GenRequest:
     tokens: list[int]  # compact prompt ids (negative -n: n image placeholders)
     images: list[Any] = field(default_factory=list)  # tokens.ImageFeatures, in order
     max_new_tokens: int | None = None  # per request cap (the trajectory's remaining budget)
+    row: dict | None = None  # the prompt row (the replay engine reads its scripted replies)
+    turn: int = 0  # 0-based assistant turn this request generates
 
 
 @dataclass
@@ -39,7 +41,10 @@ class Engine(Protocol):
     def generate(self, requests: list[GenRequest], params: SamplingParams) -> list[Generation]: ...
 
 
-ENGINES: Registry[type] = Registry("engine", lazy={"hf": "marscli.engines.hf"})
+ENGINES: Registry[type] = Registry("engine", lazy={
+    "hf": "marscli.engines.hf",
+    "replay": "marscli.engines.replay",
+})
 
 
 def make_engine(name: str, policy: str, **opts: Any) -> Engine:

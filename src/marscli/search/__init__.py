@@ -19,9 +19,10 @@ or the environment is wrong, which `check_text_spec` / `check_image_spec` surfac
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from marscli.errors import BadInput
 from marscli.registry import Registry
@@ -65,7 +66,7 @@ class SearchOptions:
     max_download_bytes: int = 5_000_000  # per fetched page or thumbnail
 
     @classmethod
-    def from_opts(cls, **opts: Any) -> "SearchOptions":
+    def from_opts(cls, **opts: Any) -> SearchOptions:
         valid = {f.name for f in fields(cls)}
         unknown = sorted(set(opts) - valid)
         if unknown:

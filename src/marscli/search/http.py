@@ -28,6 +28,11 @@ class TooLarge(SearchError):
     pass
 
 
+# A private generator: jitter must not consume the global `random` state a stage has seeded.
+_JITTER = random.Random()
+_TRANSIENT = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)
+
+
 def _retryable_status(code: int) -> bool:
     return code == 429 or code >= 500
 
@@ -72,24 +77,26 @@ class HttpClient:
         last = "no attempt made"
         for i in range(n):
             if i:
-                time.sleep(random.uniform(0, self.backoff * 2 ** (i - 1)))
+                time.sleep(_JITTER.uniform(0, self.backoff * 2 ** (i - 1)))
             self._count("attempts")
             try:
                 with self._sem:
                     r = self._session().request(
                         method, url, json=json, headers={**self.headers, **(headers or {})},
-                        timeout=self.timeout, stream=max_bytes is not None)
+                        timeout=self.timeout, stream=max_bytes is not None,
+                        # a redirect would carry an API key header to another host
+                        allow_redirects=method == "GET")
                     body = _read_limited(r, max_bytes) if max_bytes is not None else r.content
-            except TooLarge:
+            except TooLarge as e:
                 self._count("failures")
-                raise
-            except (requests.ConnectionError, requests.Timeout) as e:
+                raise TooLarge(redact(str(e))) from None
+            except _TRANSIENT as e:
                 last = f"{type(e).__name__}: {e}"
                 continue
             except requests.RequestException as e:  # invalid URL and the like: not transient
                 self._count("failures")
                 raise SearchError(redact(f"{method} {url}: {type(e).__name__}: {e}")) from None
-            if r.status_code >= 400:
+            if r.status_code >= 300:  # 3xx: a POST redirect we chose not to follow
                 last = f"HTTP {r.status_code}: {body[:200].decode('utf-8', 'replace')}"
                 if _retryable_status(r.status_code):
                     continue

@@ -9,12 +9,20 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 from html.parser import HTMLParser
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlparse
 
 from marscli.errors import BadInput
-from marscli.search import (IMAGE_BACKENDS, TEXT_BACKENDS, Hit, ImageHit, NoInput, SearchOptions,
-                            need_arg, no_arg)
+from marscli.search import (
+    IMAGE_BACKENDS,
+    TEXT_BACKENDS,
+    Hit,
+    ImageHit,
+    NoInput,
+    SearchOptions,
+    need_arg,
+    no_arg,
+)
 from marscli.search.cache import cache_key, open_cache, public_spec
 from marscli.search.http import SearchError
 from marscli.search.text_index import split_contents
@@ -121,8 +129,8 @@ class SerperBackend:
 
 
 class _Text(HTMLParser):
-    SKIP = {"script", "style", "noscript", "svg", "template", "head"}
-    BLOCK = {"p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "section",
+    SKIP: ClassVar[set[str]] = {"script", "style", "noscript", "svg", "template", "head"}
+    BLOCK: ClassVar[set[str]] = {"p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "section",
              "article", "table", "ul", "ol", "blockquote", "pre"}
 
     def __init__(self) -> None:

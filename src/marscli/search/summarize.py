@@ -11,13 +11,14 @@ from __future__ import annotations
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
+from itertools import pairwise
 
 from marscli.search import Hit, SearchOptions
 from marscli.search.http import SearchError
 from marscli.search.text_index import _STOP, _TOKEN
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
-_THINK = re.compile(r"<think(?:ing)?>.*?</think(?:ing)?>", re.S)
+_THINK = re.compile(r"<think(?:ing)?>.*?</think(?:ing)?>", re.DOTALL)
 
 
 def _terms(text: str) -> set[str]:
@@ -42,7 +43,7 @@ def extractive(query: str, text: str, max_chars: int) -> str:
         return sents[ranked[0]][: max_chars - 1] + "…"
     keep.sort()
     out = sents[keep[0]]
-    for a, b in zip(keep, keep[1:]):
+    for a, b in pairwise(keep):
         out += (" " if b == a + 1 else " … ") + sents[b]
     return out
 

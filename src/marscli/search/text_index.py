@@ -28,8 +28,7 @@ BATCH = 2000
 MAX_TERMS = 32
 _TOKEN = re.compile(r"\w+", re.UNICODE)
 _STOP = frozenset(
-    "a an and are as at be by for from has have in is it its of on or that the this to was were "
-    "what when where which who whom whose why how with did does do".split())
+    ["a", "an", "and", "are", "as", "at", "be", "by", "for", "from", "has", "have", "in", "is", "it", "its", "of", "on", "or", "that", "the", "this", "to", "was", "were", "what", "when", "where", "which", "who", "whom", "whose", "why", "how", "with", "did", "does", "do"])
 
 
 def split_contents(contents: str) -> tuple[str, str]:

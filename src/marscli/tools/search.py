@@ -18,14 +18,20 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from io import BytesIO
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from PIL import Image
 
 from marscli.errors import MarsError
 from marscli.images import MAX_INPUT_PIXELS, fit_pixels, open_image
-from marscli.search import (Hit, ImageHit, NoInput, SearchOptions, make_image_backend,
-                            make_text_backend)
+from marscli.search import (
+    Hit,
+    ImageHit,
+    NoInput,
+    SearchOptions,
+    make_image_backend,
+    make_text_backend,
+)
 from marscli.search.cache import cache_key, open_cache, public_spec
 from marscli.search.http import SearchError
 from marscli.search.summarize import LlmSummarizer, extractive
@@ -64,7 +70,7 @@ class _Counts:
 @TOOLS.register("text_search_tool")
 class TextSearchTool:
     name = "text_search_tool"
-    schema = {"type": "function", "function": {
+    schema: ClassVar[dict] = {"type": "function", "function": {
         "name": "text_search_tool",
         "description": "Search the web for text information related to your query. Use this "
                        "when you need to find facts, news, or information.",
@@ -147,7 +153,7 @@ def _decode(data: bytes, what: str) -> Image.Image:
 @TOOLS.register("image_search_tool")
 class ImageSearchTool:
     name = "image_search_tool"
-    schema = {"type": "function", "function": {
+    schema: ClassVar[dict] = {"type": "function", "function": {
         "name": "image_search_tool",
         "description": "Perform a reverse image search to find similar images and related "
                        "information. This can help identify objects, places, or find more "

@@ -1,0 +1,42 @@
+# marscli — the README's two commands are `make demo` and `make test`.
+# Both create .venv on first use (`make setup`).
+
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+MARSCLI := $(VENV)/bin/marscli
+export HF_HUB_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+export DS_BUILD_OPS ?= 0
+
+.PHONY: setup demo test test-fast bench clean ask-demo
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev,deepspeed,eval]'
+	touch $@
+
+test: setup
+	$(VENV)/bin/pytest -q
+
+test-fast: setup
+	$(VENV)/bin/pytest -q -m "not slow and not distributed and not slurm"
+
+bench: setup
+	$(PY) benchmarks/run.py
+
+# Build the tiny model and ask it about a picture, tracing the agent live.
+ask-demo: setup
+	mkdir -p runs/ask-demo
+	test -f runs/ask-demo/tiny/config.json || $(MARSCLI) tiny-model runs/ask-demo/tiny
+	$(PY) scripts/demo_image.py runs/ask-demo/scene.png
+	$(MARSCLI) ask runs/ask-demo/scene.png "What is written on the small sign?" \
+	  --policy runs/ask-demo/tiny --max-turns 3 --max-new-tokens 48 --crops-dir runs/ask-demo/crops
+
+demo: ask-demo
+
+clean:
+	rm -rf runs

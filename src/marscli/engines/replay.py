@@ -1,0 +1,39 @@
+"""The `replay` engine: replays scripted replies stored in each prompt row (`"replies": [...]`,
+one string per assistant turn), tokenised with the policy's tokenizer.
+
+Through the real agent loop and tools this turns scripted expert demonstrations (the toy
+world's, or any teacher's text) into token-exact trajectories for `sft`, and it lets tests
+drive the loop deterministically. Log-probs are not known and are recorded as 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from marscli.engines import ENGINES, GenRequest, Generation, SamplingParams
+from marscli.errors import BadInput
+from marscli.policy import check_checkpoint, load_processor
+from marscli.tokens import special_ids
+
+
+@ENGINES.register("replay")
+class ReplayEngine:
+    def __init__(self, policy: str, **_: Any) -> None:
+        self.processor = load_processor(check_checkpoint(policy))
+        self.ids = special_ids(self.processor.tokenizer)
+
+    def generate(self, requests: list[GenRequest], params: SamplingParams) -> list[Generation]:
+        out = []
+        for r in requests:
+            replies = (r.row or {}).get("replies")
+            if not isinstance(replies, list) or not all(isinstance(x, str) for x in replies):
+                raise BadInput("--engine replay: every prompt row needs `replies`, a list of "
+                               "strings (one per assistant turn)")
+            text = replies[min(r.turn, len(replies) - 1)]
+            toks = self.processor.tokenizer.encode(text, add_special_tokens=False)
+            cap = r.max_new_tokens or params.max_new_tokens
+            if len(toks) + 1 > cap:
+                out.append(Generation(toks[:cap], [0.0] * min(cap, len(toks)), "length"))
+            else:
+                out.append(Generation(toks + [self.ids.im_end], [0.0] * (len(toks) + 1), "stop"))
+        return out

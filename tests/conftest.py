@@ -1,0 +1,24 @@
+"""Shared pytest fixtures."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """Folder of the tiny random Qwen3-VL (seed 0), built once per session.
+
+    `MARSCLI_TINY=PATH` reuses a folder built earlier by `marscli tiny-model PATH`.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if os.environ.get("MARSCLI_TINY"):
+        path = Path(os.environ["MARSCLI_TINY"])
+        assert (path / "config.json").is_file(), f"MARSCLI_TINY={path}: no config.json there"
+        return path
+    from marscli.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)

@@ -1,0 +1,116 @@
+"""The command-line boundary: help everywhere, no heavy imports at start-up, and `ask`'s
+exit codes, messages and live trace."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+MARSCLI = [sys.executable, "-m", "marscli"]
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*MARSCLI, *args], capture_output=True, text=True, env=ENV, cwd=cwd,
+                          timeout=600)
+
+
+def command_names() -> list[list[str]]:
+    from marscli.cli import app
+
+    names = [[c.name or c.callback.__name__.replace("_", "-")] for c in app.registered_commands]
+    for group in app.registered_groups:
+        names += [[group.name, c.name or c.callback.__name__.replace("_", "-")]
+                  for c in group.typer_instance.registered_commands]
+    return names
+
+
+def test_help_imports_neither_torch_nor_transformers():
+    code = ("import sys\nfrom marscli.cli import app\n"
+            "try:\n    app(['--help'])\nexcept SystemExit:\n    pass\n"
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, "
+            "sorted(m for m in sys.modules if m.startswith(('torch', 'transformers')))\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.parametrize("cmd", command_names(), ids=lambda c: " ".join(c))
+def test_every_command_has_help(cmd):
+    code = ("import sys\nfrom marscli.cli import app\n"
+            f"try:\n    app({cmd + ['--help']!r})\nexcept SystemExit as e:\n    assert not e.code\n"
+            "assert 'torch' not in sys.modules, 'help imported torch'\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "Usage" in res.stdout
+
+
+@pytest.fixture()
+def photo(tmp_path) -> Path:
+    p = tmp_path / "photo.png"
+    Image.new("RGB", (800, 600), (10, 120, 200)).save(p)
+    return p
+
+
+def test_ask_bad_inputs(tmp_path, photo, tiny_model):
+    notimg = tmp_path / "notes.txt"
+    notimg.write_text("hello")
+    empty = tmp_path / "empty.jpg"
+    empty.write_bytes(b"")
+    cases = [
+        (["ask", str(tmp_path / "missing.jpg"), "q", "--policy", str(tiny_model)], "image not found"),
+        (["ask", str(notimg), "q", "--policy", str(tiny_model)], "cannot be decoded"),
+        (["ask", str(empty), "q", "--policy", str(tiny_model)], "cannot be decoded"),
+        (["ask", str(tmp_path), "q", "--policy", str(tiny_model)], "is a folder"),
+        (["ask", str(photo), "q", "--policy", str(tmp_path / "nope")], "no such checkpoint"),
+        (["ask", str(photo), "q", "--policy", str(tmp_path)], "has no config.json"),
+        (["ask", str(photo), "q", "--policy", str(tiny_model), "--system-prompt", "nope.txt"],
+         "--system-prompt: nope.txt: no such file"),
+        (["ask", str(photo), "q", "--policy", str(tiny_model), "--max-turns", "0"],
+         "--max-turns: 0 is out of range"),
+    ]
+    for args, msg in cases:
+        res = run(*args)
+        lines = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+        assert res.returncode == 2, (args, res.stderr)
+        assert len(lines) == 1 and msg in lines[0], (args, res.stderr)
+        assert res.stdout == ""
+
+
+def test_ask_decompression_bomb_refused_before_decoding(tmp_path, tiny_model):
+    """A PNG header claiming 50,000 x 50,000 pixels is refused from the header alone."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    bomb = tmp_path / "bomb.png"
+    bomb.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 50_000, 50_000, 8, 2, 0, 0, 0))
+                     + chunk(b"IDAT", zlib.compress(b"\x00" * 100)) + chunk(b"IEND", b""))
+    res = run("ask", str(bomb), "q", "--policy", str(tiny_model))
+    assert res.returncode == 2 and "decompression bomb" in res.stderr
+
+
+def test_ask_traces_live_and_answers(photo, tiny_model, tmp_path):
+    crops = tmp_path / "crops"
+    res = run("ask", str(photo), "Where is the sign?", "--policy", str(tiny_model),
+              "--max-turns", "2", "--max-new-tokens", "16", "--crops-dir", str(crops))
+    assert res.returncode == 0, res.stderr
+    assert "turn 1" in res.stderr or "format error" in res.stderr  # the live trace
+    assert ("answer" in res.stderr) or ("stopped without an answer" in res.stderr)
+
+
+def test_ask_json_prints_the_trajectory_record(photo, tiny_model, tmp_path):
+    res = run("ask", str(photo), "Where?", "--policy", str(tiny_model), "--json",
+              "--max-turns", "1", "--max-new-tokens", "8", "--crops-dir", str(tmp_path / "c"))
+    assert res.returncode == 0, res.stderr
+    rec = json.loads(res.stdout)
+    assert rec["v"] == 1 and rec["id"] == "ask#0" and rec["segments"][0]["role"] == "prompt"
+    assert rec["segments"][1]["role"] == "model" and len(rec["segments"][1]["tokens"]) <= 8
+    assert rec["images"][0]["sha256"]
