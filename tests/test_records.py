@@ -134,3 +134,13 @@ def test_no_temp_files_left(tmp_path):
     with AtomicJsonl(str(tmp_path / "x.jsonl")) as w:
         w.write({"id": 1})
     assert not [f for f in os.listdir(tmp_path) if ".tmp-" in f]
+
+
+def test_redact_keeps_ordinary_keys():
+    from marscli.jsonl import redact
+
+    cfg = {"api_key": "s", "X-API-KEY": "s", "password": "p", "max_new_tokens": 8,
+           "num_key_value_heads": 1, "pad_token_id": 0}
+    assert redact(cfg) == {"api_key": "<redacted>", "X-API-KEY": "<redacted>",
+                           "password": "<redacted>", "max_new_tokens": 8,
+                           "num_key_value_heads": 1, "pad_token_id": 0}

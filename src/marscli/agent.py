@@ -63,7 +63,8 @@ class Traj:
     stop: str | None = None
     final_answer: str | None = None
     tool_calls: Counter = field(default_factory=Counter)
-    tool_errors: Counter = field(default_factory=Counter)
+    tool_errors: Counter = field(default_factory=Counter)  # the model's invalid calls
+    tool_failures: Counter = field(default_factory=Counter)  # backends that failed
     format_errors: int = 0
     gen_tokens: int = 0
     ms: Counter = field(default_factory=Counter)
@@ -192,7 +193,9 @@ class Agent:
             t.format_errors += 1
         else:
             t.tool_calls[name] += 1
-            if not res.ok:
+            if res.failed:
+                t.tool_failures[name] += 1
+            elif not res.ok:
                 t.tool_errors[name] += 1
         text = res.text
         if len(text) > self.cfg.max_tool_chars:
@@ -216,6 +219,8 @@ class Agent:
         toks = encode_parts(self.tok, self.ids, tool_parts(text, counts, closed))
         seg = Segment("tool", toks, images=new_idx or None, text=text,
                       tool=name or "invalid", ok=res.ok, ms=ms)
+        if res.failed:
+            seg.failed = True
         t.segments.append(seg)
         t.context += toks
         t.response_tokens += sum(-x if x < 0 else 1 for x in toks)
@@ -248,6 +253,7 @@ class Agent:
             images=t.refs, segments=[s.to_dict() for s in t.segments],
             final_answer=t.final_answer, stop=t.stop, turns=t.turns,
             tool_calls=dict(t.tool_calls), tool_errors=dict(t.tool_errors),
+            tool_failures=dict(t.tool_failures),
             format_errors=t.format_errors, response_tokens=t.response_tokens,
             generated_tokens=t.gen_tokens, ms={k: int(v) for k, v in t.ms.items()})
         return rec

@@ -218,7 +218,10 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
-_SECRET_KEY = re.compile(r"(key|token|secret|password)", re.I)
+# Names of config keys holding credentials (`api_key`, `x-api-key`, `password`...), but not
+# `max_new_tokens` or `num_key_value_heads`.
+_SECRET_KEY = re.compile(r"(api[_-]?key|secret|password|passwd|authorization|bearer|"
+                         r"access[_-]?token|auth[_-]?token|^token$|^key$)", re.I)
 _SECRET_ENV = ("SERPER_API_KEY", "OPENAI_API_KEY", "JUDGE_API_KEY", "SUMMARIZER_API_KEY")
 
 

@@ -135,6 +135,7 @@ class Segment:
     text: str | None = None  # model segments: decoded text; tool segments: the observation
     tool: str | None = None
     ok: bool | None = None
+    failed: bool | None = None  # tool segments: a backend failure, not the model's mistake
     ms: int | None = None
 
     def to_dict(self) -> dict:
@@ -163,7 +164,8 @@ def parse_segments(row: dict, src: str, line: int) -> list[Segment]:
         if imgs is not None and not all(isinstance(x, int) for x in imgs):
             raise BadInput(f"{src}:{line}: {f}.images: expected a list of image indexes")
         out.append(Segment(role=role, tokens=toks, images=imgs, logprobs=lps,
-                           text=s.get("text"), tool=s.get("tool"), ok=s.get("ok"), ms=s.get("ms")))
+                           text=s.get("text"), tool=s.get("tool"), ok=s.get("ok"),
+                           failed=s.get("failed"), ms=s.get("ms")))
     if not any(s.role == "model" and s.tokens for s in out):
         raise BadInput(f"{src}:{line}: segments: no model segment to train on")
     return out

@@ -120,11 +120,12 @@ def response_answer(traj: dict) -> str | None:
 
 
 def format_ok(traj: dict) -> bool:
-    """Ended with a non-empty answer and made no invalid tool call."""
+    """Ended with a non-empty answer and made no invalid tool call. A backend failure
+    (`failed: true`, e.g. a search server down) is not the model's mistake and costs nothing."""
     answer = response_answer(traj)
     if not answer or not answer.strip() or traj.get("stop", "answer") != "answer":
         return False
-    return all(s.get("ok", True) is not False
+    return all(s.get("ok", True) is not False or s.get("failed") is True
                for s in traj.get("segments") or [] if s.get("role") == "tool")
 
 

@@ -47,6 +47,9 @@ class ToolResult:
     text: str
     images: list[NewImage] = field(default_factory=list)
     ok: bool = True
+    # With ok=False: True when a backend failed (network, server) rather than the model
+    # erring. Backend failures are recorded and counted but cost no format reward.
+    failed: bool = False
     # Interleaving: text may contain "<image>" markers, one per entry of `images`, to place
     # each image; without markers images follow the text.
 
@@ -66,7 +69,13 @@ TOOLS: Registry[type] = Registry("tool", lazy={
 
 
 def error(msg: str) -> ToolResult:
+    """The model's mistake, as an observation."""
     return ToolResult(text=f"error: {msg}", ok=False)
+
+
+def failure(msg: str) -> ToolResult:
+    """A backend's failure (after bounded retries), as an observation."""
+    return ToolResult(text=f"search failed: {msg}", ok=False, failed=True)
 
 
 def build_tools(text_search: str | None = None, image_search: str | None = None,

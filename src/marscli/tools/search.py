@@ -45,7 +45,7 @@ _SPECIAL = re.compile(r"<\|")
 
 def tool_failed(result: ToolResult) -> bool:
     """True when a search tool's backend failed (not the model's mistake)."""
-    return not result.ok and result.text.startswith(FAILED)
+    return result.failed
 
 
 def clean(text: str) -> str:
@@ -104,7 +104,7 @@ class TextSearchTool:
             found = self.search(query)
         except SearchError as e:
             self.counts.add("failures")
-            return ToolResult(text=f"{FAILED} {e}", ok=False)
+            return ToolResult(text=f"{FAILED} {e}", ok=False, failed=True)
         return ToolResult(text=self.format(query, found))
 
     def search(self, query: str) -> dict:
@@ -177,7 +177,7 @@ class ImageSearchTool:
             return error(str(e))
         except SearchError as e:
             self.counts.add("failures")
-            return ToolResult(text=f"{FAILED} {e}", ok=False)
+            return ToolResult(text=f"{FAILED} {e}", ok=False, failed=True)
         if not hits:
             return ToolResult(text="No matching images were found.")
         with ThreadPoolExecutor(min(8, len(hits))) as pool:
