@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -62,7 +61,7 @@ class _Guard:
 guard = _Guard
 
 
-def check_range(name: str, value: float | int | None, lo: float | None = None,
+def check_range(name: str, value: float | None, lo: float | None = None,
                 hi: float | None = None, *, lo_open: bool = False) -> None:
     """Reject an option outside its range with `BadInput` naming the option."""
     if value is None:
@@ -150,10 +149,10 @@ def ask(
     temperature: Annotated[float, typer.Option(help="0: greedy.")] = 0.0,
     seed: Annotated[int, typer.Option()] = 0,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
-    crops_dir: Annotated[Optional[str], typer.Option(help="Where crops are saved (default: a new temp folder).")] = None,
-    system_prompt: Annotated[Optional[str], typer.Option(help="File replacing the system prompt.")] = None,
-    text_search: Annotated[Optional[str], typer.Option(help="Text search backend: local:PATH, retriever:URL, serper.")] = None,
-    image_search: Annotated[Optional[str], typer.Option(help="Image search backend: data, local:PATH, serper-lens.")] = None,
+    crops_dir: Annotated[str | None, typer.Option(help="Where crops are saved (default: a new temp folder).")] = None,
+    system_prompt: Annotated[str | None, typer.Option(help="File replacing the system prompt.")] = None,
+    text_search: Annotated[str | None, typer.Option(help="Text search backend: local:PATH, retriever:URL, serper.")] = None,
+    image_search: Annotated[str | None, typer.Option(help="Image search backend: data, local:PATH, serper-lens.")] = None,
 ) -> None:
     """Ask the agent about an image: the live trace on stderr, the answer on stdout."""
     with guard():
@@ -220,23 +219,23 @@ def index_images(
 
 @app.command()
 def search(
-    query: Annotated[Optional[str], typer.Argument(help="Text query (omit it with --image).")] = None,
-    text_search: Annotated[Optional[str], typer.Option(
+    query: Annotated[str | None, typer.Argument(help="Text query (omit it with --image).")] = None,
+    text_search: Annotated[str | None, typer.Option(
         metavar="SPEC", help="Text backend: local:INDEX, retriever:URL or serper.")] = None,
-    image: Annotated[Optional[str], typer.Option(
+    image: Annotated[str | None, typer.Option(
         help="Reverse-search this image file or public image URL.")] = None,
     image_search: Annotated[str, typer.Option(
         metavar="SPEC", help="Image backend: data, local:INDEX or serper-lens.")] = "data",
-    row: Annotated[Optional[str], typer.Option(
+    row: Annotated[str | None, typer.Option(
         metavar="ROWS.jsonl[:LINE]", help="Prompt row for the data backend (default: line 1).")] = None,
     k: Annotated[int, typer.Option(help="Text results per query.")] = 5,
     max_chars: Annotated[int, typer.Option(help="Truncate the tool text to this.")] = 8192,
     fetch_pages: Annotated[bool, typer.Option(
         "--fetch-pages", help="serper: read the top pages, not just Google's snippets.")] = False,
-    summarizer: Annotated[Optional[str], typer.Option(
+    summarizer: Annotated[str | None, typer.Option(
         metavar="URL", help="OpenAI-compatible base URL that summarises the results "
                             "(key from SUMMARIZER_API_KEY or OPENAI_API_KEY).")] = None,
-    summarizer_model: Annotated[Optional[str], typer.Option(help="Model name at --summarizer.")] = None,
+    summarizer_model: Annotated[str | None, typer.Option(help="Model name at --summarizer.")] = None,
     no_cache: Annotated[bool, typer.Option(
         "--no-cache", help="Skip the result cache ($MARSCLI_CACHE_DIR or ~/.cache/marscli).")] = False,
     json_out: Annotated[bool, typer.Option(
@@ -249,8 +248,7 @@ def search(
         if (query is None) == (image is None and row is None):
             raise BadInput("give either a QUERY (text search) or --image/--row (image search)")
         from marscli.errors import RuntimeFailure
-        from marscli.tools.search import (load_row, query_image, query_text, result_json,
-                                          tool_failed)
+        from marscli.tools.search import load_row, query_image, query_text, result_json, tool_failed
 
         opts = dict(k=k, max_chars=max_chars, fetch_pages=fetch_pages, summarizer=summarizer,
                     summarizer_model=summarizer_model)

