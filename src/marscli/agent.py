@@ -6,6 +6,15 @@ A turn: every active trajectory's prompt goes to the engine in one batch; each r
 as a `tool` segment. Model mistakes (bad JSON, unknown tool, bad arguments, unclosed tags)
 become error observations and are counted; the trajectory goes on until it answers or a limit
 (turns, response tokens) stops it.
+
+Message-level engines (`engine.message_level`, the `openai` engine) take the conversation as
+chat messages rather than token ids. For them each trajectory also keeps `messages` (OpenAI
+format; images as `{"type": "image", "image": i}` parts indexing the record's `images`), which
+the record carries. With a processor (`--tokenize-with`) the replies are tokenised into the same
+token-exact segments as the hf engine's (`<|im_end|>` added when a reply stopped); without one,
+segments carry text only and only the generated tokens (as the server counts them) count
+against `max_response_tokens`. A request that keeps failing ends its trajectory with
+`stop: "engine_error"` and the reason in `error`.
 """
 
 from __future__ import annotations
@@ -15,18 +24,19 @@ import os
 import re
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
-from marscli.engines import Engine, GenRequest, SamplingParams
+from marscli.engines import Engine, Generation, GenRequest, SamplingParams
 from marscli.images import open_image
 from marscli.jsonl import sha256_file
 from marscli.protocol import Answer, FormatError, ToolCall, parse_turn, system_prompt
 from marscli.records import Prompt, Segment, new_record
-from marscli.tokens import (ImageFeatures, encode_parts, image_features, prompt_parts,
-                            special_ids, tool_parts)
+from marscli.tokens import (IMAGE_MARK, ImageFeatures, encode_parts, image_features,
+                            prompt_parts, special_ids, split_images, tool_parts)
 from marscli.tools import ConvImage, Tool, ToolContext, ToolResult
 
 MAX_SOURCE_PIXELS = 100_000_000  # decoded input cap; the zoom tool crops from this
@@ -57,7 +67,10 @@ class Traj:
     feats: list[ImageFeatures]
     segments: list[Segment]
     refs: list[dict]
-    context: list[int]  # compact ids so far: the next prompt
+    context: list[int]  # compact ids so far: the next prompt ([] without a tokenizer)
+    files: list[Path] = field(default_factory=list)  # each image's file, as in `images`
+    messages: list[dict] | None = None  # message-level engines: the conversation so far
+    error: str | None = None  # stop == "engine_error": why
     response_tokens: int = 0
     turns: int = 0
     stop: str | None = None
@@ -80,15 +93,30 @@ def safe_name(s: str) -> str:
     return name if name == s[:80] else f"{name}-{hashlib.sha1(s.encode()).hexdigest()[:8]}"
 
 
+def message_content(text: str, image_idxs: list[int]) -> list[dict]:
+    """Chat-message content parts of a text with `<image>` markers (images without a marker go
+    last); an image is `{"type": "image", "image": i}`, i indexing the trajectory's images."""
+    parts: list[dict] = []
+    for p in split_images(text, image_idxs):  # ints come back in place: here, image indexes
+        if isinstance(p, int):
+            parts.append({"type": "image", "image": p})
+        elif p:
+            parts.append({"type": "text", "text": p})
+    return parts
+
+
 class Agent:
     def __init__(self, engine: Engine, tools: list[Tool], cfg: AgentConfig, *,
                  media_dir: Path, rel_to: Path, policy_name: str = "",
                  on_event: Event | None = None) -> None:
         self.engine, self.cfg = engine, cfg
         self.tools = {t.name: t for t in tools}
-        self.processor = engine.processor
-        self.tok = self.processor.tokenizer
-        self.ids = special_ids(self.tok)
+        self.message_level = bool(getattr(engine, "message_level", False))
+        self.processor = engine.processor  # None: a message-level engine without a tokenizer
+        if self.processor is None and not self.message_level:
+            raise ValueError("a token-level engine needs a processor")
+        self.tok = self.processor.tokenizer if self.processor is not None else None
+        self.ids = special_ids(self.tok) if self.tok is not None else None
         self.system = system_prompt([t.schema for t in tools], cfg.system_prompt)
         self.media_dir, self.rel_to = Path(media_dir), Path(rel_to)
         self.policy_name = policy_name
@@ -98,7 +126,7 @@ class Agent:
 
     def run(self, jobs: list[tuple[Prompt, int]]) -> Iterator[dict]:
         """Yield finished trajectory records, batch by batch, in job order within a batch."""
-        cache: dict[str, tuple[list[ConvImage], list[ImageFeatures], list[dict]]] = {}
+        cache: dict[str, tuple] = {}
         for i in range(0, len(jobs), self.cfg.batch_size):
             batch = [self._start(p, s, cache) for p, s in jobs[i:i + self.cfg.batch_size]]
             while active := [t for t in batch if t.stop is None]:
@@ -111,41 +139,57 @@ class Agent:
 
     def _start(self, prompt: Prompt, sample: int, cache: dict) -> Traj:
         if prompt.id not in cache:  # the G samples of a prompt share its decoded images
-            images, feats, refs = [], [], []
+            images, feats, refs, files = [], [], [], []
             for i, path in enumerate(prompt.image_paths()):
                 src = open_image(path, max_pixels=MAX_SOURCE_PIXELS,
                                  what=f"prompt {prompt.id!r}: image")
                 images.append(ConvImage(image=src, ref={}, root=i, source=src))
-                feats.append(image_features(self.processor, src))
+                if self.processor is not None:
+                    feats.append(image_features(self.processor, src))
                 refs.append({"path": self._rel(path), "sha256": sha256_file(path)})
-            cache[prompt.id] = (images, feats, refs)
-        images, feats, refs = cache[prompt.id]
-        parts = prompt_parts(self.system, prompt.question, [f.n_tokens for f in feats])
-        toks = encode_parts(self.tok, self.ids, parts)
+                files.append(Path(path))
+            cache[prompt.id] = (images, feats, refs, files)
+        images, feats, refs, files = cache[prompt.id]
+        toks = None
+        if self.tok is not None:
+            parts = prompt_parts(self.system, prompt.question, [f.n_tokens for f in feats])
+            toks = encode_parts(self.tok, self.ids, parts)
         seg = Segment("prompt", toks, images=list(range(len(images))))
-        return Traj(prompt, sample, list(images), list(feats), [seg], [dict(r) for r in refs],
-                    list(toks))
+        t = Traj(prompt, sample, list(images), list(feats), [seg], [dict(r) for r in refs],
+                 list(toks or []), files=list(files))
+        if self.message_level:  # images first unless the question places them (prompt_parts)
+            q = prompt.question
+            q = q if IMAGE_MARK in q else IMAGE_MARK * len(images) + q
+            t.messages = [{"role": "system", "content": self.system},
+                          {"role": "user", "content": message_content(q, list(range(len(images))))}]
+        return t
 
     def _turn(self, active: list[Traj]) -> None:
         reqs = []
         for t in active:
             budget = self.cfg.max_response_tokens - t.response_tokens
             reqs.append(GenRequest(t.context, t.feats, min(self.cfg.max_turn_tokens, budget),
-                                   row=t.prompt.extra, turn=t.turns))
+                                   row=t.prompt.extra, turn=t.turns, messages=t.messages,
+                                   image_files=t.files, key=t.id))
         t0 = time.perf_counter()
         gens = self.engine.generate(reqs, self.cfg.sampling)
         gen_ms = (time.perf_counter() - t0) * 1000 / max(1, len(active))
         calls: list[tuple[Traj, ToolCall | FormatError, bool]] = []
         for t, g in zip(active, gens):
+            if g.finish == "error":  # the engine gave up on this request: end it, recorded
+                t.stop, t.error = "engine_error", g.error or "engine error"
+                continue
             t.turns += 1
             t.ms["generate"] += gen_ms
             closed = g.finish == "stop"
-            body = g.tokens[:-1] if closed else g.tokens
-            text = self.tok.decode(body, skip_special_tokens=False)
-            t.segments.append(Segment("model", g.tokens, logprobs=g.logprobs, text=text))
-            t.context += g.tokens
-            t.response_tokens += len(g.tokens)
-            t.gen_tokens += len(g.tokens)
+            text, toks, logprobs = self._reply(g, closed)
+            t.segments.append(Segment("model", toks, logprobs=logprobs, text=text))
+            if t.messages is not None:
+                t.messages.append({"role": "assistant", "content": text})
+            n = len(toks) if toks is not None else (g.usage or 0)
+            t.context += toks or []
+            t.response_tokens += n
+            t.gen_tokens += n
             action = parse_turn(text)
             self.on_event("model", t, {"text": text, "action": action})
             if isinstance(action, Answer) and closed:
@@ -164,6 +208,19 @@ class Agent:
                 t.stop = "max_turns"
             if t.stop:
                 self.on_event("stop", t, {"stop": t.stop, "answer": t.final_answer})
+
+    def _reply(self, g: Generation, closed: bool) -> tuple[str, list[int] | None,
+                                                          list[float] | None]:
+        """(text, tokens, logprobs) of a reply. Token-level engines give ids (decoded here);
+        message-level ones give text, tokenised here when there is a tokenizer — canonically,
+        with `<|im_end|>` added when the reply stopped (the server cuts it off)."""
+        if g.text is None:
+            body = g.tokens[:-1] if closed else g.tokens
+            return self.tok.decode(body, skip_special_tokens=False), g.tokens, g.logprobs
+        if self.tok is None:
+            return g.text, None, None
+        toks = self.tok.encode(g.text, add_special_tokens=False)
+        return g.text, toks + ([self.ids.im_end] if closed else []), None
 
     def _run_tools(self, calls: list[tuple[Traj, Any]]) -> list[tuple[ToolResult, int]]:
         def one(item: tuple[Traj, Any]) -> tuple[ToolResult, int]:
@@ -209,21 +266,28 @@ class Agent:
             root = img.root if img.root is not None else idx
             t.images.append(ConvImage(img.image, {}, root=root, box=img.box,
                                       source=img.image if img.root is None else None))
-            feat = image_features(self.processor, img.image)
-            t.feats.append(feat)
+            if self.processor is not None:
+                feat = image_features(self.processor, img.image)
+                t.feats.append(feat)
+                counts.append(feat.n_tokens)
+            t.files.append(path)
             t.refs.append({"path": self._rel(path), "sha256": sha256_file(path), **img.meta})
             new_idx.append(idx)
-            counts.append(feat.n_tokens)
-        if counts and text.count("<image>") < len(counts):
-            text = text + "".join("\n<image>" for _ in range(len(counts) - text.count("<image>")))
-        toks = encode_parts(self.tok, self.ids, tool_parts(text, counts, closed))
+        if new_idx and text.count("<image>") < len(new_idx):
+            text = text + "".join("\n<image>" for _ in range(len(new_idx) - text.count("<image>")))
+        toks = None
+        if self.tok is not None:
+            toks = encode_parts(self.tok, self.ids, tool_parts(text, counts, closed))
+            t.context += toks
+            t.response_tokens += sum(-x if x < 0 else 1 for x in toks)
+        if t.messages is not None:
+            t.messages.append({"role": "user", "content": message_content(
+                f"<tool_response>\n{text}\n</tool_response>", new_idx)})
         seg = Segment("tool", toks, images=new_idx or None, text=text,
                       tool=name or "invalid", ok=res.ok, ms=ms)
         if res.failed:
             seg.failed = True
         t.segments.append(seg)
-        t.context += toks
-        t.response_tokens += sum(-x if x < 0 else 1 for x in toks)
         t.ms["tools"] += ms
         self.on_event("tool", t, {"name": name, "args": getattr(action, "arguments", None),
                                   "text": text, "ok": res.ok,
@@ -255,5 +319,10 @@ class Agent:
             tool_calls=dict(t.tool_calls), tool_errors=dict(t.tool_errors),
             tool_failures=dict(t.tool_failures),
             format_errors=t.format_errors, response_tokens=t.response_tokens,
-            generated_tokens=t.gen_tokens, ms={k: int(v) for k, v in t.ms.items()})
+            generated_tokens=t.gen_tokens)
+        if t.messages is not None:
+            rec["messages"] = t.messages
+        if t.error is not None:
+            rec["error"] = t.error
+        rec["ms"] = {k: int(v) for k, v in t.ms.items()}  # timings: the only fields that vary
         return rec

@@ -290,5 +290,225 @@ def tiny_model(
         tiny_main(out, seed=seed, text_files=text or [], size=size, force=force)
 
 
+@app.command()
+def rollout(
+    prompts: Annotated[str, typer.Argument(
+        metavar="PROMPTS.jsonl", help="Prompt rows (marscli or MARS form; - for stdin).")],
+    output: Annotated[str, typer.Option(
+        "-o", "--output", help="Trajectory JSONL, appended to and resumed; crops go to "
+                               "OUT.media/ beside it.")],
+    policy: Annotated[str | None, typer.Option(
+        help="Checkpoint folder or hub id (hf, vllm, replay engines).")] = None,
+    n: Annotated[int, typer.Option("-n", help="Samples per prompt (G); ids PROMPTID#k.")] = 8,
+    engine: Annotated[str, typer.Option(help="hf, vllm, openai or replay.")] = "hf",
+    shard: Annotated[str | None, typer.Option(
+        metavar="i/N", help="Only the prompts whose id hashes to shard i of N (0-based): "
+                            "the N shards together give one run's ids.")] = None,
+    temperature: Annotated[float, typer.Option(help="0: greedy.")] = 1.0,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass.")] = 1.0,
+    top_k: Annotated[int, typer.Option(help="Top-k sampling; 0: off.")] = 0,
+    max_turns: Annotated[int, typer.Option(help="Assistant turns at most.")] = 10,
+    max_response_tokens: Annotated[int, typer.Option(
+        help="Model + tool tokens after the prompt, at most.")] = 16_384,
+    max_turn_tokens: Annotated[int, typer.Option(help="Tokens per reply at most.")] = 2_048,
+    batch_size: Annotated[int, typer.Option(help="Trajectories advanced together.")] = 32,
+    seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+    text_search: Annotated[str | None, typer.Option(
+        metavar="SPEC", help="Text search backend: local:INDEX, retriever:URL or serper.")] = None,
+    image_search: Annotated[str | None, typer.Option(
+        metavar="SPEC", help="Image search backend: data, local:INDEX or serper-lens.")] = None,
+    system_prompt: Annotated[str | None, typer.Option(
+        metavar="FILE", help="File replacing the system prompt.")] = None,
+    device: Annotated[str, typer.Option(help="cpu or cuda (hf, vllm).")] = "cpu",
+    base_url: Annotated[str | None, typer.Option(
+        metavar="URL", help="openai: the server's base URL, e.g. http://127.0.0.1:8000/v1.")] = None,
+    model: Annotated[str | None, typer.Option(help="openai: the served model's name.")] = None,
+    api_key_env: Annotated[str | None, typer.Option(
+        metavar="VAR", help="openai: environment variable holding the API key "
+                            "(default OPENAI_API_KEY).")] = None,
+    tokenize_with: Annotated[str | None, typer.Option(
+        metavar="CKPT", help="openai: processor checkpoint for token-exact segments "
+                             "(without it, segments carry text only).")] = None,
+    timeout: Annotated[float | None, typer.Option(
+        help="openai: seconds per request (default 300).")] = None,
+    retries: Annotated[int | None, typer.Option(
+        help="openai: retries after a failed request (default 3).")] = None,
+    concurrency: Annotated[int | None, typer.Option(
+        help="openai: requests in flight (default 8).")] = None,
+) -> None:
+    """Sample N trajectories per prompt with the agent; resumable, shardable."""
+    with guard():
+        check_range("-n", n, 1)
+        check_range("--temperature", temperature, 0)
+        check_range("--top-p", top_p, 0, 1, lo_open=True)
+        check_range("--top-k", top_k, 0)
+        check_range("--max-turns", max_turns, 1)
+        check_range("--max-response-tokens", max_response_tokens, 1)
+        check_range("--max-turn-tokens", max_turn_tokens, 1)
+        check_range("--batch-size", batch_size, 1)
+        check_range("--timeout", timeout, 0, lo_open=True)
+        check_range("--retries", retries, 0)
+        check_range("--concurrency", concurrency, 1)
+        from marscli.rollout import parse_shard, run_rollout
+
+        run_rollout(prompts, output, policy=policy, n=n, engine=engine, shard=parse_shard(shard),
+                    temperature=temperature, top_p=top_p, top_k=top_k, max_turns=max_turns,
+                    max_response_tokens=max_response_tokens, max_turn_tokens=max_turn_tokens,
+                    batch_size=batch_size, seed=seed, text_search=text_search,
+                    image_search=image_search, system_prompt_file=system_prompt, device=device,
+                    engine_opts={"base_url": base_url, "model": model,
+                                 "api_key_env": api_key_env, "tokenize_with": tokenize_with,
+                                 "timeout": timeout, "retries": retries,
+                                 "concurrency": concurrency})
+
+
+@app.command("toy-world")
+def toy_world(
+    out: Annotated[str, typer.Argument(metavar="OUT", help="World folder to create.")],
+    entities: Annotated[int, typer.Option(help="Made-up companies (5..96), each with a logo.")] = 24,
+    seed: Annotated[int, typer.Option(help="Seed of everything (same seed, same bytes).")] = 0,
+    train: Annotated[int, typer.Option(help="Prompt rows in train.jsonl.")] = 240,
+    test: Annotated[int, typer.Option(help="Prompt rows in test.jsonl (new scenes).")] = 60,
+    sft: Annotated[int, typer.Option(help="Rows with scripted expert replies in sft.jsonl.")] = 120,
+    size: Annotated[int, typer.Option(help="Scene side in pixels.")] = 1024,
+    force: Annotated[bool, typer.Option("--force", help="Replace a non-empty OUT.")] = False,
+) -> None:
+    """Write a synthetic MARS-like world (logos, scenes, corpus, prompts, expert replies)."""
+    with guard():
+        check_range("--entities", entities, 5, 96)
+        check_range("--train", train, 0)
+        check_range("--test", test, 0)
+        check_range("--sft", sft, 0)
+        check_range("--size", size, 256, 8192)
+        from marscli.toy.world import main as toy_main
+
+        toy_main(out, entities=entities, seed=seed, train=train, test=test, sft=sft, size=size,
+                 force=force)
+
+
+@app.command()
+def update(
+    adv: Annotated[str, typer.Argument(
+        metavar="ADV.jsonl", help="Trajectory rows with `advantage` (and optional `minibatch`).")],
+    policy: Annotated[str, typer.Option(help="Input checkpoint (HF folder); left untouched.")],
+    out: Annotated[str, typer.Option(help="Output checkpoint folder (must not exist).")],
+    loss: Annotated[str, typer.Option(help="Policy loss: gspo (the paper's) or grpo.")] = "gspo",
+    agg: Annotated[str | None, typer.Option(
+        help="token-mean or seq-mean-token-mean (default: the loss's own: gspo "
+             "seq-mean-token-mean, grpo token-mean).")] = None,
+    clip_low: Annotated[float, typer.Option(help="Ratio clip below: 1 - clip_low.")] = 0.2,
+    clip_high: Annotated[float, typer.Option(help="Ratio clip above: 1 + clip_high.")] = 0.28,
+    lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-6,
+    lr_schedule: Annotated[str, typer.Option(help="constant, cosine or linear.")] = "constant",
+    warmup_steps: Annotated[int, typer.Option(help="Linear warm-up steps.")] = 0,
+    adam_beta1: Annotated[float, typer.Option()] = 0.9,
+    adam_beta2: Annotated[float, typer.Option()] = 0.999,
+    adam_eps: Annotated[float, typer.Option()] = 1e-8,
+    weight_decay: Annotated[float, typer.Option()] = 0.0,
+    grad_clip: Annotated[float, typer.Option(help="Clip the gradient norm (0: off).")] = 1.0,
+    kl: Annotated[float, typer.Option(help="k3 KL coefficient to --ref (0: no reference).")] = 0.0,
+    ref: Annotated[str | None, typer.Option(help="Reference checkpoint for --kl.")] = None,
+    epochs: Annotated[int, typer.Option(help="Passes over the minibatches.")] = 1,
+    micro_batch_tokens: Annotated[int, typer.Option(
+        help="Token budget of a micro-batch (longest sequence x count).")] = 32768,
+    deepspeed: Annotated[str | None, typer.Option(
+        metavar="CONFIG", help="DeepSpeed JSON config (recipes/ds_zero2.json, ds_zero3.json).")] = None,
+    gradient_checkpointing: Annotated[bool, typer.Option(
+        "--gradient-checkpointing", help="Recompute activations in backward.")] = False,
+    freeze_vision: Annotated[bool, typer.Option(
+        "--freeze-vision", help="Do not train the vision tower.")] = False,
+    seed: Annotated[int, typer.Option()] = 0,
+    metrics: Annotated[str | None, typer.Option(
+        metavar="FILE", help="Metrics JSONL, one line per step (default: OUT/metrics.jsonl).")] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    save_dtype: Annotated[str, typer.Option(help="float32, bfloat16 or input.")] = "float32",
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing OUT.")] = False,
+    local_rank: Annotated[int, typer.Option(
+        "--local_rank", "--local-rank", hidden=True, help="Set by the deepspeed launcher.")] = -1,
+) -> None:
+    """Policy-gradient update (BN-GSPO / GRPO) of a checkpoint; torchrun/deepspeed/srun for ZeRO."""
+    with guard():
+        from marscli.update import UpdateConfig, run_update
+
+        del local_rank  # the launcher also sets LOCAL_RANK, which is what is read
+        cfg = UpdateConfig(
+            loss=loss, agg=agg, clip_low=clip_low, clip_high=clip_high, kl=kl, ref=ref,
+            epochs=epochs, micro_batch_tokens=micro_batch_tokens, lr=lr, adam_beta1=adam_beta1,
+            adam_beta2=adam_beta2, adam_eps=adam_eps, weight_decay=weight_decay,
+            grad_clip=grad_clip, warmup_steps=warmup_steps, lr_schedule=lr_schedule,
+            deepspeed=deepspeed, gradient_checkpointing=gradient_checkpointing,
+            freeze_vision=freeze_vision, seed=seed, metrics=metrics, device=device,
+            save_dtype=save_dtype, force=force)
+        run_update(adv, policy, out, cfg)
+
+
+@app.command("inspect")
+def inspect_cmd(
+    traj: Annotated[str, typer.Argument(
+        metavar="TRAJ.jsonl",
+        help="Trajectory rows: rollout, reward or advantages output (- for stdin).")],
+    ids: Annotated[list[str] | None, typer.Option(
+        "--id", metavar="ID", help="Only this trajectory id; repeatable.")] = None,
+    where: Annotated[list[str] | None, typer.Option(
+        metavar="EXPR", help="FIELD OP VALUE filter, dotted paths, OP in == != >= <= > <, e.g. "
+                             "reward.accuracy==0, turns>3, tool_calls.image_zoom_in_tool>=1; "
+                             "repeatable (ANDed); a missing field never matches.")] = None,
+    limit: Annotated[int | None, typer.Option(help="Stop after N matches.")] = None,
+    json_out: Annotated[bool, typer.Option(
+        "--json", help="Print the matching records as JSONL (pipe them to another stage).")] = False,
+    ids_out: Annotated[bool, typer.Option(
+        "--ids", help="Print the matching ids, one a line.")] = False,
+) -> None:
+    """Show trajectories turn by turn: thinking, tool calls, observations, answer, reward."""
+    with guard():
+        check_range("--limit", limit, 1)
+        if json_out and ids_out:
+            raise BadInput("--json and --ids: pick one")
+        from marscli.view import inspect as run_inspect
+
+        n = run_inspect(traj, ids=ids, where=where, limit=limit, as_json=json_out, as_ids=ids_out)
+        print(f"{n:,} {'trajectory' if n == 1 else 'trajectories'} matched", file=sys.stderr)
+
+
+@app.command()
+def plot(
+    source: Annotated[str, typer.Argument(
+        metavar="METRICS_OR_RUN", help="A run folder (RUN/iter-K/...) or a metrics JSONL.")],
+    output: Annotated[str, typer.Option(
+        "-o", "--output", help="PNG file to write (- for stdout).")],
+    title: Annotated[str | None, typer.Option(
+        help="Figure title (default: the run's name).")] = None,
+) -> None:
+    """Plot per-iteration curves of a run (or each metric of a metrics JSONL) to a PNG."""
+    with guard():
+        from marscli.plot import plot as run_plot
+
+        n = run_plot(source, output, title)
+        print(f"wrote {n} panels to {output}", file=sys.stderr)
+
+
+@app.command()
+def report(
+    source: Annotated[str, typer.Argument(
+        metavar="RUN_OR_TRAJ", help="A run folder (RUN/iter-K/...) or one trajectory JSONL.")],
+    output: Annotated[str, typer.Option(
+        "-o", "--output", help="HTML file to write (- for stdout).")],
+    max_trajectories: Annotated[int, typer.Option(
+        help="Trajectories shown at most, split evenly over the iterations.")] = 200,
+    image_px: Annotated[int, typer.Option(
+        help="Embedded images are downscaled to this many pixels on their longer side.")] = 512,
+    title: Annotated[str | None, typer.Option(help="Page title (default: the run's name).")] = None,
+) -> None:
+    """Write one self-contained HTML page: curves, iteration table, filterable trajectories."""
+    with guard():
+        check_range("--max-trajectories", max_trajectories, 0)
+        check_range("--image-px", image_px, 16)
+        from marscli.report import report as run_report
+
+        info = run_report(source, output, max_trajectories, image_px, title)
+        print(f"wrote {output}: {info['shown']:,} of {info['trajectories']:,} trajectories, "
+              f"{info['images']:,} images, {info['bytes'] / 1e6:.1f} MB", file=sys.stderr)
+
+
 if __name__ == "__main__":
     main()

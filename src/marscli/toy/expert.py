@@ -1,0 +1,68 @@
+"""Scripted expert replies for cold-start SFT, written from the ground truth.
+
+One string per assistant turn, in the protocol (`<thinking>..</thinking>` then one tool call or
+the answer). Thinking texts are short fixed templates: a tiny model has to learn them.
+- perception: zoom on the logo's grid cell, then answer.
+- knowledge: image search, "Result k matches the logo: Name", text search "Name keyword", answer.
+- both: zoom first, then as knowledge.
+The replay engine feeds them through the real agent and tools; they hold for what the tools
+return because the world was built so (tests check it: the zoom crop holds the logo, the image
+search list holds the entity at rank k, the text index returns the fact for the query).
+"""
+
+from __future__ import annotations
+
+import json
+
+from marscli.toy.entities import Entity
+
+KEYWORD = {"city": "city", "founder": "founder", "year": "year"}  # text-search query word
+
+
+def _call(name: str, arguments: dict) -> str:
+    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
+
+
+def _turn(thinking: str, action: str) -> str:
+    return f"<thinking>{thinking}</thinking>{action}"
+
+
+def zoom_turn(box: list[int]) -> str:
+    return _turn("The logo is small. I zoom in on it.",
+                 _call("image_zoom_in_tool", {"bbox_2d": list(box), "label": "logo"}))
+
+
+def perception_answer(entity: Entity, attr: str) -> str:
+    lg = entity.logo
+    thinking, answer = {
+        "colour": (f"The shape on the logo is {lg.colour}.", lg.colour),
+        "shape": (f"The logo shows a {lg.shape}.", lg.shape),
+        "letter": (f"The letter on the logo is {lg.letter}.", lg.letter),
+    }[attr]
+    return _turn(thinking, f"<answer>{answer}</answer>")
+
+
+def search_turns(entity: Entity, attr: str, rank: int) -> list[str]:
+    """Image search, pick result `rank` (1-based), text search, answer."""
+    n, kw = entity.name, KEYWORD[attr]
+    final = {"city": f"{n} was founded in {entity.city}.",
+             "founder": f"{n} was founded by {entity.founder}.",
+             "year": f"{n} was founded in {entity.year}."}[attr]
+    return [
+        _turn("I need the company of this logo. I search for the image.",
+              _call("image_search_tool", {})),
+        _turn(f"Result {rank} matches the logo: {n}. I search for its {kw}.",
+              _call("text_search_tool", {"query": f"{n} {kw}"})),
+        _turn(final, f"<answer>{entity.attribute(attr)}</answer>"),
+    ]
+
+
+def expert_replies(kind: str, attr: str, entity: Entity, zoom_box: list[int],
+                   rank: int) -> list[str]:
+    if kind == "perception":
+        return [zoom_turn(zoom_box), perception_answer(entity, attr)]
+    if kind == "knowledge":
+        return search_turns(entity, attr, rank)
+    if kind == "both":
+        return [zoom_turn(zoom_box), *search_turns(entity, attr, rank)]
+    raise ValueError(f"unknown kind {kind!r}")

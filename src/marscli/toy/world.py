@@ -1,0 +1,242 @@
+"""`marscli toy-world OUT`: write the whole toy world, atomically and deterministically.
+
+Every random choice comes from `random.Random` streams named after the seed and their purpose
+(`"0:entities"`, `"0:scene:train:17"`), so one split's size never changes another split's
+scenes, and the same seed gives byte-identical files (PNG carries no timestamp).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+
+import orjson
+
+from marscli.errors import BadInput
+from marscli.jsonl import dumps
+from marscli.toy.corpus import make_corpus
+from marscli.toy.entities import MAX_ENTITIES, Entity, make_entities
+from marscli.toy.expert import expert_replies
+from marscli.toy.prompts import gold, plan, question, search_hits
+from marscli.toy.render import LOGO_MAX, render_logo, render_scene
+
+SPLITS = ("train", "test", "sft")
+MIN_ENTITIES = 5  # an image-search list is the true logo + 4 distractors
+MIN_CELL = 32  # pixels per grid cell at least: smaller logos lose their letter
+LOGO_SIDE = 128  # pixels of the logo files (search thumbnails)
+PNG_LEVEL = 1  # fast; scenes are flat colour, about 30 KB each
+
+
+def _rng(seed: int, *purpose: object) -> random.Random:
+    return random.Random(":".join(map(str, (seed, *purpose))))
+
+
+def check_options(entities: int, train: int, test: int, sft: int, size: int, grid: int) -> None:
+    if not MIN_ENTITIES <= entities <= MAX_ENTITIES:
+        raise BadInput(f"--entities: {entities} is out of range — must be {MIN_ENTITIES}.."
+                       f"{MAX_ENTITIES} (each logo is a distinct shape, colour and plate)")
+    for name, n in (("--train", train), ("--test", test), ("--sft", sft)):
+        if n < 0:
+            raise BadInput(f"{name}: {n} is out of range — must be >= 0")
+    if train + test + sft == 0:
+        raise BadInput("--train, --test and --sft are all 0 — ask for at least one prompt")
+    if not 3 <= grid <= 32:
+        raise BadInput(f"grid: {grid} is out of range — must be 3..32 (the logo must stay "
+                       "under 5% of the scene)")
+    if size // grid < MIN_CELL:
+        raise BadInput(f"--size {size} with a {grid}x{grid} grid gives cells under "
+                       f"{MIN_CELL} px — use --size >= {MIN_CELL * grid}")
+
+
+def max_logo_area(grid: int) -> float:
+    """The largest fraction of a scene a logo can cover."""
+    return (LOGO_MAX / grid) ** 2
+
+
+def _prepare(out: Path, force: bool) -> Path:
+    if out.exists() and not out.is_dir():
+        raise BadInput(f"{out}: exists and is not a folder — choose another OUT")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise BadInput(f"{out}: folder exists and is not empty — pass --force to replace it")
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "logos").mkdir(parents=True)
+    (tmp / "images").mkdir()
+    return tmp
+
+
+def _commit(tmp: Path, out: Path) -> None:
+    old = out.with_name(f"{out.name}.old-{os.getpid()}")
+    if out.exists():
+        os.replace(out, old)  # --force: the old world goes only once the new one is in place
+    os.replace(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.write_bytes(b"".join(dumps(r) for r in rows))
+
+
+def _split_rows(split: str, n: int, seed: int, ents: list[Entity], tmp: Path, size: int,
+                grid: int) -> list[dict]:
+    rows = []
+    for i, (kind, attr, k) in enumerate(plan(_rng(seed, "plan", split), n, len(ents))):
+        e = ents[k]
+        rid = f"{split}-{i:04d}"
+        im, logo_box, zoom_box = render_scene(_rng(seed, "scene", split, i), e.logo, size, grid)
+        rel = f"images/{rid}.png"
+        im.save(tmp / rel, format="PNG", compress_level=PNG_LEVEL)
+        hits = search_hits(_rng(seed, "hits", split, i), ents, k, lookalike=kind == "both")
+        rank = hits.index(k) + 1
+        row = {"v": 1, "id": rid, "image": rel, "question": question(kind, attr),
+               "answer": [gold(e, attr)], "category": kind,
+               "image_search": [{"title": ents[h].name, "thumbnail": f"logos/{ents[h].slug}.png"}
+                                for h in hits],
+               "toy": {"entity": e.name, "attribute": attr, "logo_box": logo_box,
+                       "zoom_box": zoom_box, "hit": rank}}
+        if split == "sft":
+            row["replies"] = expert_replies(kind, attr, e, zoom_box, rank)
+        rows.append(row)
+    return rows
+
+
+def _vocab(corpus: list[dict], splits: dict[str, list[dict]], ents: list[Entity]) -> str:
+    """All the world's text, for `marscli tiny-model --text`: the system prompt and tool
+    schemas, the corpus, every question, answer and expert reply, and the tool observations'
+    fixed phrases."""
+    from marscli.protocol import system_prompt
+    from marscli.tools import TOOLS
+
+    schemas = [TOOLS.get(n).schema for n in
+               ("image_zoom_in_tool", "text_search_tool", "image_search_tool")]
+    lines = [system_prompt(schemas)]
+    lines += [f"{r['title']}\n{r['text']}" for r in corpus]
+    lines.append("Reverse image search results:\n" + "\n".join(
+        f"[{i}] {e.name}" for i, e in enumerate(ents, 1)))
+    lines.append("Zoomed in on image 0 (logo): image 1 is the region [0, 0, 125, 125].")
+    for rows in splits.values():
+        for r in rows:
+            lines.append(r["question"])
+            lines += r["answer"]
+            if "replies" in r:
+                lines += r["replies"]
+            else:  # the expert's words for train and test rows too
+                toy = r["toy"]
+                e = next(x for x in ents if x.name == toy["entity"])
+                lines += expert_replies(r["category"], toy["attribute"], e, toy["zoom_box"],
+                                        toy["hit"])
+    return "\n".join(lines) + "\n"
+
+
+def build_world(out: str | Path, entities: int = 24, seed: int = 0, train: int = 240,
+                test: int = 60, sft: int = 120, size: int = 1024, grid: int = 8,
+                force: bool = False) -> dict:
+    """Write the toy world to folder `out` (see the README it writes); return statistics.
+
+    Built in `OUT.tmp-PID` and renamed onto `out`; a non-empty `out` is refused unless `force`.
+    """
+    check_options(entities, train, test, sft, size, grid)
+    out = Path(out)
+    t0 = time.perf_counter()
+    tmp = _prepare(out, force)
+    try:
+        ents, cities, shops = make_entities(_rng(seed, "entities"), entities,
+                                            n_extra=max(2, entities // 4))
+        for e in ents:
+            render_logo(e.logo, LOGO_SIDE).save(tmp / "logos" / f"{e.slug}.png", format="PNG",
+                                                compress_level=PNG_LEVEL)
+        _write_jsonl(tmp / "logos.jsonl",
+                     [{"path": f"logos/{e.slug}.png", "title": e.name} for e in ents])
+        corpus = make_corpus(_rng(seed, "corpus"), ents, shops, cities)
+        _write_jsonl(tmp / "corpus.jsonl", corpus)
+        counts = {"train": train, "test": test, "sft": sft}
+        splits = {s: _split_rows(s, counts[s], seed, ents, tmp, size, grid) for s in SPLITS}
+        for s, rows in splits.items():
+            _write_jsonl(tmp / f"{s}.jsonl", rows)
+        (tmp / "vocab.txt").write_text(_vocab(corpus, splits, ents), encoding="utf-8")
+        world = {"v": 1, "seed": seed, "size": size, "grid": grid, "cities": cities,
+                 "shops": shops, "entities": [e.to_dict() for e in ents],
+                 "splits": counts}
+        (tmp / "world.json").write_bytes(orjson.dumps(world, option=orjson.OPT_INDENT_2) + b"\n")
+        stats = {"entities": entities, **counts, "images": train + test + sft,
+                 "passages": len(corpus), "max_logo_area": max_logo_area(grid)}
+        (tmp / "README.md").write_text(readme(world, stats), encoding="utf-8")
+        stats["bytes"] = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file())
+        _commit(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    stats["seconds"] = round(time.perf_counter() - t0, 2)
+    return stats
+
+
+def readme(world: dict, stats: dict) -> str:
+    ents = world["entities"]
+    e = ents[0]
+    example = json.dumps({k: e[k] for k in ("name", "founder", "city", "year", "logo")})
+    return f"""# Toy world (marscli toy-world, seed {world['seed']})
+
+A small synthetic, offline replica of the SenseNova-MARS task family, sized for a tiny model
+trained on CPU. {stats['entities']} made-up companies, each with a founder, a city, a founding
+year and a logo; {world['size']}x{world['size']} cluttered scenes with one logo drawn small
+(at most {stats['max_logo_area']:.2%} of the area) in one cell of the {world['grid']}x{world['grid']} grid; a text corpus
+about the companies; prompts of three kinds and scripted expert replies.
+
+Example entity: `{example}`
+
+## Files
+| path | what |
+|---|---|
+| `world.json` | entities and their attributes, cities, distractor shop names, options |
+| `logos/<name>.png`, `logos.jsonl` | one {LOGO_SIDE}px logo per entity; rows `{{path, title}}` for `marscli index images` |
+| `images/<split>-NNNN.png` | one scene per prompt row (splits never share a scene) |
+| `corpus.jsonl` | {stats['passages']} passages `{{id, title, text}}` for `marscli index text` |
+| `train.jsonl`, `test.jsonl` | {stats['train']} and {stats['test']} prompt rows (marscli form, gold answers) |
+| `sft.jsonl` | {stats['sft']} prompt rows with `replies`: the expert's turns, for `--engine replay` |
+| `vocab.txt` | all the world's text, for `marscli tiny-model --text` |
+
+Prompt rows: `{{v, id, image, question, answer, category, image_search, toy}}`. `category` is
+`perception` (shape colour, shape or letter of the logo: zoom, answer), `knowledge` (city,
+founder or year of the logo's company: image search, text search, answer) or `both` (zoom,
+image search, text search, answer; the image-search list holds look-alike logos, so the logo
+must be seen up close). `image_search` is the precomputed top-5 for `--image-search data` (the
+true logo at a seeded rank); `toy` holds the entity, the attribute, the logo's box in pixels,
+the expert's zoom box (0..1000, the logo's grid cell) and the true result's rank.
+
+All answers are single words of the corpus: a city, a surname, a year, a colour, a shape, a
+capital letter. The scene clutter is muted (saturation <= 0.35); logo colours are saturated.
+
+## Use
+WORLD is this folder.
+```
+marscli tiny-model ckpt --text WORLD/vocab.txt
+marscli index text WORLD/corpus.jsonl -o WORLD/text.sqlite
+# the agent's tools: --text-search local:WORLD/text.sqlite --image-search data
+# cold start: replay sft.jsonl with --engine replay, then sft; then RL on train.jsonl,
+# evaluation on test.jsonl.
+```
+`--image-search local:INDEX` (perceptual hashes of the whole input image) does not find a logo
+this small in a scene; use `data`.
+"""
+
+
+def main(out: str, entities: int = 24, seed: int = 0, train: int = 240, test: int = 60,
+         sft: int = 120, size: int = 1024, force: bool = False) -> dict:
+    """`marscli toy-world`: build, write `OUT.meta.json` beside the folder, report on stderr."""
+    import sys
+
+    from marscli.jsonl import write_sidecar
+
+    started = time.time()
+    config = {"entities": entities, "train": train, "test": test, "sft": sft, "size": size}
+    stats = build_world(out, force=force, seed=seed, **config)
+    write_sidecar(str(Path(out)), stage="toy-world", seed=seed, config=config, stats=stats,
+                  started=started)
+    print(f"wrote {out}: {stats['entities']} entities, {stats['train']} train, {stats['test']} "
+          f"test and {stats['sft']} sft prompts, {stats['passages']} passages, "
+          f"{stats['bytes'] / 1e6:.1f} MB in {stats['seconds']:.1f} s", file=sys.stderr)
+    return stats

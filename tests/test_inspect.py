@@ -1,0 +1,299 @@
+"""`marscli inspect` and its `--where` filter, on trajectories made by the real agent loop with
+a scripted engine; `make_run` also builds the run folder that test_report.py uses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image, ImageDraw
+
+from marscli.agent import Agent, AgentConfig
+from marscli.engines import SamplingParams
+from marscli.records import Prompt
+from marscli.tools import build_tools
+from scripted import ScriptedEngine
+
+ZOOM = '<tool_call>{{"name": "image_zoom_in_tool", "arguments": {}}}</tool_call>'
+SCRIPTS = {
+    # zoom, zoom into the zoom, answer 1997
+    "A": ["<thinking>The sign is small.</thinking>"
+          + ZOOM.format('{"bbox_2d": [500, 500, 1000, 1000], "label": "corner"}'),
+          "<think>Closer.</think>" + ZOOM.format('{"bbox_2d": [0, 0, 500, 250], "img_idx": 1}'),
+          "<thinking>I can read it now.</thinking><answer>1997</answer>"],
+    # reverse image search, then answer from the title
+    "B": [('<thinking>Search the picture.</thinking><tool_call>{"name": "image_search_tool", '
+           '"arguments": {}}</tool_call>'),
+          "<thinking>The title says Gustave.</thinking><answer>Gustave</answer>"],
+    # never a valid turn: stops at max_turns
+    "C": ["<thinking>hmm</thinking>no tags at all"],
+}
+# (prompt, sample, script) per iteration
+JOBS = {0: [("q1", 0, "A"), ("q1", 1, "B"), ("q2", 0, "C"), ("q2", 1, "A")],
+        1: [("q1", 0, "A"), ("q1", 1, "A"), ("q2", 0, "B"), ("q2", 1, "C")]}
+UNSCORED = {(1, "q2#1")}  # the judge failed on this one
+METRIC_KEYS = ("loss", "pg_loss", "kl", "clip_frac", "grad_norm", "lr")
+
+
+def scene(path: Path) -> Path:
+    """1600x1200: grey, a red bottom-right quadrant with a green block at its top-left."""
+    im = Image.new("RGB", (1600, 1200), (40, 40, 40))
+    d = ImageDraw.Draw(im)
+    d.rectangle([800, 600, 1599, 1199], fill=(200, 30, 30))
+    d.rectangle([800, 600, 1199, 749], fill=(30, 200, 30))
+    im.save(path)
+    return path
+
+
+def score(rec: dict, it: int) -> dict:
+    if (it, rec["id"]) in UNSCORED:
+        return {**rec, "reward": {"status": "unscored", "error": "judge timed out"}}
+    acc = 1.0 if rec["final_answer"] in rec["answer_gt"] else 0.0
+    clean = rec["stop"] == "answer" and not rec["format_errors"] and not rec["tool_errors"]
+    fmt = 0.5 if clean else 0.0
+    return {**rec, "reward": {"total": acc + fmt, "accuracy": acc, "format": fmt, "judge": "exact"}}
+
+
+def with_advantages(rows: list[dict]) -> list[dict]:
+    out = []
+    for pid in dict.fromkeys(r["prompt_id"] for r in rows):
+        group = [r for r in rows if r["prompt_id"] == pid and "total" in r["reward"]]
+        tot = [r["reward"]["total"] for r in group]
+        mean = sum(tot) / len(tot)
+        std = (sum((t - mean) ** 2 for t in tot) / len(tot)) ** 0.5
+        for r in group:
+            out.append({**r, "advantage": round(r["reward"]["total"] - mean, 4),
+                        "group": {"mean": mean, "std": std, "size": len(group)}})
+    return out
+
+
+def write(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def make_run(tiny_model: Path, root: Path) -> Path:
+    """runs/demo/{iter-0,iter-1}: rollouts (iter-0 only), scored, advantages, metrics (iter-1's
+    in a checkpoint subfolder, as `update --out` leaves it)."""
+    from marscli.policy import load_processor
+
+    run = root / "demo"
+    run.mkdir(parents=True)
+    scene(run / "scene.png")
+    Image.new("RGB", (300, 200), (20, 60, 220)).save(run / "thumb.png")
+    proc = load_processor(str(tiny_model))
+    prompts = {
+        "q1": Prompt(id="q1", question="What year is on the sign?", images=["scene.png"],
+                     answer=["1997"], base=run, category="visual",
+                     image_search=[{"title": "Old town sign, 1997", "thumbnail": "thumb.png"}]),
+        "q2": Prompt(id="q2", question="Who built the tower?", images=["scene.png"],
+                     answer=["Eiffel"], base=run, category="knowledge",
+                     image_search=[{"title": "Tower by Gustave Eiffel", "thumbnail": "thumb.png"}]),
+    }
+    for it, jobs in JOBS.items():
+        folder = run / f"iter-{it}"
+        folder.mkdir()
+        rows = []
+        for pid, sample, script in jobs:
+            agent = Agent(ScriptedEngine(proc, SCRIPTS[script]), build_tools(image_search="data"),
+                          AgentConfig(max_turns=3, sampling=SamplingParams()),
+                          media_dir=folder / "rollouts.jsonl.media", rel_to=folder,
+                          policy_name=f"ckpt/iter-{it}")
+            rows.append(next(agent.run([(prompts[pid], sample)])))
+        scored = [score(r, it) for r in rows]
+        if it == 0:
+            write(folder / "rollouts.jsonl", rows)
+        write(folder / "scored.jsonl", scored)
+        write(folder / "advantages.jsonl", with_advantages(scored))
+        metrics = [{"step": 2 * it + s, **{k: 0.1 * (i + 1) + 0.01 * s + 0.05 * it
+                                          for i, k in enumerate(METRIC_KEYS)}} for s in range(2)]
+        write(folder / ("metrics.jsonl" if it == 0 else "ckpt/metrics.jsonl"), metrics)
+    return run
+
+
+_RUNS: dict[Path, Path] = {}
+
+
+def shared_run(tiny_model: Path, tmp_path_factory) -> Path:
+    """One run folder per session for both test files (the tests only read it)."""
+    if tiny_model not in _RUNS:
+        _RUNS[tiny_model] = make_run(tiny_model, tmp_path_factory.mktemp("run"))
+    return _RUNS[tiny_model]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tiny_model, tmp_path_factory) -> Path:
+    return shared_run(tiny_model, tmp_path_factory)
+
+
+MARSCLI = [sys.executable, "-m", "marscli"]
+ENV = {**os.environ, "NO_COLOR": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*MARSCLI, *args], capture_output=True, text=True, env=ENV, timeout=300,
+                          check=False)
+
+
+def ids(path: Path, *where: str, **kw) -> list[str]:
+    from marscli.jsonl import iter_rows
+    from marscli.view import parse_where, select
+
+    rows = (r for _, r in iter_rows(str(path)))
+    return [r["id"] for r in select(rows, where=[parse_where(w) for w in where], **kw)]
+
+
+def test_run_is_what_the_tests_assume(run_dir):
+    rows = [json.loads(x) for x in (run_dir / "iter-0/advantages.jsonl").read_text().splitlines()]
+    by = {r["id"]: r for r in rows}
+    assert by["q1#0"]["tool_calls"] == {"image_zoom_in_tool": 2}
+    assert by["q1#0"]["images"][2]["from"] == 1  # a crop of a crop
+    assert by["q1#1"]["tool_calls"] == {"image_search_tool": 1} and by["q1#1"]["turns"] == 2
+    assert by["q1#1"]["images"][1]["title"] == "Old town sign, 1997"
+    assert by["q2#0"]["stop"] == "max_turns" and by["q2#0"]["final_answer"] is None
+    assert [by[i]["reward"]["accuracy"] for i in ("q1#0", "q1#1", "q2#0", "q2#1")] == [1, 0, 0, 0]
+
+
+def test_where_selects_the_right_ids(run_dir):
+    f = run_dir / "iter-0/advantages.jsonl"
+    assert ids(f, "reward.accuracy==0") == ["q1#1", "q2#0", "q2#1"]
+    assert ids(f, "reward.accuracy>0.5") == ["q1#0"]
+    assert ids(f, "turns>2") == ["q1#0", "q2#0", "q2#1"]
+    assert ids(f, "turns<=2") == ["q1#1"]
+    assert ids(f, "stop!=answer") == ["q2#0"]
+    assert ids(f, "stop==max_turns") == ["q2#0"]
+    assert ids(f, "tool_calls.image_zoom_in_tool>=1") == ["q1#0", "q2#1"]
+    assert ids(f, "category==knowledge") == ["q2#0", "q2#1"]
+    assert ids(f, "category==knowledge", "reward.accuracy==0", "turns>=3") == ["q2#0", "q2#1"]
+    assert ids(f, "category==visual", "stop==answer", "tool_calls.image_search_tool==1") == ["q1#1"]
+    # a numeric-looking value against a string field compares as a string; quotes force a string
+    assert ids(f, "final_answer==1997") == ["q1#0", "q2#1"]
+    assert ids(f, 'final_answer=="1997"') == ["q1#0", "q2#1"]
+    assert ids(f, "final_answer==null") == ["q2#0"]
+    # lists: == is membership
+    assert ids(f, "answer_gt==Eiffel") == ["q2#0", "q2#1"]
+    assert ids(f, "answer_gt!=Eiffel") == ["q1#0", "q1#1"]
+    # dotted path through a list index, and a nested advantage field
+    assert ids(f, "segments.0.role==prompt") == ["q1#0", "q1#1", "q2#0", "q2#1"]
+    assert ids(f, "advantage>0") == ["q1#0", "q2#1"]
+    assert ids(f, "group.size==2", "advantage<0") == ["q1#1", "q2#0"]
+    # missing fields never match, whatever the operator
+    assert ids(run_dir / "iter-0/rollouts.jsonl", "reward.accuracy==0") == []
+    assert ids(run_dir / "iter-0/rollouts.jsonl", "reward.accuracy!=0") == []
+    assert ids(f, "tool_calls.image_search_tool!=1") == []  # only q1#1 has the key at all
+    assert ids(f, "reward.status!=unscored") == []
+    # --id and --limit
+    assert ids(f, ids=["q2#0", "q1#0"]) == ["q1#0", "q2#0"]
+    assert ids(f, "reward.accuracy==0", limit=2) == ["q1#1", "q2#0"]
+    assert ids(f, "reward.accuracy==0", ids=["q1#0"]) == []
+
+
+def test_where_equality_on_a_zero_and_the_unscored_row(run_dir):
+    f = run_dir / "iter-1/scored.jsonl"
+    assert ids(f, "reward.status==unscored") == ["q2#1"]
+    assert ids(f, "reward.accuracy==1") == ["q1#0", "q1#1"]
+    assert ids(f, "reward.total==1.5") == ["q1#0", "q1#1"]
+
+
+@pytest.mark.parametrize("expr", ["turns", "turns=3", "==3", "turns>", "turns>abc",
+                                  "turns>>3", "reward..accuracy==0", "stop>=answer"])
+def test_bad_where_expressions_are_bad_input(expr):
+    from marscli.errors import BadInput
+    from marscli.view import parse_where
+
+    with pytest.raises(BadInput, match="--where"):
+        parse_where(expr)
+
+
+def test_cli_bad_where_exits_2_with_one_line(run_dir):
+    res = cli("inspect", str(run_dir / "iter-0/scored.jsonl"), "--where", "turns>>3")
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --where 'turns>>3'"), res.stderr
+    assert res.stdout == ""
+
+
+def test_cli_bad_file_names_file_and_line(tmp_path):
+    f = tmp_path / "bad.jsonl"
+    f.write_text('{"v": 1, "id": "a", "segments": []}\n{not json\n')
+    res = cli("inspect", str(f), "--ids")
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines()[-1].startswith(f"error: {f}:2: not valid JSON")
+
+
+def test_cli_ids_and_json(run_dir):
+    f = str(run_dir / "iter-0/advantages.jsonl")
+    res = cli("inspect", f, "--where", "reward.accuracy==0", "--where", "turns>2", "--ids")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["q2#0", "q2#1"]
+    assert "2 trajectories matched" in res.stderr
+    res = cli("inspect", f, "--id", "q1#1", "--json")
+    rows = [json.loads(x) for x in res.stdout.splitlines()]
+    assert [r["id"] for r in rows] == ["q1#1"] and rows[0]["advantage"] < 0
+    res = cli("inspect", f, "--limit", "0")
+    assert res.returncode == 2 and "--limit" in res.stderr
+
+
+def test_rendered_text_shows_the_trajectory(run_dir):
+    """Plain text (stdout is not a terminal): thinking, tool call, observation, answer, gold,
+    reward, advantage, and the token counts with the mask share checked by hand."""
+    f = run_dir / "iter-0/advantages.jsonl"
+    res = cli("inspect", str(f), "--id", "q1#0")
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert "\x1b[" not in out  # no colour codes when piped
+    rec = next(json.loads(x) for x in f.read_text().splitlines() if '"q1#0"' in x)
+    for s in ("The sign is small.", "Closer.", "I can read it now.",
+              ('--- turn 1 · tool call ---\nimage_zoom_in_tool {"bbox_2d":[500,500,1000,1000],'
+               '"label":"corner"}'),
+              "--- turn 3 · answer ---\n1997", "gold: 1997", "answer: 1997",
+              "reward: total 1.5 · accuracy 1 · format 0.5 · judge exact",
+              "stop: answer after 3 turn(s)", "Zoomed in on image 0 (corner)",
+              "crop of image 1, bbox [0, 0, 500, 250]", "question: What year is on the sign?"):
+        assert s in out, s
+    assert rec["advantage"] == 0.5
+    assert "advantage: +0.5 (group mean 1, std 0.5, size 2)" in out
+    # by hand: image placeholders -n count n tokens; only model tokens are under the mask
+    n = {"prompt": 0, "model": 0, "tool": 0}
+    for seg in rec["segments"]:
+        for t in seg["tokens"]:
+            n[seg["role"]] += -t if t < 0 else 1
+    total = n["prompt"] + n["model"] + n["tool"]
+    assert any(t < -1 for t in rec["segments"][0]["tokens"])  # the input image is compact
+    assert n["model"] == sum(len(s["tokens"]) for s in rec["segments"] if s["role"] == "model")
+    share = f"loss mask {n['model']:,}/{total:,} = {100 * n['model'] / total:.1f}%"
+    counts = f"prompt {n['prompt']:,} · model {n['model']:,} · tool {n['tool']:,}"
+    assert f"tokens: {counts} · {share}" in out
+    assert 0 < n["model"] / total < 0.5
+
+
+def test_rendered_text_of_failures(run_dir):
+    from marscli.view import render_plain
+
+    rows = {json.loads(x)["id"]: json.loads(x)
+            for x in (run_dir / "iter-1/scored.jsonl").read_text().splitlines()}
+    out = render_plain(rows["q2#1"])  # never a valid turn, and the judge failed
+    assert "--- turn 1 · format error: no <tool_call> or <answer> in the reply ---" in out
+    assert "no tags at all" in out and "answer: (none)" in out
+    assert "reward: unscored (judge timed out)" in out and "advantage: —" in out
+    out = render_plain(rows["q2#0"])  # image search: the thumbnail and its title
+    assert "search result 'Tower by Gustave Eiffel'" in out
+    assert "observation · image_search_tool · ok" in out
+
+
+def test_rich_rendering_on_a_terminal(run_dir):
+    import io
+
+    from rich.console import Console
+
+    from marscli.view import render_rich
+
+    rec = json.loads((run_dir / "iter-0/scored.jsonl").read_text().splitlines()[0])
+    buf = io.StringIO()
+    render_rich(rec, Console(file=buf, force_terminal=True, width=120, color_system=None))
+    out = buf.getvalue()
+    assert "The sign is small." in out and "turn 3 · answer" in out and "loss mask" in out

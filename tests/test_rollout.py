@@ -1,0 +1,318 @@
+"""`marscli rollout` end to end on the tiny model: token-exact trajectories, resumption after
+kill -9, shards that add up to one run, seeded determinism, and input checked before any
+generation."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+from PIL import Image, ImageDraw
+
+from marscli.errors import BadInput, RuntimeFailure
+from marscli.rollout import media_dir, parse_shard, run_rollout, shard_of
+from marscli.tokens import assemble, expand, special_ids
+from test_agent import REPLIES, messages_of
+
+ZOOM_THEN_ANSWER = [
+    ('<thinking>Look closer.</thinking><tool_call>{"name": "image_zoom_in_tool", "arguments": '
+     '{"bbox_2d": [500, 500, 1000, 1000]}}</tool_call>'),
+    "<thinking>Red.</thinking><answer>red</answer>",
+]
+
+
+def scene(path: Path) -> Path:
+    """A small picture (quick to process) with a red bottom-right quadrant to zoom in on."""
+    im = Image.new("RGB", (480, 360), (40, 40, 40))
+    d = ImageDraw.Draw(im)
+    d.rectangle([240, 180, 479, 359], fill=(200, 30, 30))
+    d.rectangle([240, 180, 359, 224], fill=(30, 200, 30))
+    im.save(path)
+    return path
+
+
+def marscli(*args: str, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "marscli", *args], capture_output=True,
+                          text=True, env=env, timeout=300, check=False, **kw)
+
+
+def write_prompts(path: Path, ids: list[str], replies=ZOOM_THEN_ANSWER, **extra) -> Path:
+    if not (path.parent / "scene.png").exists():
+        scene(path.parent / "scene.png")
+    path.write_bytes(b"".join(
+        orjson.dumps({"v": 1, "id": i, "image": "scene.png", "question": "What colour?",
+                      "answer": ["red"], "replies": replies, **extra}) + b"\n" for i in ids))
+    return path
+
+
+def read(path: Path) -> list[dict]:
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+
+def strip_ms(obj):
+    """A record without its timings (`ms`, the only fields allowed to differ between runs)."""
+    if isinstance(obj, dict):
+        return {k: strip_ms(v) for k, v in obj.items() if k != "ms"}
+    if isinstance(obj, list):
+        return [strip_ms(v) for v in obj]
+    return obj
+
+
+# ----------------------------------------------------------------------- end to end
+
+
+@pytest.mark.slow
+def test_replay_rollout_is_token_exact(tiny_model, tmp_path):
+    from marscli.policy import load_processor
+
+    prompts = write_prompts(tmp_path / "p.jsonl", ["a", "b"])
+    with prompts.open("ab") as fh:  # a third prompt that makes every kind of mistake first
+        fh.write(orjson.dumps({"v": 1, "id": "c", "image": "scene.png", "question": "Year?",
+                               "answer": ["1997"], "replies": REPLIES}) + b"\n")
+    out = tmp_path / "runs" / "t.jsonl"
+    res = marscli("rollout", str(prompts), "-o", str(out), "--policy", str(tiny_model),
+                  "--engine", "replay", "-n", "2", "--batch-size", "4")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == ""
+    recs = read(out)
+    assert sorted(r["id"] for r in recs) == ["a#0", "a#1", "b#0", "b#1", "c#0", "c#1"]
+    assert all(r["id"] == f"{r['prompt_id']}#{r['sample']}" for r in recs)
+    proc = load_processor(str(tiny_model))
+    ids = special_ids(proc.tokenizer)
+    media = (tmp_path / "runs" / "t.media").resolve()
+    for rec in recs:
+        assert rec["v"] == 1 and rec["stop"] == "answer" and rec["policy"] == str(tiny_model)
+        ours = assemble(rec["segments"], ids.image_pad)
+        msgs, images = messages_of({**rec, "_base": str(out.parent)}, proc)
+        text = proc.apply_chat_template(msgs, tokenize=False)
+        theirs = proc(text=[text], images=images, return_tensors="pt")["input_ids"][0].tolist()
+        assert ours.input_ids == theirs[:-1]  # the template's last "\n" follows <|im_end|>
+        assert rec["images"][0]["path"] == "../scene.png"
+        for im in rec["images"][1:]:  # crops: relative to the output's folder, in t.media/
+            assert (out.parent / im["path"]).resolve().parent == media
+    meta = orjson.loads(Path(f"{out}.meta.json").read_bytes())
+    s = meta["stats"]
+    assert meta["stage"] == "rollout" and meta["seed"] == 0
+    assert s["trajectories"] == s["new"] == 6 and s["skipped"] == 0
+    assert s["turns"] == {"2": 4, "7": 2} and s["stop"] == {"answer": 6}
+    assert s["tool_calls"] == {"image_zoom_in_tool": 4 + 2 * 4, "no_such_tool": 2}
+    assert s["tool_errors"] == {"image_zoom_in_tool": 4, "no_such_tool": 2}
+    assert s["format_errors"] == 2 and s["trajectories_per_s"] > 0
+    assert s["generated_tokens_per_s"] > 0 and s["mean_response_tokens"] > 0
+
+
+@pytest.mark.slow
+def test_hf_rollout_is_seeded(tiny_model, tmp_path):
+    """Same seed, byte-identical records apart from `ms` — even after other draws from torch's
+    global generator; another seed, other samples."""
+    import torch
+
+    prompts = write_prompts(tmp_path / "p.jsonl", ["a", "b"])
+    common = ["--policy", str(tiny_model), "-n", "2", "--max-turns", "2",
+              "--max-turn-tokens", "8", "--batch-size", "4"]
+    out_a = tmp_path / "a" / "t.jsonl"
+    res = marscli("rollout", str(prompts), "-o", str(out_a), "--seed", "3", *common)
+    assert res.returncode == 0, res.stderr
+    recs = read(out_a)
+    assert len(recs) == 4
+    for r in recs:
+        models = [s for s in r["segments"] if s["role"] == "model"]
+        assert 1 <= len(models) <= 2 and r["turns"] == len(models)
+        assert all(len(s["logprobs"]) == len(s["tokens"]) <= 8 for s in models)
+        assert all(lp <= 0 for s in models for lp in s["logprobs"])
+        prompt = expand(r["segments"][0]["tokens"], 0)
+        assert 0 < prompt.count(0) < len(prompt)  # image placeholders expanded from -n
+    kw = {"policy": str(tiny_model), "n": 2, "max_turns": 2, "max_turn_tokens": 8,
+          "batch_size": 4, "progress": False}
+    torch.manual_seed(1234)
+    torch.rand(100)
+    out_b = tmp_path / "b" / "t.jsonl"
+    run_rollout(str(prompts), str(out_b), seed=3, **kw)
+    assert [strip_ms(r) for r in read(out_b)] == [strip_ms(r) for r in recs]
+    assert all(isinstance(r["ms"], dict) for r in recs)  # timings live in `ms` only
+    out_c = tmp_path / "c" / "t.jsonl"
+    run_rollout(str(prompts), str(out_c), seed=4, **kw)
+    assert [strip_ms(r) for r in read(out_c)] != [strip_ms(r) for r in recs]
+
+
+# ----------------------------------------------------------------------- resumption
+
+
+@pytest.mark.slow
+def test_kill_9_then_resume_loses_and_duplicates_nothing(tiny_model, tmp_path):
+    ids = [f"q{i:02d}" for i in range(24)]
+    prompts = write_prompts(tmp_path / "p.jsonl", ids)
+    out = tmp_path / "killed" / "t.jsonl"
+    cmd = [sys.executable, "-m", "marscli", "rollout", str(prompts), "-o", str(out),
+           "--policy", str(tiny_model), "--engine", "replay", "-n", "4", "--batch-size", "2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    deadline = time.monotonic() + 120
+    while not (out.exists() and b"\n" in out.read_bytes()):
+        assert proc.poll() is None, "rollout ended before it could be killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    partial = out.read_bytes().count(b"\n")
+    assert 0 < partial < 96, "the kill must land mid-run"
+    with out.open("ab") as fh:  # whatever the kill left, a torn last record is cut on resume
+        fh.write(b'{"v": 1, "id": "q99#0", "segm')
+
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert res.returncode == 0, res.stderr
+    assert "cut a torn last record" in res.stderr
+    resumed = read(out)
+    got = [r["id"] for r in resumed]
+    assert len(got) == len(set(got)) == 96
+    assert set(got) == {f"{i}#{k}" for i in ids for k in range(4)}
+    assert list(tmp_path.rglob("*.tmp-*")) == []
+    meta = orjson.loads(Path(f"{out}.meta.json").read_bytes())["stats"]
+    assert meta["trajectories"] == 96 and meta["new"] + meta["skipped"] == 96
+    assert meta["skipped"] >= partial
+
+    # the same records as a run never interrupted (replay is deterministic)
+    clean = tmp_path / "clean" / "t.jsonl"
+    run_rollout(str(prompts), str(clean), policy=str(tiny_model), engine="replay", n=4,
+                batch_size=2, progress=False)
+    by_id = {r["id"]: strip_ms(r) for r in read(clean)}
+    assert {r["id"]: strip_ms(r) for r in resumed} == by_id
+
+
+def test_finished_run_is_not_redone(tiny_model, tmp_path):
+    prompts = write_prompts(tmp_path / "p.jsonl", ["a"], replies=[ZOOM_THEN_ANSWER[1]])
+    out = tmp_path / "t.jsonl"
+    first = run_rollout(str(prompts), str(out), policy=str(tiny_model), engine="replay", n=3,
+                        progress=False)
+    before = out.read_bytes()
+    # nothing left to do: the engine is not even loaded (this checkpoint does not exist)
+    again = run_rollout(str(prompts), str(out), policy=str(tmp_path / "gone"), engine="replay",
+                        n=3, progress=False)
+    assert out.read_bytes() == before
+    assert first["new"] == 3 and again["new"] == 0 and again["skipped"] == 3
+    assert again["trajectories"] == 3 and again["stop"] == {"answer": 3}
+
+
+# ----------------------------------------------------------------------- shards
+
+
+def test_shards_add_up_to_one_run(tiny_model, tmp_path):
+    ids = [f"item-{i}" for i in range(12)]
+    answer = [ZOOM_THEN_ANSWER[1]]
+    prompts = write_prompts(tmp_path / "p.jsonl", ids, replies=answer)
+    kw = {"policy": str(tiny_model), "engine": "replay", "n": 2, "progress": False}
+    run_rollout(str(prompts), str(tmp_path / "all.jsonl"), **kw)
+    whole = [r["id"] for r in read(tmp_path / "all.jsonl")]
+    parts = []
+    for i in range(3):
+        run_rollout(str(prompts), str(tmp_path / f"s{i}.jsonl"), shard=(i, 3), **kw)
+        parts.append({r["id"] for r in read(tmp_path / f"s{i}.jsonl")})
+    assert all(parts) and sum(len(p) for p in parts) == len(whole) == 24
+    assert set().union(*parts) == set(whole)
+    # the partition follows the ids, not their order in the file
+    shuffled = ids[:]
+    random.Random(0).shuffle(shuffled)
+    other = write_prompts(tmp_path / "shuffled.jsonl", shuffled, replies=answer)
+    run_rollout(str(other), str(tmp_path / "x1.jsonl"), shard=(1, 3), **kw)
+    assert {r["id"] for r in read(tmp_path / "x1.jsonl")} == parts[1]
+
+
+def test_parse_shard_and_stable_hash():
+    assert parse_shard(None) == (0, 1)
+    assert parse_shard("0/4") == (0, 4) and parse_shard("3/4") == (3, 4)
+    for bad in ("3/2", "2/2", "1/0", "-1/2", "a/b", "1", "1/2/3"):
+        with pytest.raises(BadInput, match="--shard"):
+            parse_shard(bad)
+    # a stable hash: shards made by another process or version must line up
+    assert [shard_of(f"q{i}", 8) for i in range(10)] == [7, 2, 3, 7, 3, 5, 1, 7, 1, 0]
+    assert media_dir("runs/it-1/traj.jsonl") == Path("runs/it-1/traj.media")
+
+
+# ----------------------------------------------------------------------- bad input
+
+
+def test_missing_image_fails_before_anything(tiny_model, tmp_path):
+    prompts = write_prompts(tmp_path / "p.jsonl", ["ok"])
+    with prompts.open("ab") as fh:
+        fh.write(orjson.dumps({"v": 1, "id": "bad", "image": "missing.png",
+                               "question": "q"}) + b"\n")
+    out = tmp_path / "out" / "t.jsonl"
+    res = marscli("rollout", str(prompts), "-o", str(out), "--policy", str(tiny_model))
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{prompts}:2" in lines[0] and "missing.png" in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_undecodable_image_and_duplicate_ids(tiny_model, tmp_path):
+    (tmp_path / "junk.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"v": 1, "id": "j", "image": "junk.png", "question": "q"}\n')
+    out = tmp_path / "t.jsonl"
+    with pytest.raises(BadInput, match=r"p\.jsonl:1: image: .*junk\.png.*cannot be decoded"):
+        run_rollout(str(prompts), str(out), policy=str(tiny_model), engine="replay")
+    write_prompts(prompts, ["x", "y", "x"])
+    with pytest.raises(BadInput, match=r"p\.jsonl:3: id: duplicate id 'x' \(first on line 1\)"):
+        run_rollout(str(prompts), str(out), policy=str(tiny_model), engine="replay")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("args, option", [
+    (["--shard", "3/2"], "--shard"),
+    (["-n", "0"], "-n"),
+    (["--temperature", "-0.5"], "--temperature"),
+    (["--top-p", "0"], "--top-p"),
+    (["--max-turns", "0"], "--max-turns"),
+    (["--base-url", "http://127.0.0.1:1/v1"], "--base-url"),
+    (["-o", "-"], "-o -"),
+    (["--engine", "nope"], "unknown engine 'nope'"),
+])
+def test_bad_options_exit_2(tiny_model, tmp_path, args, option):
+    prompts = write_prompts(tmp_path / "p.jsonl", ["a"])
+    out = tmp_path / "t.jsonl"
+    res = marscli("rollout", str(prompts), "-o", str(out), "--policy", str(tiny_model), *args)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.startswith(f"error: {option}") and res.stderr.count("\n") == 1
+    assert not out.exists()
+
+
+def test_policy_is_required_and_vllm_missing_is_explained(tmp_path):
+    prompts = write_prompts(tmp_path / "p.jsonl", ["a"])
+    with pytest.raises(BadInput, match="--policy: required for --engine hf"):
+        run_rollout(str(prompts), str(tmp_path / "t.jsonl"))
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        with pytest.raises(RuntimeFailure, match="vLLM is not installed"):
+            run_rollout(str(prompts), str(tmp_path / "t.jsonl"), engine="vllm", policy="x/y")
+    assert not (tmp_path / "t.jsonl").exists()
+
+
+# ----------------------------------------------------------------------- media folder
+
+
+def test_hostile_id_writes_only_inside_the_media_folder(tiny_model, tmp_path):
+    root = tmp_path / "root"
+    (root / "a" / "b").mkdir(parents=True)
+    prompts = write_prompts(root / "p.jsonl", ["../../evil", "/abs/evil", "..", "ok"])
+    out = root / "a" / "b" / "t.jsonl"
+    run_rollout(str(prompts), str(out), policy=str(tiny_model), engine="replay", n=1,
+                progress=False)
+    media = (root / "a" / "b" / "t.media").resolve()
+    files = {p.resolve() for p in root.rglob("*") if p.is_file()}
+    outside = files - {prompts.resolve(), (root / "scene.png").resolve(), out.resolve(),
+                       Path(f"{out}.meta.json").resolve()}
+    assert outside and all(p.parent == media for p in outside)
+    assert len(outside) == 4  # one crop per trajectory, none overwriting another
+    assert not list(tmp_path.rglob("evil*")) and not Path("/abs").exists()
+    recs = read(out)
+    assert {(out.parent / r["images"][1]["path"]).resolve() for r in recs} == outside

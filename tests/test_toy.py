@@ -1,0 +1,357 @@
+"""The toy world: deterministic, small logos inside the expert's zoom box (by pixels), valid
+prompt rows, disjoint splits, truthful image-search lists, a corpus that holds every answer,
+expert replies that parse and hold for what the real tools return, and the CLI boundary."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from marscli.protocol import Answer, ToolCall, parse_turn
+from marscli.records import load_prompts
+from marscli.tools import ConvImage, ToolContext
+from marscli.tools.zoom import ZoomInTool
+from marscli.toy import build_world
+from marscli.toy.entities import COLOURS, PLATES
+
+SPLITS = ("train", "test", "sft")
+SMALL = {"entities": 8, "train": 9, "test": 6, "sft": 12, "size": 512}
+TOL = 12  # per channel: bicubic upscaling of a crop keeps flat interiors within this
+
+
+def rows(world: Path, split: str) -> list[dict]:
+    return [json.loads(line) for line in (world / f"{split}.jsonl").read_text().splitlines()]
+
+
+def all_rows(world: Path) -> list[dict]:
+    return [r for s in SPLITS for r in rows(world, s)]
+
+
+def entities(world: Path) -> dict[str, dict]:
+    return {e["name"]: e for e in json.loads((world / "world.json").read_text())["entities"]}
+
+
+def files(world: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(world)): p.read_bytes() for p in sorted(world.rglob("*"))
+            if p.is_file()}
+
+
+def near(pix: np.ndarray, rgb: tuple[int, int, int], tol: int = TOL) -> np.ndarray:
+    """[H, W] mask of pixels within `tol` of `rgb` in every channel."""
+    return (np.abs(pix.astype(int) - np.array(rgb)) <= tol).all(axis=-1)
+
+
+def zoom(scene: Image.Image, bbox: list[int]) -> np.ndarray:
+    ctx = ToolContext(images=[ConvImage(image=scene, ref={}, root=0, source=scene)])
+    res = ZoomInTool()({"bbox_2d": bbox, "label": "logo"}, ctx)
+    assert res.ok, res.text
+    return np.asarray(res.images[0].image)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("toy") / "world"
+    stats = build_world(out, seed=0, **SMALL)
+    assert stats["images"] == 27 and stats["entities"] == 8
+    return out
+
+
+# ------------------------------------------------------------------------- determinism
+
+
+def test_same_seed_same_bytes_other_seed_differs(world, tmp_path):
+    again = tmp_path / "again"
+    build_world(again, seed=0, **SMALL)
+    a, b = files(world), files(again)
+    assert sorted(a) == sorted(b)
+    assert [k for k in a if a[k] != b[k]] == []
+
+    other = tmp_path / "other"
+    build_world(other, seed=1, **SMALL)
+    c = files(other)
+    assert c["world.json"] != a["world.json"]
+    assert c["images/train-0000.png"] != a["images/train-0000.png"]
+    assert c["corpus.jsonl"] != a["corpus.jsonl"]
+
+
+def test_one_split_size_leaves_other_splits_alone(world, tmp_path):
+    bigger = tmp_path / "bigger"
+    build_world(bigger, seed=0, **{**SMALL, "train": 12})
+    a, b = files(world), files(bigger)
+    for split in ("test", "sft"):
+        assert a[f"{split}.jsonl"] == b[f"{split}.jsonl"]
+        assert a[f"images/{split}-0000.png"] == b[f"images/{split}-0000.png"]
+
+
+# ------------------------------------------------------------------------- pixels
+
+
+def test_logo_is_small_and_inside_the_expert_zoom_box(world):
+    ents = entities(world)
+    size = SMALL["size"]
+    for r in all_rows(world):
+        e, toy = ents[r["toy"]["entity"]], r["toy"]
+        x1, y1, x2, y2 = toy["logo_box"]
+        assert (x2 - x1) * (y2 - y1) < 0.05 * size * size
+        scene = Image.open(world / r["image"]).convert("RGB")
+        pix = np.asarray(scene)  # [H, W, 3]
+        shape = near(pix, COLOURS[e["logo"]["colour"]], tol=0)
+        # The logo colour is drawn, and only inside the logo's box (clutter never uses it).
+        ys, xs = np.nonzero(shape)
+        assert len(xs) > 0, r["id"]
+        assert x1 <= xs.min() and xs.max() < x2 and y1 <= ys.min() and ys.max() < y2, r["id"]
+        assert (shape.sum() / shape.size) < 0.05
+
+        box = toy["zoom_box"]
+        if "replies" in r:  # the box the expert actually sends
+            call = parse_turn(r["replies"][0])
+            if r["category"] != "knowledge":
+                assert isinstance(call, ToolCall) and call.name == "image_zoom_in_tool"
+                box = call.arguments["bbox_2d"]
+        px = [v / 1000 * size for v in box]
+        assert px[0] <= x1 and px[1] <= y1 and x2 <= px[2] and y2 <= px[3], (r["id"], box)
+
+        crop = zoom(scene, box)
+        logo_px = near(crop, COLOURS[e["logo"]["colour"]]).sum()
+        plate_px = near(crop, PLATES[e["logo"]["plate"]]).sum()
+        assert logo_px > 0.008 * crop.shape[0] * crop.shape[1], r["id"]
+        assert plate_px > 0.05 * crop.shape[0] * crop.shape[1], r["id"]
+        # Control: the diagonally opposite cell holds none of the logo's colour.
+        other = [1000 - box[2], 1000 - box[3], 1000 - box[0], 1000 - box[1]]
+        if other != box:
+            assert near(zoom(scene, other), COLOURS[e["logo"]["colour"]]).sum() == 0, r["id"]
+
+
+def test_logo_files_match_their_entity(world):
+    for e in entities(world).values():
+        im = np.asarray(Image.open(world / e["logo_path"]).convert("RGB"))
+        assert near(im, COLOURS[e["logo"]["colour"]], tol=0).sum() > 0.1 * im.shape[0] ** 2
+        assert near(im, PLATES[e["logo"]["plate"]], tol=0).sum() > 0.3 * im.shape[0] ** 2
+    listed = [json.loads(x) for x in (world / "logos.jsonl").read_text().splitlines()]
+    assert {(r["title"], r["path"]) for r in listed} == {
+        (n, e["logo_path"]) for n, e in entities(world).items()}
+
+
+# ------------------------------------------------------------------------- rows
+
+
+def test_every_prompt_row_validates(world):
+    for split in SPLITS:
+        prompts = load_prompts(str(world / f"{split}.jsonl"))
+        assert len(prompts) == SMALL[split]
+        assert {p.category for p in prompts} == {"perception", "knowledge", "both"}
+        for p in prompts:
+            assert p.answer and all(a and " " not in a for a in p.answer)
+            assert all(path.is_file() for path in p.image_paths())
+            assert len(p.image_search) == 5
+
+
+def test_splits_are_disjoint_by_scene(world):
+    seen_ids, seen_paths, seen_hashes = set(), set(), set()
+    for r in all_rows(world):
+        digest = hashlib.sha256((world / r["image"]).read_bytes()).hexdigest()
+        assert r["id"] not in seen_ids and r["image"] not in seen_paths
+        assert digest not in seen_hashes, r["id"]
+        seen_ids.add(r["id"]), seen_paths.add(r["image"]), seen_hashes.add(digest)
+    assert {r["id"].split("-")[0] for r in rows(world, "test")} == {"test"}
+
+
+def test_image_search_lists_hold_the_true_entity(world):
+    ents = entities(world)
+    for r in all_rows(world):
+        hits, name = r["image_search"], r["toy"]["entity"]
+        titles = [h["title"] for h in hits]
+        assert len(set(titles)) == 5
+        k = r["toy"]["hit"]
+        assert hits[k - 1] == {"title": name, "thumbnail": ents[name]["logo_path"]}
+        assert all((world / h["thumbnail"]).is_file() for h in hits)
+        true = ents[name]["logo"]
+        alike = [t for t in titles if t != name and (ents[t]["logo"]["colour"] == true["colour"]
+                                                    or ents[t]["logo"]["shape"] == true["shape"])]
+        could = [n for n, o in ents.items() if n != name and (
+            o["logo"]["colour"] == true["colour"] or o["logo"]["shape"] == true["shape"])]
+        if r["category"] == "both":  # look-alikes first, as many as the world has
+            assert len(alike) == min(4, len(could)), r["id"]
+
+
+def test_corpus_mentions_every_answer(world):
+    corpus = [json.loads(x) for x in (world / "corpus.jsonl").read_text().splitlines()]
+    assert all(set(c) == {"id", "title", "text"} for c in corpus)
+    assert len({c["id"] for c in corpus}) == len(corpus)
+    by_title: dict[str, str] = {}
+    for c in corpus:
+        by_title[c["title"]] = by_title.get(c["title"], "") + " " + c["text"]
+    for name, e in entities(world).items():
+        words = by_title[name].replace(".", " ").split()
+        for v in (e["city"], e["founder"], e["year"], e["logo"]["colour"], e["logo"]["shape"],
+                  e["logo"]["letter"]):
+            assert v in words, (name, v)
+    for r in all_rows(world):
+        assert r["answer"][0] in by_title[r["toy"]["entity"]]
+
+
+# ------------------------------------------------------------------------- expert
+
+TOOLS_OF = {"perception": ["image_zoom_in_tool"],
+            "knowledge": ["image_search_tool", "text_search_tool"],
+            "both": ["image_zoom_in_tool", "image_search_tool", "text_search_tool"]}
+
+
+def test_expert_replies_parse_as_calls_then_the_gold_answer(world):
+    sft = rows(world, "sft")
+    assert len(sft) == SMALL["sft"]
+    for r in sft:
+        actions = [parse_turn(t) for t in r["replies"]]
+        assert [type(a) for a in actions] == [ToolCall] * (len(actions) - 1) + [Answer]
+        assert [a.name for a in actions[:-1]] == TOOLS_OF[r["category"]], r["id"]
+        assert actions[-1].text == r["answer"][0]
+        assert all(a.thinking for a in actions)
+        for a in actions[:-1]:
+            if a.name == "text_search_tool":
+                assert a.arguments["query"].split()[0] == r["toy"]["entity"]
+            if a.name == "image_zoom_in_tool":
+                assert a.arguments == {"bbox_2d": r["toy"]["zoom_box"], "label": "logo"}
+        if r["category"] != "perception":
+            pick = next(a for a in actions if isinstance(a, ToolCall)
+                        and a.name == "text_search_tool").thinking
+            assert pick.startswith(f"Result {r['toy']['hit']} matches the logo: "
+                                   f"{r['toy']['entity']}.")
+    assert all("replies" not in r for s in ("train", "test") for r in rows(world, s))
+
+
+@pytest.fixture(scope="module")
+def text_index(world, tmp_path_factory) -> Path:
+    from marscli.search.text_index import build_text_index
+
+    out = tmp_path_factory.mktemp("toyidx") / "text.sqlite"
+    build_text_index(str(world / "corpus.jsonl"), out, progress=False)
+    return out
+
+
+def test_expert_text_queries_find_the_fact(world, text_index):
+    from marscli.tools.search import TextSearchTool
+
+    tool = TextSearchTool(f"local:{text_index}", cache=None)
+    for r in all_rows(world):
+        if r["category"] == "perception":
+            continue
+        kw = {"city": "city", "founder": "founder", "year": "year"}[r["toy"]["attribute"]]
+        res = tool({"query": f"{r['toy']['entity']} {kw}"})
+        assert res.ok
+        first = res.text.split("\n\n")[0]
+        assert first.startswith(f"[1] {r['toy']['entity']}\n") and r["answer"][0] in first, \
+            (r["id"], res.text)
+
+
+def test_vocab_makes_every_answer_one_token(world):
+    pytest.importorskip("tokenizers")
+    from marscli.tiny import make_tokenizer, read_texts
+
+    tok = make_tokenizer(read_texts([world / "vocab.txt"]))
+    answers = {r["answer"][0] for r in all_rows(world)} | set(entities(world))
+    for a in sorted(answers):
+        if a.isdigit():
+            continue  # Qwen's pre-tokeniser splits digits one by one
+        for form in (a, " " + a):
+            assert len(tok.encode(form, add_special_tokens=False)) == 1, form
+
+
+def test_expert_replays_through_the_real_agent_and_tools(world, text_index, tiny_model, tmp_path):
+    from marscli.agent import Agent, AgentConfig
+    from marscli.engines.replay import ReplayEngine
+    from marscli.tools import build_tools
+
+    prompts = load_prompts(str(world / "sft.jsonl"))
+    engine = ReplayEngine(str(tiny_model))
+    tools = build_tools(text_search=f"local:{text_index}", image_search="data", cache=None)
+    agent = Agent(engine, tools, AgentConfig(max_turns=6), media_dir=tmp_path / "crops",
+                  rel_to=tmp_path)
+    recs = list(agent.run([(p, 0) for p in prompts]))
+    assert len(recs) == len(prompts)
+    for p, rec in zip(prompts, recs):
+        assert rec["stop"] == "answer", (p.id, rec["stop"])
+        assert rec["final_answer"] == p.answer[0]
+        assert rec["format_errors"] == 0 and not rec["tool_errors"], (p.id, rec["tool_errors"])
+        assert rec["turns"] == len(p.extra["replies"])
+        tool_texts = [s["text"] for s in rec["segments"] if s["role"] == "tool"]
+        if p.category != "perception":
+            entity = p.extra["toy"]["entity"]
+            hit = p.extra["toy"]["hit"]
+            search = next(t for t in tool_texts if t.startswith("Reverse image search"))
+            assert f"[{hit}] {entity} <image>" in search
+            assert p.answer[0] in tool_texts[-1]
+
+
+# ------------------------------------------------------------------------- failures and CLI
+
+
+def test_refuses_existing_folder_and_leaves_nothing_on_failure(tmp_path, monkeypatch):
+    from marscli.errors import BadInput
+    from marscli.toy import world as world_mod
+
+    out = tmp_path / "w"
+    out.mkdir()
+    (out / "keep").write_text("x")
+    with pytest.raises(BadInput, match="--force"):
+        build_world(out, **SMALL)
+    assert (out / "keep").read_text() == "x"
+
+    calls = {"n": 0}
+    real = world_mod.render_scene
+
+    def flaky(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("disk full")
+        return real(*a, **k)
+
+    monkeypatch.setattr(world_mod, "render_scene", flaky)
+    with pytest.raises(RuntimeError):
+        build_world(out, force=True, **SMALL)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w"]
+    assert (out / "keep").read_text() == "x"
+
+    with pytest.raises(BadInput, match="--entities"):
+        build_world(tmp_path / "x", entities=2)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "NO_COLOR": "1"}
+    return subprocess.run([sys.executable, "-m", "marscli", *args], capture_output=True,
+                          text=True, env=env, timeout=120, check=False)
+
+
+def test_cli_creates_the_folder_and_refuses_an_existing_one(tmp_path):
+    out = tmp_path / "cw"
+    args = ("toy-world", str(out), "--entities", "6", "--train", "3", "--test", "3",
+            "--sft", "3", "--size", "256")
+    r = _cli(*args)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == ""
+    for name in ("README.md", "world.json", "corpus.jsonl", "logos.jsonl", "train.jsonl",
+                 "test.jsonl", "sft.jsonl", "vocab.txt"):
+        assert (out / name).is_file(), name
+    assert len(list((out / "images").iterdir())) == 9
+    assert json.loads((tmp_path / "cw.meta.json").read_text())["stage"] == "toy-world"
+    before = files(out)
+
+    r = _cli(*args)
+    assert r.returncode == 2
+    assert r.stderr.startswith("error: ") and "--force" in r.stderr
+    assert files(out) == before
+
+    r = _cli(*args, "--force")
+    assert r.returncode == 0, r.stderr
+    assert files(out) == before  # same seed, same bytes
+
+    r = _cli("toy-world", str(tmp_path / "bad"), "--entities", "200")
+    assert r.returncode == 2 and "--entities" in r.stderr
+    assert not (tmp_path / "bad").exists()

@@ -1,0 +1,293 @@
+"""Batch assembly and the training step's arithmetic (marscli.batch, marscli.train): micro-batch
+planning, token-exact assembly of a hand-written trajectory, padding invariance of log-probs,
+and gradient accumulation over micro-batches equal to one big batch for both aggregations."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import orjson
+import pytest
+from PIL import Image, ImageDraw
+
+from marscli.batch import Example, Spec, collate, load_example, micro_batches, plan, shard
+from marscli.errors import BadInput
+
+SYSTEM = "You are a careful visual agent."
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def picture(path: Path, size: tuple[int, int], seed: int) -> Path:
+    rng = random.Random(seed)
+    im = Image.new("RGB", size, (rng.randrange(256), rng.randrange(256), rng.randrange(256)))
+    x, y = rng.randrange(size[0] // 2), rng.randrange(size[1] // 2)
+    ImageDraw.Draw(im).rectangle([x, y, x + size[0] // 3, y + size[1] // 3], fill=(250, 20, 20))
+    im.save(path)
+    return path
+
+
+def trajectory(folder: Path, proc, i: int, *, size=(64, 64), answer="red", advantage=1.0,
+               minibatch=None, crop=None, think="") -> dict:
+    """A trajectory row built the agent's way: a prompt with an image (or none), optionally a
+    zoom call answered by a tool turn with a second image, then an answer."""
+    from marscli.images import open_image
+    from marscli.tokens import (encode_parts, image_features, prompt_parts, special_ids,
+                                tool_parts)
+
+    tok = proc.tokenizer
+    ids = special_ids(tok)
+    refs: list[dict] = []
+
+    def add_image(sz) -> int:
+        p = picture(folder / f"t{i}-{len(refs)}.png", sz, seed=i * 10 + len(refs))
+        refs.append({"path": p.name})
+        return image_features(proc, open_image(p)).n_tokens
+
+    def model(text: str) -> dict:
+        toks = tok.encode(text, add_special_tokens=False) + [ids.im_end]
+        return {"role": "model", "tokens": toks, "logprobs": [-1.0] * len(toks), "text": text}
+
+    counts = [add_image(size)] if size else []
+    segs = [{"role": "prompt", "images": list(range(len(counts))),
+             "tokens": encode_parts(tok, ids, prompt_parts(SYSTEM, "What colour is the square?",
+                                                           counts))}]
+    if crop:
+        segs.append(model(f"<thinking>{think}zoom</thinking><tool_call>{{\"name\": "
+                          "\"image_zoom_in_tool\"}</tool_call>"))
+        n = add_image(crop)
+        segs.append({"role": "tool", "images": [len(refs) - 1],
+                     "tokens": encode_parts(tok, ids, tool_parts("<image>", [n], True))})
+    segs.append(model(f"<thinking>{think}</thinking><answer>{answer}</answer>"))
+    row = {"v": 1, "id": f"t{i}", "advantage": advantage, "images": refs, "segments": segs}
+    if minibatch is not None:
+        row["minibatch"] = minibatch
+    return row
+
+
+def write_rows(path: Path, rows: list[dict]) -> Path:
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    return path
+
+
+VARIED = [  # (image size, crop size, answer, advantage, thinking padding)
+    ((64, 64), None, "red", 1.0, ""),
+    ((96, 64), (64, 64), "blue square", -1.0, "look closer "),
+    ((64, 128), None, "top left", 0.5, "hmm " * 6),
+    (None, None, "green", -0.5, "text only "),
+    ((64, 64), (96, 96), "red", 0.25, "zoom in " * 3),
+    ((128, 64), None, "yellow", -0.25, ""),
+]
+
+
+def varied_rows(folder: Path, proc, minibatches: int | None = None) -> list[dict]:
+    return [trajectory(folder, proc, i, size=s, crop=c, answer=a, advantage=adv, think=th,
+                       minibatch=None if minibatches is None else i % minibatches)
+            for i, (s, c, a, adv, th) in enumerate(VARIED)]
+
+
+@pytest.fixture(scope="module")
+def proc(tiny_model):
+    from marscli.policy import load_processor
+
+    return load_processor(str(tiny_model))
+
+
+@pytest.fixture(scope="module")
+def spec(proc, tiny_model):
+    return Spec.of(proc, str(tiny_model))
+
+
+@pytest.fixture(scope="module")
+def examples(tmp_path_factory, proc, spec) -> list[Example]:
+    folder = tmp_path_factory.mktemp("batch")
+    out = []
+    for n, row in enumerate(varied_rows(folder, proc)):
+        e = load_example(row, "adv.jsonl", n + 1, folder, spec)
+        e.advantage = row["advantage"]
+        out.append(e)
+    return out
+
+
+# ----------------------------------------------------------------------------- planning
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_micro_batches_keep_every_sequence_once_under_budget(seed):
+    rng = random.Random(seed)
+    lengths = [rng.randint(1, 300) for _ in range(rng.randint(1, 60))]
+    budget = 600
+    mbs = micro_batches(lengths, budget)
+    flat = sorted(i for mb in mbs for i in mb)
+    assert flat == list(range(len(lengths)))
+    for mb in mbs:
+        assert max(lengths[i] for i in mb) * len(mb) <= budget
+    # bucketing: sequences sorted by length, so each micro-batch is a contiguous length range
+    order = [i for mb in mbs for i in mb]
+    assert [lengths[i] for i in order] == sorted(lengths, reverse=True)
+
+
+def test_micro_batches_padding_is_small_for_sorted_buckets():
+    lengths = [10, 200, 11, 190, 12, 180, 13, 170]
+    mbs = micro_batches(lengths, 400)
+    padded = sum(max(lengths[i] for i in mb) * len(mb) for mb in mbs)
+    assert padded - sum(lengths) <= 40  # long with long, short with short
+    assert micro_batches([500], 100) == [[0]]  # an over-long one sits alone (refused upstream)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_shard_and_plan_cover_each_sequence_once(world):
+    rng = random.Random(world)
+    lengths = [rng.randint(5, 100) for _ in range(17)]
+    parts = [shard(lengths, r, world) for r in range(world)]
+    assert sorted(i for p in parts for i in p) == list(range(len(lengths)))
+    loads = [sum(lengths[i] for i in p) for p in parts]
+    assert max(loads) - min(loads) <= max(lengths)  # balanced by tokens
+    exs = [Example("f", i, [7] * n, [0] + [1] * (n - 1)) for i, n in enumerate(lengths)]
+    plans = [plan(exs, r, world, 150) for r in range(world)]
+    n = max(len(p) for p in plans)
+    padded = [plan(exs, r, world, 150, n_micro=n) for r in range(world)]
+    assert all(len(p) == n for p in padded)
+    real = [e.line for p in padded for m in p if m.weight for e in m.examples]
+    assert sorted(real) == list(range(len(lengths)))
+    assert all(m.weight == 0 for p in padded for m in p[len(plans[padded.index(p)]):])
+
+
+# ----------------------------------------------------------------------------- assembly
+
+
+def test_hand_made_trajectory_assembles_token_exactly(tmp_path, proc, spec):
+    from marscli.batch import placeholder_count
+    from marscli.tokens import special_ids
+
+    ids = special_ids(proc.tokenizer)
+    a = picture(tmp_path / "a.png", (64, 64), 1)
+    b = picture(tmp_path / "b.png", (64, 96), 2)
+    na, nb = placeholder_count(proc, a), placeholder_count(proc, b)
+    assert na > 0 and nb > 0 and na != nb
+    row = {"v": 1, "images": [{"path": "b.png"}, {"path": "a.png"}], "segments": [
+        {"role": "prompt", "tokens": [ids.im_start, 100, 101, ids.vision_start, -na,
+                                      ids.vision_end, 102, ids.im_end], "images": [1]},
+        {"role": "model", "tokens": [200, 201, ids.im_end], "logprobs": [-0.5, -0.25, -0.125]},
+        {"role": "tool", "tokens": [ids.im_start, 103, ids.vision_start, -nb, ids.vision_end,
+                                    ids.im_end], "images": [0]},
+        {"role": "model", "tokens": [202, ids.im_end], "logprobs": [-1.0, -2.0]}]}
+    e = load_example(row, "adv.jsonl", 3, tmp_path, spec)
+    want_ids = ([ids.im_start, 100, 101, ids.vision_start] + [ids.image_pad] * na
+                + [ids.vision_end, 102, ids.im_end, 200, 201, ids.im_end, ids.im_start, 103,
+                   ids.vision_start] + [ids.image_pad] * nb + [ids.vision_end, ids.im_end, 202,
+                                                               ids.im_end])
+    want_mask = [0] * (na + 7) + [1, 1, 1] + [0] * (nb + 5) + [1, 1]
+    assert e.input_ids == want_ids
+    assert e.loss_mask == want_mask
+    assert e.images == [tmp_path / "a.png", tmp_path / "b.png"]  # in placeholder order
+    lps = [x for x in e.engine_logprobs if x is not None]
+    assert lps == [-0.5, -0.25, -0.125, -1.0, -2.0]
+    b_ = collate([e], spec)
+    assert b_.tensors["input_ids"][0].tolist() == want_ids
+    assert b_.loss_mask[0].tolist() == want_mask
+    assert b_.tensors["mm_token_type_ids"][0].tolist() == [int(t == ids.image_pad) for t in want_ids]
+    assert b_.tensors["image_grid_thw"].shape == (2, 3)
+
+    bad = orjson.loads(orjson.dumps(row))
+    bad["segments"][1]["tokens"][0] = spec.vocab_size
+    with pytest.raises(BadInput, match=r"adv.jsonl:3: segments: token ids exceed the policy"):
+        load_example(bad, "adv.jsonl", 3, tmp_path, spec)
+    bad = orjson.loads(orjson.dumps(row))
+    bad["segments"][0]["tokens"][4] = -(na + 1)
+    with pytest.raises(BadInput, match=r"adv.jsonl:3: images: .* placeholder tokens"):
+        load_example(bad, "adv.jsonl", 3, tmp_path, spec)
+    bad = orjson.loads(orjson.dumps(row))
+    bad["images"][1]["path"] = "missing.png"
+    with pytest.raises(BadInput, match=r"adv.jsonl:3: images\[1\].path: .*not found"):
+        load_example(bad, "adv.jsonl", 3, tmp_path, spec)
+
+
+# ----------------------------------------------------------------------------- numerics
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_model):
+    from marscli.train import Dist, OptimConfig, build_model, seed_everything
+
+    seed_everything(0)
+    return build_model(str(tiny_model), Dist(), optim=OptimConfig(lr=1e-3))
+
+
+def test_logprobs_match_full_forward_and_ignore_padding(policy, examples, spec):
+    import torch
+
+    short = min(examples, key=len)
+    long_ = max(examples, key=len)
+    assert len(long_) > len(short) + 20
+    alone = policy.logp(collate([short], spec))[0]  # [T]
+    padded = policy.logp(collate([long_, short], spec))[1, :len(short)]
+    m = torch.tensor(short.loss_mask, dtype=torch.bool)
+    assert m.sum() > 3
+    assert (alone[m] - padded[m]).abs().max() < 1e-5
+    assert (padded[len(short):] == 0).all() and (alone[~m] == 0).all()
+    # against the model's own full-vocabulary logits
+    b = collate([short], spec)
+    lm = policy.lm
+    lm.model.rope_deltas = None
+    with torch.no_grad():
+        logits = lm(**b.tensors).logits[0, :-1].float()  # [T-1, V]
+    ref = torch.log_softmax(logits, -1).gather(-1, b.tensors["input_ids"][0, 1:, None])[:, 0]
+    assert (alone[1:][m[1:]] - ref[m[1:]]).abs().max() < 1e-5
+
+
+@pytest.fixture(scope="module")
+def with_old(policy, examples, spec) -> list[Example]:
+    """Old log-probs a little off the current ones, so that ratios differ from 1."""
+    import torch
+
+    gen = torch.Generator().manual_seed(1)
+    lp = policy.logp(collate(examples, spec))  # [B, T]
+    for b, e in enumerate(examples):
+        noise = 0.05 * torch.randn(len(e), generator=gen) * torch.tensor(e.loss_mask)
+        e.old_logp = lp[b, :len(e)] + noise
+    return examples
+
+
+@pytest.mark.parametrize("loss_name,agg", [("gspo", "seq-mean-token-mean"), ("gspo", "token-mean"),
+                                           ("grpo", "token-mean")])
+def test_accumulation_over_micro_batches_equals_one_big_batch(policy, with_old, spec, loss_name,
+                                                               agg):
+    import torch
+
+    from marscli.losses import LOSSES
+    from marscli.train import micro_weight
+
+    examples = with_old
+    loss_fn = LOSSES.get(loss_name)
+    params = [p for p in policy.module.parameters() if p.requires_grad]
+    n_tok = sum(e.n_model_tokens for e in examples)
+
+    def grads(micros: list[list[Example]], weighted: bool) -> list[torch.Tensor]:
+        """Gradients accumulated over `micros`, each loss scaled by its micro_weight."""
+        for p in params:
+            p.grad = None
+        for mb in micros:
+            b = collate(mb, spec)
+            logp = policy.logp(b, grad=True)
+            loss, _ = loss_fn(logp, b.extra["old_logp"], b.extra["advantages"], b.loss_mask,
+                              0.2, 0.28, agg=agg)
+            w = micro_weight(b.loss_mask, agg, n_tok, len(examples)) if weighted else 1.0
+            policy.backward(loss * w)
+        out = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in params]
+        for p in params:
+            p.grad = None
+        return out
+
+    full = grads([examples], weighted=False)
+    micros = [m.examples for m in plan(examples, 0, 1, max(len(e) for e in examples) + 60)]
+    assert 2 < len(micros) < len(examples)
+    acc = grads(micros, weighted=True)
+    scale = max(g.abs().max().item() for g in full)
+    assert scale > 1e-4
+    assert max((a - f).abs().max().item() for a, f in zip(acc, full)) < 1e-5 * max(1.0, scale)
+    # the test can fail: accumulating unweighted micro-batch losses is not the minibatch loss
+    naive = grads(micros, weighted=False)
+    assert max((a / len(micros) - f).abs().max().item() for a, f in zip(naive, full)) > 1e-3 * scale

@@ -1,0 +1,319 @@
+"""`marscli update` end to end on the tiny model: the right log-probs move the right way, every
+trained parameter changes, the input checkpoint stays byte-identical, the output loads with
+transformers, bad inputs exit 2 without output, runs are reproducible, and 2-process ZeRO-2 /
+ZeRO-3 runs under torchrun match a 1-process run."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from marscli.errors import BadInput
+from test_train_batch import trajectory, varied_rows, write_rows
+
+ROOT = Path(__file__).resolve().parents[1]
+# Linear AdamW (eps ≫ |g|, no clipping): the update is lr·g/eps, so any error in the scale of the
+# gradient (accumulation weights, the world-size factor) shows in the weights. Plain AdamW's first
+# step is sign(g)·lr whatever the scale, and would hide it.
+LINEAR_ADAM = dict(lr=1.0, adam_eps=100.0, grad_clip=0.0)
+ZERO_TOL = 1e-6  # max |ZeRO − single| per weight; the weights themselves move by ~1e-4
+
+
+def tree_hash(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def weights(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    out = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        out.update(load_file(f))
+    return out
+
+
+def max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    e = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "marscli", "update", *args], capture_output=True,
+                          text=True, env=e, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def proc(tiny_model):
+    from marscli.policy import load_processor
+
+    return load_processor(str(tiny_model))
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory, proc) -> Path:
+    """Two answers to the same picture: one rewarded (+1), one punished (−1)."""
+    d = tmp_path_factory.mktemp("pair")
+    rows = [trajectory(d, proc, 0, answer="red square", advantage=1.0),
+            trajectory(d, proc, 0, answer="blue circle", advantage=-1.0)]
+    rows[1]["id"] = "t0b"
+    return write_rows(d / "adv.jsonl", rows)
+
+
+@pytest.fixture(scope="module")
+def varied(tmp_path_factory, proc) -> Path:
+    """Six trajectories of different lengths (one text-only, two with a crop) in 2 minibatches."""
+    d = tmp_path_factory.mktemp("varied")
+    return write_rows(d / "adv.jsonl", varied_rows(d, proc, minibatches=2))
+
+
+def seq_logps(model_dir: Path, adv: Path) -> list[float]:
+    """Sum of log-probs over each row's model tokens under the checkpoint."""
+    from marscli.batch import Spec, collate, load_example
+    from marscli.jsonl import read_rows
+    from marscli.policy import load_processor
+    from marscli.train import Dist, build_model
+
+    proc = load_processor(str(model_dir))
+    spec = Spec.of(proc, str(model_dir))
+    model = build_model(str(model_dir), Dist())
+    exs = [load_example(r, str(adv), n, adv.parent, spec) for n, r in read_rows(str(adv))]
+    return model.logp(collate(exs, spec)).sum(-1).tolist()
+
+
+@pytest.fixture(scope="module")
+def updated(tmp_path_factory, tiny_model, pair):
+    from marscli.update import run_update
+
+    before = tree_hash(tiny_model)
+    out = tmp_path_factory.mktemp("upd") / "ckpt1"
+    stats = run_update(str(pair), str(tiny_model), str(out), lr=1e-3, seed=0)
+    return out, before, stats
+
+
+# ----------------------------------------------------------------------------- one update
+
+
+def test_update_moves_logprobs_by_the_sign_of_the_advantage(updated, tiny_model, pair):
+    out, _, _ = updated
+    old = seq_logps(tiny_model, pair)
+    new = seq_logps(out, pair)
+    assert new[0] > old[0] + 1e-3, (old, new)  # advantage +1: more likely
+    assert new[1] < old[1] - 1e-3, (old, new)  # advantage −1: less likely
+
+
+def test_every_parameter_changed_and_input_untouched(updated, tiny_model):
+    out, before, _ = updated
+    assert tree_hash(tiny_model) == before  # byte-identical input checkpoint
+    old, new = weights(tiny_model), weights(out)
+    assert old.keys() == new.keys()
+    # The tiny model injects deepstack features of vision layer i after LM layer i; the last
+    # one's output only reaches the hidden states of image positions after the last LM layer,
+    # which no loss reads: that merger gets no gradient (in Qwen3-VL-8B, layers 0-2 of 36 do).
+    cfg = orjson.loads((tiny_model / "config.json").read_bytes())
+    n_layers = cfg["text_config"]["num_hidden_layers"]
+    dead = tuple(f"model.visual.deepstack_merger_list.{i}."
+                 for i in range(n_layers - 1, len(cfg["vision_config"]["deepstack_visual_indexes"])))
+    unchanged = [k for k in old if (old[k] - new[k]).abs().max().item() == 0]
+    assert [k for k in unchanged if not k.startswith(dead)] == []
+    assert any(k.startswith("model.visual.") for k in old)  # the vision tower trained too
+
+
+def test_output_loads_with_transformers(updated, tiny_model):
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    out, _, stats = updated
+    model = AutoModelForImageTextToText.from_pretrained(out)
+    proc = AutoProcessor.from_pretrained(out)
+    assert type(model).__name__ == "Qwen3VLForConditionalGeneration"
+    assert proc.tokenizer("red square")["input_ids"]
+    assert (out / "chat_template.jinja").is_file() or "chat_template" in (
+        out / "tokenizer_config.json").read_text()
+    assert not list(out.parent.glob("ckpt1.tmp-*"))
+    lines = [orjson.loads(x) for x in (out / "metrics.jsonl").read_bytes().splitlines()]
+    assert len(lines) == 1
+    m = lines[0]
+    for k in ("step", "loss", "pg_loss", "kl", "clip_frac", "approx_kl", "ratio_mean",
+              "ratio_min", "ratio_max", "grad_norm", "lr", "tokens_per_s", "seconds",
+              "logprob_mismatch"):
+        assert k in m, k
+    assert m["step"] == 1 and m["lr"] == 1e-3 and m["sequences"] == 2
+    assert abs(m["ratio_mean"] - 1) < 1e-5  # old log-probs recomputed with the same policy
+    assert m["logprob_mismatch"] > 0  # the rows carry made-up engine log-probs of -1
+    meta = orjson.loads((out / "marscli.meta.json").read_bytes())
+    assert meta["stage"] == "update" and meta["seed"] == 0 and meta["stats"]["steps"] == 1
+    assert stats["trajectories"] == 2
+
+
+def test_freeze_vision_leaves_the_vision_tower(tmp_path, tiny_model, pair):
+    from marscli.update import run_update
+
+    out = tmp_path / "frozen"
+    run_update(str(pair), str(tiny_model), str(out), lr=1e-3, freeze_vision=True)
+    old, new = weights(tiny_model), weights(out)
+    for k in old:
+        if "deepstack_merger_list" not in k:  # see test_every_parameter_changed...
+            same = bool((old[k] == new[k]).all())
+            assert same == k.startswith("model.visual."), k
+        else:
+            assert bool((old[k] == new[k]).all()), k
+
+
+def test_interrupted_update_leaves_no_output(tmp_path, tiny_model, pair, monkeypatch):
+    import marscli.train
+    from marscli.update import run_update
+
+    before = tree_hash(tiny_model)
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(marscli.train, "train_minibatch", boom)
+    out = tmp_path / "ckpt"
+    with pytest.raises(KeyboardInterrupt):
+        run_update(str(pair), str(tiny_model), str(out), lr=1e-3)
+    assert list(tmp_path.iterdir()) == []  # neither OUT nor OUT.tmp-*
+    assert tree_hash(tiny_model) == before
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def test_bad_rows_exit_2_without_output(tmp_path, tiny_model, pair):
+    rows = [orjson.loads(x) for x in pair.read_bytes().splitlines()]
+    for r in rows:
+        for im in r["images"]:
+            im["path"] = str(pair.parent / im["path"])
+    no_adv = [rows[0], {k: v for k, v in rows[1].items() if k != "advantage"}]
+    f = write_rows(tmp_path / "noadv.jsonl", no_adv)
+    r = cli(str(f), "--policy", str(tiny_model), "--out", str(tmp_path / "o1"))
+    assert r.returncode == 2, r.stderr
+    assert f"{f}:2: advantage" in r.stderr
+    assert not (tmp_path / "o1").exists() and not list(tmp_path.glob("o1.tmp-*"))
+
+    big = orjson.loads(orjson.dumps(rows[0]))
+    big["segments"][-1]["tokens"][0] = 10 ** 6
+    f = write_rows(tmp_path / "vocab.jsonl", [rows[1], big])
+    r = cli(str(f), "--policy", str(tiny_model), "--out", str(tmp_path / "o2"))
+    assert r.returncode == 2, r.stderr
+    assert f"{f}:2: segments: token ids exceed the policy's vocabulary" in r.stderr
+    assert not (tmp_path / "o2").exists()
+
+    r = cli(str(pair), "--policy", str(tiny_model), "--out", str(tmp_path / "o3"), "--lr", "-1e-6")
+    assert r.returncode == 2, r.stderr
+    assert "--lr" in r.stderr and not (tmp_path / "o3").exists()
+
+
+@pytest.mark.parametrize("opts,match", [
+    (dict(micro_batch_tokens=0), "--micro-batch-tokens"),
+    (dict(micro_batch_tokens=50), r"adv.jsonl:1: segments: \d+ tokens, over --micro-batch-tokens"),
+    (dict(clip_low=1.5), "--clip-low"),
+    (dict(epochs=0), "--epochs"),
+    (dict(kl=0.1), "--kl: .* --ref"),
+    (dict(loss="ppo2"), "unknown loss 'ppo2' — choose one of: grpo, gspo"),
+    (dict(agg="sum"), "--agg"),
+    (dict(lr_schedule="step"), "--lr-schedule"),
+])
+def test_bad_options_name_the_option(tmp_path, tiny_model, pair, opts, match):
+    from marscli.update import run_update
+
+    with pytest.raises(BadInput, match=match):
+        run_update(str(pair), str(tiny_model), str(tmp_path / "o"), **opts)
+    assert not (tmp_path / "o").exists()
+
+
+def test_bad_deepspeed_config_and_existing_out(tmp_path, tiny_model, pair, updated):
+    from marscli.update import run_update
+
+    cases = {"missing.json": None, "bad.json": "{not json", "stage.json": '{"zero_optimization": {"stage": 4}}',
+             "opt.json": '{"optimizer": {"type": "Adam"}}'}
+    msgs = {"missing.json": "no such file", "bad.json": "not valid JSON",
+            "stage.json": "zero_optimization.stage: 4 is not a ZeRO stage",
+            "opt.json": "optimizer: marscli builds AdamW"}
+    for name, text in cases.items():
+        if text is not None:
+            (tmp_path / name).write_text(text)
+        with pytest.raises(BadInput, match=f"--deepspeed: .*{name}: {msgs[name]}"):
+            run_update(str(pair), str(tiny_model), str(tmp_path / "o"),
+                       deepspeed=str(tmp_path / name))
+    out, _, _ = updated
+    with pytest.raises(BadInput, match="--out: .*already exists .* --force"):
+        run_update(str(pair), str(tiny_model), str(out))
+    with pytest.raises(BadInput, match="--out: .*is an input checkpoint"):
+        run_update(str(pair), str(tiny_model), str(tiny_model), force=True)
+    rows = [orjson.loads(x) for x in pair.read_bytes().splitlines()]
+    rows[0]["minibatch"] = 0
+    f = write_rows(pair.parent / "mixed.jsonl", rows)
+    with pytest.raises(BadInput, match=r"mixed.jsonl:2: minibatch: missing here"):
+        run_update(str(f), str(tiny_model), str(tmp_path / "o"))
+
+
+# ----------------------------------------------------------------------------- reproducible, distributed
+
+
+RUN_OPTS = dict(kl=0.05, micro_batch_tokens=330, seed=3, **LINEAR_ADAM)
+
+
+def cli_opts(opts: dict) -> list[str]:
+    out = []
+    for k, v in opts.items():
+        out += [f"--{k.replace('_', '-')}", str(v)]
+    return out
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory, tiny_model, varied):
+    """The 1-process reference: 2 minibatches (2 steps), KL to the input policy, several
+    micro-batches per step, a text-only trajectory among them."""
+    from marscli.update import run_update
+
+    out = tmp_path_factory.mktemp("single") / "ckpt"
+    run_update(str(varied), str(tiny_model), str(out), ref=str(tiny_model), **RUN_OPTS)
+    return out
+
+
+def test_same_seed_same_weights(single, tmp_path, tiny_model, varied):
+    from marscli.update import run_update
+
+    out = tmp_path / "again"
+    run_update(str(varied), str(tiny_model), str(out), ref=str(tiny_model), **RUN_OPTS)
+    a, b = weights(single), weights(out)
+    assert all(bool((a[k] == b[k]).all()) for k in a)
+    steps = [orjson.loads(x) for x in (single / "metrics.jsonl").read_bytes().splitlines()]
+    assert [s["minibatch"] for s in steps] == [0, 1]
+    assert all(s["micro_batches"] >= 2 and s["kl"] is not None for s in steps)
+    assert max_diff(a, weights(tiny_model)) > 1e-4
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("stage", [2, 3])
+def test_zero_on_two_cpu_processes_matches_one_process(stage, single, tmp_path, tiny_model, varied):
+    from marscli.train import free_port
+
+    out = tmp_path / f"zero{stage}"
+    port = str(free_port())
+    torchrun = Path(sys.executable).parent / "torchrun"
+    cmd = [str(torchrun), "--nproc_per_node", "2", "--master_port", port, "-m", "marscli",
+           "update", str(varied), "--policy", str(tiny_model), "--out", str(out),
+           "--ref", str(tiny_model), "--deepspeed", str(ROOT / f"recipes/ds_zero{stage}.json"),
+           *cli_opts(RUN_OPTS)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-4000:]
+    a, b = weights(single), weights(out)
+    assert max_diff(a, weights(tiny_model)) > 1e-4
+    assert max_diff(a, b) < ZERO_TOL
+    steps = [orjson.loads(x) for x in (out / "metrics.jsonl").read_bytes().splitlines()]
+    ref = [orjson.loads(x) for x in (single / "metrics.jsonl").read_bytes().splitlines()]
+    for s, t in zip(steps, ref):
+        assert abs(s["loss"] - t["loss"]) < 1e-6 and abs(s["grad_norm"] - t["grad_norm"]) < 1e-5
+    from transformers import AutoModelForImageTextToText
+
+    AutoModelForImageTextToText.from_pretrained(out)
