@@ -291,3 +291,21 @@ def test_accumulation_over_micro_batches_equals_one_big_batch(policy, with_old, 
     # the test can fail: accumulating unweighted micro-batch losses is not the minibatch loss
     naive = grads(micros, weighted=False)
     assert max((a / len(micros) - f).abs().max().item() for a, f in zip(naive, full)) > 1e-3 * scale
+
+
+def test_blank_image_row_keeps_text_only_logprobs(policy, examples, spec):
+    """Under ZeRO a text-only micro-batch gets a 1-token blank image row (every rank must run
+    the vision tower); the sequences' log-probs must not change."""
+    text_only = [e for e in examples if not e.images]
+    assert text_only
+    b = collate(text_only + [min(examples, key=len)], spec)
+    b_text = collate(text_only, spec)
+    plain = policy.logp(b_text)
+    policy.module.touch_visual = True
+    try:
+        touched = policy.logp(b_text)
+    finally:
+        policy.module.touch_visual = False
+    assert touched.shape == plain.shape
+    assert (touched - plain).abs().max() < 1e-6
+    assert "pixel_values" in b.tensors and "pixel_values" not in b_text.tensors

