@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export DS_BUILD_OPS ?= 0
 
-.PHONY: setup demo test test-fast bench clean ask-demo
+.PHONY: setup test test-fast bench clean ask-demo
 
 setup: $(VENV)/.installed
 
@@ -36,7 +36,87 @@ ask-demo: setup
 	$(MARSCLI) ask runs/ask-demo/scene.png "What is written on the small sign?" \
 	  --policy runs/ask-demo/tiny --max-turns 3 --max-new-tokens 48 --crops-dir runs/ask-demo/crops
 
-demo: ask-demo
+# ---------------------------------------------------------------------------------------------
+# RL loop. Each stage is a file target, so an interrupted iteration resumes at the first
+# missing file; a stage's sidecar (FILE.meta.json) is written last, so it marks completion
+# (rollout and eval append records as they go and resume from them).
+#   make rl-iter RECIPE=recipes/tiny.mk ITER=k [SLURM=1]   one iteration: ckpt-k → ckpt-(k+1)
+#   make rl ITERS=n                                        iterations 0..n-1
+# Layout: $(RUN)/ckpt-k (HF checkpoints; ckpt-0 = the cold-start SFT model),
+#         $(RUN)/iter-k/{prompts,rollouts,scored,advantages,metrics}.jsonl, $(RUN)/eval/.
+RECIPE ?= recipes/tiny.mk
+include $(RECIPE)
+ITER ?= 0
+ITERS ?= 3
+SLURM ?= 0
+SHARDS ?= 2
+IT := $(RUN)/iter-$(ITER)
+NEXT := $(shell echo $$(( $(ITER) + 1 )))
+export MARSCLI := $(abspath $(MARSCLI))
+
+ifeq ($(SLURM),1)
+SUBMIT = sbatch --wait --quiet --cpus-per-task=1 -o $(RUN)/logs/%x-%A_%a.out
+SHARD_FILES = $(foreach i,$(shell seq 0 $$(( $(SHARDS) - 1 ))),$(1).shard-$(i))
+# $(call sharded,SCRIPT,OUT,ARGS...): an array job over --shard, then merge
+sharded = mkdir -p $(RUN)/logs && $(SUBMIT) --array=0-$$(( $(SHARDS) - 1 )) $(1) $(3) && \
+  $(MARSCLI) merge $(2) $(call SHARD_FILES,$(2))
+single = mkdir -p $(RUN)/logs && $(SUBMIT) $(1) $(2)
+else
+sharded = $(1) $(3)
+single = $(1) $(2)
+endif
+
+.PHONY: rl-iter rl rl-eval demo ablation
+
+$(RUN)/ckpt-0/config.json: $(SFT_DATA).meta.json
+	$(call single,stages/sft.sh,$(SFT_DATA) $(BASE) $(RUN)/ckpt-0 $(SFT_OPTS) --force --metrics $(RUN)/sft/metrics.jsonl)
+
+# This iteration's prompts: PROMPTS_PER_ITER consecutive rows, cycling through the file.
+$(IT)/prompts.jsonl: $(PROMPTS) $(RECIPE_INPUTS)
+	mkdir -p $(IT)
+	n=$$(grep -c . $(PROMPTS)); a=$$(( $(ITER) * $(PROMPTS_PER_ITER) % n )); \
+	  awk -v a=$$a -v p=$(PROMPTS_PER_ITER) -v t=$$n 'NF && ((NR - 1 - a + t) % t) < p' $(PROMPTS) > $@.tmp && mv $@.tmp $@
+
+$(IT)/rollouts.jsonl.meta.json: $(IT)/prompts.jsonl $(RUN)/ckpt-$(ITER)/config.json
+	$(call sharded,stages/rollout.sh,$(IT)/rollouts.jsonl,$(IT)/prompts.jsonl $(RUN)/ckpt-$(ITER) $(IT)/rollouts.jsonl $(ROLLOUT_OPTS) --seed $(ITER) --image-dir $(dir $(PROMPTS)))
+
+$(IT)/scored.jsonl: $(IT)/rollouts.jsonl.meta.json
+	$(call single,stages/reward.sh,$(IT)/rollouts.jsonl $@ $(REWARD_OPTS))
+
+$(IT)/advantages.jsonl: $(IT)/scored.jsonl
+	$(call single,stages/advantages.sh,$< $@ $(ADV_OPTS) --seed $(ITER))
+
+$(RUN)/ckpt-$(NEXT)/config.json: $(IT)/advantages.jsonl $(RUN)/ckpt-$(ITER)/config.json
+	$(call single,stages/update.sh,$< $(RUN)/ckpt-$(ITER) $(RUN)/ckpt-$(NEXT) $(UPDATE_OPTS) --seed $(ITER) --force --metrics $(IT)/metrics.jsonl)
+
+rl-iter: setup $(RUN)/ckpt-$(NEXT)/config.json
+
+rl: setup
+	for i in $$(seq 0 $$(( $(ITERS) - 1 ))); do $(MAKE) --no-print-directory rl-iter ITER=$$i || exit $$?; done
+
+# Test-split evaluation of every checkpoint 0..ITERS, then the per-iteration table.
+$(RUN)/eval/ckpt-%.summary.json: $(RUN)/ckpt-%/config.json $(TEST)
+	mkdir -p $(RUN)/eval
+	$(call sharded,stages/eval.sh,$(RUN)/eval/ckpt-$*.jsonl,$(TEST) $(RUN)/ckpt-$* $(RUN)/eval/ckpt-$*.jsonl $(EVAL_OPTS))
+	test -f $@ || $(MARSCLI) eval --summarize $(RUN)/eval/ckpt-$*.jsonl
+
+rl-eval: rl
+	$(MAKE) --no-print-directory $(foreach k,$(shell seq 0 $(ITERS)),$(RUN)/eval/ckpt-$(k).summary.json)
+	$(PY) scripts/run_summary.py $(RUN) --iters $(ITERS)
+
+# The demo: toy world → tiny model → SFT → RL iterations → eval, in about 10 minutes on 2 cores.
+demo: setup
+	$(MAKE) --no-print-directory rl-eval RECIPE=recipes/tiny.mk NAME=demo
+
+# grpo, gspo and bn-gspo from the same cold-start model under the same budget.
+ABLATIONS ?= grpo:grpo:grpo gspo:grpo:gspo bn-gspo:bn-gspo:gspo
+ablation: setup
+	$(MAKE) --no-print-directory $(RUN)/ckpt-0/config.json RECIPE=$(RECIPE)
+	for a in $(ABLATIONS); do IFS=: read name est loss <<< "$$a"; \
+	  mkdir -p $(RUN)-$$name && ln -sfn $(abspath $(RUN))/ckpt-0 $(RUN)-$$name/ckpt-0; \
+	  $(MAKE) --no-print-directory rl-eval RECIPE=$(RECIPE) RUN=$(RUN)-$$name \
+	    ESTIMATOR=$$est LOSS=$$loss WORLD=$(WORLD) BASE=$(BASE) SFT_DATA=$(SFT_DATA) || exit $$?; done
+	$(PY) scripts/run_summary.py $(foreach a,$(ABLATIONS),$(RUN)-$(firstword $(subst :, ,$(a)))) --iters $(ITERS)
 
 clean:
 	rm -rf runs

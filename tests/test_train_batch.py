@@ -34,8 +34,7 @@ def trajectory(folder: Path, proc, i: int, *, size=(64, 64), answer="red", advan
     """A trajectory row built the agent's way: a prompt with an image (or none), optionally a
     zoom call answered by a tool turn with a second image, then an answer."""
     from marscli.images import open_image
-    from marscli.tokens import (encode_parts, image_features, prompt_parts, special_ids,
-                                tool_parts)
+    from marscli.tokens import encode_parts, image_features, prompt_parts, special_ids, tool_parts
 
     tok = proc.tokenizer
     ids = special_ids(tok)
@@ -298,8 +297,8 @@ def test_blank_image_row_keeps_text_only_logprobs(policy, examples, spec):
     the vision tower); the sequences' log-probs must not change."""
     text_only = [e for e in examples if not e.images]
     assert text_only
-    b = collate(text_only + [min(examples, key=len)], spec)
     b_text = collate(text_only, spec)
+    assert "pixel_values" not in b_text.tensors
     plain = policy.logp(b_text)
     policy.module.touch_visual = True
     try:
@@ -307,5 +306,35 @@ def test_blank_image_row_keeps_text_only_logprobs(policy, examples, spec):
     finally:
         policy.module.touch_visual = False
     assert touched.shape == plain.shape
-    assert (touched - plain).abs().max() < 1e-6
-    assert "pixel_values" in b.tensors and "pixel_values" not in b_text.tensors
+    assert (touched - plain).abs().max() < 1e-6 and plain.abs().sum() > 0
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(policy, examples, spec, tiny_model):
+    import torch
+
+    from marscli.train import Dist, OptimConfig, build_model
+
+    ckpt = build_model(str(tiny_model), Dist(), optim=OptimConfig(), gradient_checkpointing=True)
+    b = collate(examples[:3], spec)
+    out = []
+    for m in (policy, ckpt):
+        m.train(True)
+        loss = -(m.logp(b, grad=True) * b.loss_mask).sum() / b.loss_mask.sum()
+        m.backward(loss)
+        out.append({n: p.grad.clone() for n, p in m.module.named_parameters() if p.grad is not None})
+        m.optimizer.zero_grad(set_to_none=True)
+    assert ckpt.lm.is_gradient_checkpointing
+    assert out[0].keys() == out[1].keys() and len(out[0]) > 50
+    assert max((out[0][k] - out[1][k]).abs().max().item() for k in out[0]) < 1e-5
+    assert torch.isfinite(loss)
+
+
+def test_srun_environment_maps_to_torch_distributed():
+    from marscli.train import slurm_env
+
+    step = {"SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "4", "SLURM_NTASKS": "4",
+            "SLURM_LOCALID": "1", "SLURM_LAUNCH_NODE_IPADDR": "10.0.0.7"}
+    assert slurm_env(step) == {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
+                               "MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "29500"}
+    assert slurm_env({**step, "RANK": "0"}) == {}  # srun torchrun ...: torchrun's own
+    assert slurm_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "4"}) == {}  # the batch script

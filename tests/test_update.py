@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Linear AdamW (eps ≫ |g|, no clipping): the update is lr·g/eps, so any error in the scale of the
 # gradient (accumulation weights, the world-size factor) shows in the weights. Plain AdamW's first
 # step is sign(g)·lr whatever the scale, and would hide it.
-LINEAR_ADAM = dict(lr=1.0, adam_eps=100.0, grad_clip=0.0)
+LINEAR_ADAM = {"lr": 1.0, "adam_eps": 100.0, "grad_clip": 0.0}
 ZERO_TOL = 1e-6  # max |ZeRO − single| per weight; the weights themselves move by ~1e-4
 
 
@@ -46,8 +46,8 @@ def max_diff(a: dict, b: dict) -> float:
 
 def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     e = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "marscli", "update", *args], capture_output=True,
-                          text=True, env=e, timeout=600)
+    return subprocess.run([sys.executable, "-m", "marscli", "update", *args], check=False,
+                          capture_output=True, text=True, env=e, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +156,11 @@ def test_freeze_vision_leaves_the_vision_tower(tmp_path, tiny_model, pair):
     from marscli.update import run_update
 
     out = tmp_path / "frozen"
-    run_update(str(pair), str(tiny_model), str(out), lr=1e-3, freeze_vision=True)
+    metrics = tmp_path / "logs" / "frozen.jsonl"
+    run_update(str(pair), str(tiny_model), str(out), lr=1e-3, freeze_vision=True,
+               metrics=str(metrics))
+    assert len(metrics.read_bytes().splitlines()) == 1 and not (out / "metrics.jsonl").exists()
+    assert sorted(p.name for p in metrics.parent.iterdir()) == ["frozen.jsonl"]
     old, new = weights(tiny_model), weights(out)
     for k in old:
         if "deepstack_merger_list" not in k:  # see test_every_parameter_changed...
@@ -212,18 +216,21 @@ def test_bad_rows_exit_2_without_output(tmp_path, tiny_model, pair):
 
 
 @pytest.mark.parametrize("opts,match", [
-    (dict(micro_batch_tokens=0), "--micro-batch-tokens"),
-    (dict(micro_batch_tokens=50), r"adv.jsonl:1: segments: \d+ tokens, over --micro-batch-tokens"),
-    (dict(clip_low=1.5), "--clip-low"),
-    (dict(epochs=0), "--epochs"),
-    (dict(kl=0.1), "--kl: .* --ref"),
-    (dict(loss="ppo2"), "unknown loss 'ppo2' — choose one of: grpo, gspo"),
-    (dict(agg="sum"), "--agg"),
-    (dict(lr_schedule="step"), "--lr-schedule"),
+    ({"micro_batch_tokens": 0}, "--micro-batch-tokens"),
+    ({"micro_batch_tokens": 50}, r"adv.jsonl:1: segments: \d+ tokens, over --micro-batch-tokens"),
+    ({"clip_low": 1.5}, "--clip-low"),
+    ({"epochs": 0}, "--epochs"),
+    ({"kl": 0.1}, "--kl: .* --ref"),
+    ({"loss": "ppo2"}, "unknown loss 'ppo2' — choose one of: grpo, gspo"),
+    ({"agg": "sum"}, "--agg"),
+    ({"lr_schedule": "step"}, "--lr-schedule"),
+    ({"metrics": "OUT/m.jsonl"}, "--metrics: .* inside --out"),
 ])
 def test_bad_options_name_the_option(tmp_path, tiny_model, pair, opts, match):
     from marscli.update import run_update
 
+    if "metrics" in opts:
+        opts = {**opts, "metrics": str(tmp_path / "o" / "m.jsonl")}
     with pytest.raises(BadInput, match=match):
         run_update(str(pair), str(tiny_model), str(tmp_path / "o"), **opts)
     assert not (tmp_path / "o").exists()
@@ -305,7 +312,8 @@ def test_zero_on_two_cpu_processes_matches_one_process(stage, single, tmp_path, 
            "--ref", str(tiny_model), "--deepspeed", str(ROOT / f"recipes/ds_zero{stage}.json"),
            *cli_opts(RUN_OPTS)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1"}
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    r = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, timeout=600,
+                       cwd=ROOT)
     assert r.returncode == 0, r.stderr[-4000:]
     a, b = weights(single), weights(out)
     assert max_diff(a, weights(tiny_model)) > 1e-4

@@ -18,9 +18,10 @@ This module imports torch only inside `collate`.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from marscli.errors import BadInput
 from marscli.records import parse_image_refs, parse_segments
@@ -39,7 +40,7 @@ class Spec:
     vocab_size: int
 
     @classmethod
-    def of(cls, processor: Any, policy: str) -> "Spec":
+    def of(cls, processor: Any, policy: str) -> Spec:
         """Spec from a loaded processor and the checkpoint folder's config.json."""
         from marscli.tokens import special_ids
 

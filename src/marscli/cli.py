@@ -335,6 +335,11 @@ def rollout(
         help="openai: retries after a failed request (default 3).")] = None,
     concurrency: Annotated[int | None, typer.Option(
         help="openai: requests in flight (default 8).")] = None,
+    tensor_parallel: Annotated[int | None, typer.Option(
+        help="vllm: GPUs per model (tensor parallelism).")] = None,
+    image_dir: Annotated[str | None, typer.Option(
+        metavar="DIR", help="Folder the rows' image paths are relative to (default: the "
+                            "prompts file's folder).")] = None,
 ) -> None:
     """Sample N trajectories per prompt with the agent; resumable, shardable."""
     with guard():
@@ -349,6 +354,7 @@ def rollout(
         check_range("--timeout", timeout, 0, lo_open=True)
         check_range("--retries", retries, 0)
         check_range("--concurrency", concurrency, 1)
+        check_range("--tensor-parallel", tensor_parallel, 1)
         from marscli.rollout import parse_shard, run_rollout
 
         run_rollout(prompts, output, policy=policy, n=n, engine=engine, shard=parse_shard(shard),
@@ -359,7 +365,9 @@ def rollout(
                     engine_opts={"base_url": base_url, "model": model,
                                  "api_key_env": api_key_env, "tokenize_with": tokenize_with,
                                  "timeout": timeout, "retries": retries,
-                                 "concurrency": concurrency})
+                                 "concurrency": concurrency,
+                                 "tensor_parallel": tensor_parallel},
+                    image_dir=image_dir)
 
 
 @app.command("toy-world")
@@ -423,14 +431,13 @@ def update(
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     save_dtype: Annotated[str, typer.Option(help="float32, bfloat16 or input.")] = "float32",
     force: Annotated[bool, typer.Option("--force", help="Replace an existing OUT.")] = False,
-    local_rank: Annotated[int, typer.Option(
-        "--local_rank", "--local-rank", hidden=True, help="Set by the deepspeed launcher.")] = -1,
 ) -> None:
-    """Policy-gradient update (BN-GSPO / GRPO) of a checkpoint; torchrun/deepspeed/srun for ZeRO."""
+    """Policy-gradient update (BN-GSPO / GRPO) of a checkpoint. Data-parallel / ZeRO: launch
+    with `torchrun --nproc_per_node N -m marscli update ...`, `deepspeed --no_local_rank
+    --module marscli update ...` or `srun`."""
     with guard():
         from marscli.update import UpdateConfig, run_update
 
-        del local_rank  # the launcher also sets LOCAL_RANK, which is what is read
         cfg = UpdateConfig(
             loss=loss, agg=agg, clip_low=clip_low, clip_high=clip_high, kl=kl, ref=ref,
             epochs=epochs, micro_batch_tokens=micro_batch_tokens, lr=lr, adam_beta1=adam_beta1,
@@ -508,6 +515,154 @@ def report(
         info = run_report(source, output, max_trajectories, image_px, title)
         print(f"wrote {output}: {info['shown']:,} of {info['trajectories']:,} trajectories, "
               f"{info['images']:,} images, {info['bytes'] / 1e6:.1f} MB", file=sys.stderr)
+
+
+@app.command("eval")
+def eval_cmd(
+    bench: Annotated[str | None, typer.Argument(
+        metavar="BENCH", help="Benchmark file or folder (MARS data.jsonl folder, parquet, "
+                              "JSONL + images, TSV).")] = None,
+    output: Annotated[str | None, typer.Option(
+        "-o", "--output", help="Results JSONL, appended to and resumed; the summary goes to "
+                               "RESULTS.summary.json beside it.")] = None,
+    fmt: Annotated[str, typer.Option(
+        "--format", help="auto, mars, mmsearch, hr-mmsearch, fvqa, infoseek, simplevqa, "
+                         "livevqa, vstar, hrbench or mme-realworld.")] = "auto",
+    policy: Annotated[str | None, typer.Option(
+        help="Checkpoint folder or hub id (hf, vllm, replay engines).")] = None,
+    mode: Annotated[str, typer.Option(
+        help="agent (the tool loop) or direct (no tools, one answer turn).")] = "agent",
+    samples: Annotated[int, typer.Option(
+        help="Samples per item, averaged (the paper uses 8 for V* and HR-Bench).")] = 1,
+    engine: Annotated[str, typer.Option(help="hf, vllm, openai or replay.")] = "hf",
+    judge: Annotated[str, typer.Option(
+        help="exact (no judge) or openai:MODEL@URL (key from OPENAI_API_KEY or "
+             "JUDGE_API_KEY); the release judges with GPT-4o.")] = "exact",
+    protocol: Annotated[str | None, typer.Option(
+        help="mars (the release's scoring; default) or official (each benchmark's own: "
+             "MMSearch token F1, HR-Bench rotations, InfoSeek ranges + split harmonic "
+             "mean).")] = None,
+    shard: Annotated[str | None, typer.Option(
+        metavar="i/N", help="Only the items whose id hashes to shard i of N (0-based).")] = None,
+    text_search: Annotated[str | None, typer.Option(
+        metavar="SPEC", help="Text search backend: local:INDEX, retriever:URL or serper.")] = None,
+    image_search: Annotated[str | None, typer.Option(
+        metavar="SPEC", help="Image search backend: data, local:INDEX or serper-lens.")] = None,
+    max_turns: Annotated[int | None, typer.Option(
+        help="Assistant turns at most (agent: default 10; direct: 1).")] = None,
+    max_turn_tokens: Annotated[int, typer.Option(help="Tokens per reply at most.")] = 2_048,
+    max_response_tokens: Annotated[int, typer.Option(
+        help="Model + tool tokens after the prompt, at most.")] = 16_384,
+    temperature: Annotated[float, typer.Option(help="0: greedy.")] = 0.0,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass.")] = 1.0,
+    top_k: Annotated[int, typer.Option(help="Top-k sampling; 0: off.")] = 0,
+    seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+    batch_size: Annotated[int, typer.Option(help="Trajectories advanced together.")] = 32,
+    benchmark: Annotated[str | None, typer.Option(
+        help="Benchmark name to record (default: inferred from the format or file name).")] = None,
+    image_dir: Annotated[str | None, typer.Option(
+        metavar="DIR", help="Folder the rows' image names are relative to.")] = None,
+    system_prompt: Annotated[str | None, typer.Option(
+        metavar="FILE", help="File replacing the system prompt.")] = None,
+    device: Annotated[str, typer.Option(help="cpu or cuda (hf, vllm).")] = "cpu",
+    max_unscored: Annotated[float, typer.Option(
+        help="Exit 1 when more than this fraction of trajectories is unscored.")] = 0.05,
+    summarize: Annotated[str | None, typer.Option(
+        "--summarize", "--summary-only", metavar="RESULTS.jsonl",
+        help="Recompute RESULTS.summary.json from a results file; no generation.")] = None,
+    rescore: Annotated[bool, typer.Option(
+        "--rescore", help="With --summarize: re-score every record first (under --protocol, "
+                          "with --judge) and rewrite the file.")] = False,
+    judge_timeout: Annotated[float, typer.Option(help="Seconds per judge request.")] = 60.0,
+    judge_retries: Annotated[int, typer.Option(
+        help="Retries after a failed judge request (0: one attempt).")] = 2,
+    judge_concurrency: Annotated[int, typer.Option(help="Judge requests in flight.")] = 8,
+    judge_cache: Annotated[str | None, typer.Option(
+        metavar="PATH", help="SQLite verdict cache (default: $MARSCLI_CACHE_DIR/judge.sqlite "
+                             "or ~/.cache/marscli/judge.sqlite).")] = None,
+    base_url: Annotated[str | None, typer.Option(
+        metavar="URL", help="openai: the server's base URL, e.g. http://127.0.0.1:8000/v1.")] = None,
+    model: Annotated[str | None, typer.Option(help="openai: the served model's name.")] = None,
+    api_key_env: Annotated[str | None, typer.Option(
+        metavar="VAR", help="openai: environment variable holding the API key.")] = None,
+    tokenize_with: Annotated[str | None, typer.Option(
+        metavar="CKPT", help="openai: processor checkpoint for token-exact segments.")] = None,
+    timeout: Annotated[float | None, typer.Option(
+        help="openai: seconds per request (default 300).")] = None,
+    retries: Annotated[int | None, typer.Option(
+        help="openai: retries after a failed request (default 3).")] = None,
+    concurrency: Annotated[int | None, typer.Option(
+        help="openai: requests in flight (default 8).")] = None,
+    tensor_parallel: Annotated[int | None, typer.Option(
+        help="vllm: GPUs per model (tensor parallelism).")] = None,
+) -> None:
+    """Evaluate a policy on a benchmark (agent or direct); resumable, shardable; summary
+    beside the paper's numbers."""
+    with guard():
+        check_range("--samples", samples, 1)
+        check_range("--max-turns", max_turns, 1)
+        check_range("--max-turn-tokens", max_turn_tokens, 1)
+        check_range("--max-response-tokens", max_response_tokens, 1)
+        check_range("--temperature", temperature, 0)
+        check_range("--top-p", top_p, 0, 1, lo_open=True)
+        check_range("--top-k", top_k, 0)
+        check_range("--batch-size", batch_size, 1)
+        check_range("--max-unscored", max_unscored, 0, 1)
+        check_range("--judge-timeout", judge_timeout, 0, lo_open=True)
+        check_range("--judge-retries", judge_retries, 0)
+        check_range("--judge-concurrency", judge_concurrency, 1)
+        check_range("--timeout", timeout, 0, lo_open=True)
+        check_range("--retries", retries, 0)
+        check_range("--concurrency", concurrency, 1)
+        check_range("--tensor-parallel", tensor_parallel, 1)
+        from marscli.judge import JudgeOptions
+
+        jopts = JudgeOptions(timeout_s=judge_timeout, attempts=judge_retries + 1,
+                             concurrency=judge_concurrency, cache_path=judge_cache)
+        if summarize is not None:
+            if bench is not None:
+                raise BadInput("--summarize: give the results file only, not BENCH too")
+            from marscli.evaluate import run_summarize
+
+            run_summarize(summarize, rescore=rescore, protocol=protocol, judge_spec=judge,
+                          judge_opts=jopts, max_unscored=max_unscored)
+            return
+        if bench is None:
+            raise BadInput("BENCH: missing — give a benchmark file or folder (or --summarize "
+                           "RESULTS.jsonl)")
+        if output is None:
+            raise BadInput("-o: missing — name the results file, e.g. -o results.jsonl")
+        if rescore:
+            raise BadInput("--rescore: only with --summarize RESULTS.jsonl")
+        from marscli.evaluate import run_eval
+        from marscli.rollout import parse_shard
+
+        run_eval(bench, output, fmt=fmt, policy=policy, mode=mode, samples=samples,
+                 engine=engine, judge_spec=judge, protocol=protocol or "mars",
+                 shard=parse_shard(shard), text_search=text_search, image_search=image_search,
+                 max_turns=max_turns, max_turn_tokens=max_turn_tokens,
+                 max_response_tokens=max_response_tokens, temperature=temperature,
+                 top_p=top_p, top_k=top_k, seed=seed, batch_size=batch_size,
+                 system_prompt_file=system_prompt, device=device, benchmark=benchmark,
+                 image_dir=image_dir, max_unscored=max_unscored, judge_opts=jopts,
+                 engine_opts={"base_url": base_url, "model": model, "api_key_env": api_key_env,
+                              "tokenize_with": tokenize_with, "timeout": timeout,
+                              "retries": retries, "concurrency": concurrency,
+                              "tensor_parallel": tensor_parallel})
+
+
+@app.command()
+def merge(
+    output: Annotated[str, typer.Argument(help="Merged JSONL to write.")],
+    shards: Annotated[list[str], typer.Argument(help="Shard files, in order.")],
+) -> None:
+    """Join the shards of a rollout or eval array job; duplicate ids are refused."""
+    with guard():
+        from marscli.merge import merge as run_merge
+
+        stats = run_merge(output, shards)
+        print(f"merged {stats['records']:,} records from {len(shards)} shard(s) into {output}",
+              file=sys.stderr)
 
 
 if __name__ == "__main__":

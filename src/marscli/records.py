@@ -32,6 +32,7 @@ class Prompt:
     category: str | None = None
     image_search: list[dict] | None = None
     extra: dict = field(default_factory=dict)  # every other field, carried into trajectories
+    line: int = 0  # where the row was read (for error messages)
 
     def image_paths(self) -> list[Path]:
         return [p if (p := Path(s)).is_absolute() else self.base / p for s in self.images]
@@ -109,13 +110,20 @@ def parse_prompt(row: dict, src: str, line: int, base: Path) -> Prompt:
     skip = _MARS_KEYS if is_mars else _PROMPT_KEYS
     extra = {k: v for k, v in row.items() if k not in skip}
     return Prompt(id=str(rid), question=question, images=images, answer=answer, base=base,
-                  choices=choices, category=category, image_search=isearch, extra=extra)
+                  choices=choices, category=category, image_search=isearch, extra=extra,
+                  line=line)
 
 
-def load_prompts(path: str) -> list[Prompt]:
+def load_prompts(path: str, image_dir: str | Path | None = None) -> list[Prompt]:
     """Read and validate a prompts file; duplicate ids are refused (they would collide in
-    trajectory ids and make resumption ambiguous)."""
-    base = Path.cwd() if path == "-" else Path(path).resolve().parent
+    trajectory ids and make resumption ambiguous). Image paths are relative to `image_dir`,
+    by default the file's folder."""
+    if image_dir is not None:
+        base = Path(image_dir).resolve()
+        if not base.is_dir():
+            raise BadInput(f"--image-dir: {image_dir}: no such folder")
+    else:
+        base = Path.cwd() if path == "-" else Path(path).resolve().parent
     prompts, seen = [], {}
     for line, row in read_rows(path):
         p = parse_prompt(row, path, line, base)

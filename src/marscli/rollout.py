@@ -36,7 +36,7 @@ from marscli.errors import BadInput, RuntimeFailure, unknown_name
 from marscli.images import open_image
 from marscli.jsonl import AppendJsonl, iter_rows, read_rows, write_sidecar
 from marscli.protocol import read_system_prompt
-from marscli.records import Prompt, parse_prompt
+from marscli.records import Prompt, load_prompts
 from marscli.tools import build_tools
 
 CHECK_PIXELS = 1_000_000  # the up-front image check decodes at most this (JPEG draft mode)
@@ -72,20 +72,6 @@ def media_dir(output: str | Path) -> Path:
     return p.with_name(p.name.removesuffix(".jsonl") + ".media")
 
 
-def load_prompts(path: str) -> list[tuple[int, Prompt]]:
-    """Validated prompts with their line numbers (errors name FILE:LINE: field; duplicate ids
-    are refused: they would collide in trajectory ids and make resumption ambiguous)."""
-    base = Path.cwd() if path == "-" else Path(path).resolve().parent
-    out, seen = [], {}
-    for line, row in read_rows(path):
-        p = parse_prompt(row, path, line, base)
-        if p.id in seen:
-            raise BadInput(f"{path}:{line}: id: duplicate id {p.id!r} (first on line {seen[p.id]})")
-        seen[p.id] = line
-        out.append((line, p))
-    return out
-
-
 def check_images(src: str, prompts: list[tuple[int, Prompt]]) -> None:
     """Every image must exist and decode, before any generation; one error line names
     FILE:LINE and the image."""
@@ -108,11 +94,15 @@ def _engine_args(engine: str, policy: str | None, engine_opts: dict, device: str
                            "give --model NAME, and --tokenize-with CKPT for token-exact segments")
         return dict(engine_opts), str(engine_opts.get("model") or "")
     for k in OPENAI_OPTIONS:
-        if engine_opts.get(k) is not None:
+        if k != "tensor_parallel" and engine_opts.get(k) is not None:
             raise BadInput(f"--{k.replace('_', '-')}: only for --engine openai")
     if policy is None:
         raise BadInput(f"--policy: required for --engine {engine} — a checkpoint folder or hub id")
-    return {"device": device, "max_batch": batch_size}, policy
+    tp = engine_opts.get("tensor_parallel")
+    if tp is not None and engine != "vllm":
+        raise BadInput("--tensor-parallel: only for --engine vllm")
+    kwargs = {"device": device, "max_batch": batch_size}
+    return (kwargs | {"tensor_parallel": tp} if tp else kwargs), policy
 
 
 def run_rollout(prompts: str, output: str, *, policy: str | None = None, n: int = 8,
@@ -122,7 +112,7 @@ def run_rollout(prompts: str, output: str, *, policy: str | None = None, n: int 
                 batch_size: int = 32, seed: int = 0, text_search: str | None = None,
                 image_search: str | None = None, system_prompt_file: str | None = None,
                 device: str = "cpu", engine_opts: dict | None = None,
-                progress: bool = True) -> dict:
+                image_dir: str | None = None, progress: bool = True) -> dict:
     """Generate the missing trajectories of `prompts` (this shard) into `output`; return the
     sidecar statistics. Options are assumed in range (the CLI checks them)."""
     started = time.time()
@@ -132,7 +122,8 @@ def run_rollout(prompts: str, output: str, *, policy: str | None = None, n: int 
     engine_opts = {k: v for k, v in (engine_opts or {}).items() if v is not None}
     eng_kwargs, policy_name = _engine_args(engine, policy, engine_opts, device, batch_size)
     base_prompt = read_system_prompt(system_prompt_file)
-    rows = [(line, p) for line, p in load_prompts(prompts) if shard_of(p.id, shard[1]) == shard[0]]
+    rows = [(p.line, p) for p in load_prompts(prompts, image_dir)
+            if shard_of(p.id, shard[1]) == shard[0]]
     check_images(prompts, rows)
     tools = build_tools(text_search=text_search, image_search=image_search)
     jobs = [(p, k) for _, p in rows for k in range(n)]

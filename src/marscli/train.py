@@ -11,8 +11,8 @@ The contract for `loss_fn`: the losses it returns, summed over micro-batches *an
 the loss over the whole minibatch; `backward` undoes DeepSpeed's averaging over ranks. So a
 2-rank ZeRO run and a 1-process run compute the same gradient (up to summation order).
 
-Launchers: `torchrun --nproc_per_node N -m marscli ...`, `deepspeed --module marscli ...`, or
-`srun` (SLURM_PROCID/SLURM_NTASKS are mapped to RANK/WORLD_SIZE). Without a distributed
+Launchers: `torchrun --nproc_per_node N -m marscli ...`, `deepspeed --no_local_rank --module
+marscli ...`, or `srun` (SLURM_PROCID/SLURM_STEP_NUM_TASKS become RANK/WORLD_SIZE). Without a distributed
 environment and without `--deepspeed`: one plain torch process. bf16 on GPU (DeepSpeed's bf16,
 or autocast in plain torch with fp32 weights), fp32 on CPU.
 """
@@ -26,17 +26,18 @@ import shutil
 import socket
 import sys
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Self
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from marscli.batch import Batch
-from marscli.errors import BadInput, RuntimeFailure
+from marscli.errors import BadInput
 from marscli.jsonl import dumps
 
 SCHEDULES = ("constant", "cosine", "linear")
@@ -64,14 +65,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def slurm_env(env: Mapping[str, str]) -> dict[str, str]:
+    """torch.distributed variables for a task started by `srun` (one task per rank); nothing
+    when a launcher already set RANK, or outside an srun step of several tasks (a batch
+    script's own shell sees SLURM_NTASKS of the whole job, but no SLURM_STEP_NUM_TASKS)."""
+    if "RANK" in env or "SLURM_PROCID" not in env or int(env.get("SLURM_STEP_NUM_TASKS", "1")) < 2:
+        return {}
+    return {"RANK": env["SLURM_PROCID"], "WORLD_SIZE": env["SLURM_STEP_NUM_TASKS"],
+            "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
+            "MASTER_ADDR": env.get("MASTER_ADDR", env.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1")),
+            "MASTER_PORT": env.get("MASTER_PORT", "29500")}
+
+
 def init_distributed(deepspeed: bool = False, device: str = "auto") -> Dist:
     """Join the process group the launcher describes (torchrun, deepspeed, srun), or none."""
     env = os.environ
-    if "RANK" not in env and "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
-        env["RANK"], env["WORLD_SIZE"] = env["SLURM_PROCID"], env["SLURM_NTASKS"]
-        env["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
-        env.setdefault("MASTER_ADDR", env.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1"))
-        env.setdefault("MASTER_PORT", "29500")
+    env.update(slurm_env(env))
     world = int(env.get("WORLD_SIZE", "1"))
     if deepspeed and "RANK" not in env:  # DeepSpeed wants a process group even for one process
         env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
@@ -222,21 +231,23 @@ class OptimConfig:
 
     def check(self) -> None:
         """Options out of range → BadInput naming the option."""
-        _range("--lr", self.lr, 0)
-        _range("--adam-beta1", self.betas[0], 0, 1, hi_open=True)
-        _range("--adam-beta2", self.betas[1], 0, 1, hi_open=True)
-        _range("--adam-eps", self.eps, 0, lo_open=True)
-        _range("--weight-decay", self.weight_decay, 0)
-        _range("--grad-clip", self.grad_clip, 0)
-        _range("--warmup-steps", self.warmup_steps, 0)
-        _range("--min-lr-ratio", self.min_lr_ratio, 0, 1)
+        check_option_range("--lr", self.lr, 0)
+        check_option_range("--adam-beta1", self.betas[0], 0, 1, hi_open=True)
+        check_option_range("--adam-beta2", self.betas[1], 0, 1, hi_open=True)
+        check_option_range("--adam-eps", self.eps, 0, lo_open=True)
+        check_option_range("--weight-decay", self.weight_decay, 0)
+        check_option_range("--grad-clip", self.grad_clip, 0)
+        check_option_range("--warmup-steps", self.warmup_steps, 0)
+        check_option_range("--min-lr-ratio", self.min_lr_ratio, 0, 1)
         if self.schedule not in SCHEDULES:
             raise BadInput(f"--lr-schedule: unknown schedule {self.schedule!r} — choose one of: "
                            f"{', '.join(SCHEDULES)}")
 
 
-def _range(name: str, v: float, lo: float | None = None, hi: float | None = None, *,
-           lo_open: bool = False, hi_open: bool = False) -> None:
+def check_option_range(name: str, v: float | None, lo: float | None = None,
+                       hi: float | None = None, *, lo_open: bool = False,
+                       hi_open: bool = False) -> None:
+    """BadInput naming the option when `v` is not finite or outside [lo, hi] (open ends)."""
     if v is None:
         return
     bad = (not math.isfinite(v) or (lo is not None and (v <= lo if lo_open else v < lo))
@@ -244,10 +255,8 @@ def _range(name: str, v: float, lo: float | None = None, hi: float | None = None
     if bad:
         lo_s = "" if lo is None else f"{'>' if lo_open else '>='} {lo}"
         hi_s = "" if hi is None else f"{'<' if hi_open else '<='} {hi}"
-        raise BadInput(f"{name}: {v} is out of range — must be {' and '.join(x for x in (lo_s, hi_s) if x)}")
-
-
-check_option_range = _range
+        must = " and ".join(x for x in (lo_s, hi_s) if x)
+        raise BadInput(f"{name}: {v} is out of range — must be {must}")
 
 
 def lr_at(step: int, total: int, cfg: OptimConfig) -> float:
@@ -282,7 +291,7 @@ class TrainModel:
         return self.module.lm
 
     def train(self, mode: bool = True) -> None:
-        (self.engine or self.module).train(mode)
+        (self.engine if self.engine is not None else self.module).train(mode)
 
     def logp(self, batch: Batch, grad: bool = False) -> torch.Tensor:
         """Per-token log-probs [B, T] (float32), 0 outside the loss mask."""
@@ -548,7 +557,7 @@ class AtomicDir:
         self.out, self.force, self.active = Path(out), force, active
         self.tmp = self.out.with_name(f"{self.out.name}.tmp-{os.getpid()}")
 
-    def __enter__(self) -> "AtomicDir":
+    def __enter__(self) -> Self:
         if self.active:
             self.out.parent.mkdir(parents=True, exist_ok=True)
             self.tmp.mkdir()
@@ -657,14 +666,9 @@ def log(d: Dist, msg: str) -> None:
 
 
 class Timer:
-    def __enter__(self) -> "Timer":
+    def __enter__(self) -> Self:
         self.t0 = time.perf_counter()
         return self
 
     def __exit__(self, *exc) -> None:
         self.s = time.perf_counter() - self.t0
-
-
-def check_finite(value: float, what: str) -> None:
-    if not math.isfinite(value):
-        raise RuntimeFailure(f"{what} is {value} — lower --lr or check the advantages")

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +80,7 @@ class UpdateConfig:
 
 
 def check_config(cfg: UpdateConfig) -> None:
-    """Options out of range → BadInput naming the option (before anything heavy loads)."""
+    """Options out of range → BadInput naming the option (before the model or data load)."""
     from marscli.train import check_option_range as rng
 
     rng("--clip-low", cfg.clip_low, 0, 1, hi_open=True)
@@ -135,6 +135,9 @@ def run_update(adv: str, policy: str, out: str, cfg: UpdateConfig | None = None,
     policy = check_checkpoint(policy)
     ref = check_checkpoint(cfg.ref, "--ref") if cfg.ref else None
     check_out(out, cfg.force, policy, ref or "")
+    if cfg.metrics and Path(out).resolve() in Path(cfg.metrics).resolve().parents:
+        raise BadInput(f"--metrics: {cfg.metrics}: inside --out — leave --metrics out to get "
+                       f"{out}/metrics.jsonl")
     loss_fn = LOSSES.get(cfg.loss)
     agg = cfg.agg or DEFAULT_AGG.get(cfg.loss, "token-mean")
     if agg not in AGGS:
@@ -154,9 +157,19 @@ def run_update(adv: str, policy: str, out: str, cfg: UpdateConfig | None = None,
 def _train(adv, policy, ref, out, cfg, agg, loss_fn, ds_cfg, processor, spec, examples,
            started) -> dict:
     from marscli.jsonl import write_sidecar
-    from marscli.train import (AtomicDir, MetricsWriter, Timer, all_reduce, barrier,
-                               build_model, close_distributed, init_distributed, log, lr_at,
-                               save_checkpoint, seed_everything, train_minibatch)
+    from marscli.train import (
+        AtomicDir,
+        MetricsWriter,
+        all_reduce,
+        barrier,
+        build_model,
+        close_distributed,
+        init_distributed,
+        log,
+        lr_at,
+        save_checkpoint,
+        seed_everything,
+    )
 
     d = init_distributed(deepspeed=ds_cfg is not None, device=cfg.device)
     try:
@@ -173,7 +186,7 @@ def _train(adv, policy, ref, out, cfg, agg, loss_fn, ds_cfg, processor, spec, ex
                             gradient_checkpointing=cfg.gradient_checkpointing,
                             freeze_vision=cfg.freeze_vision)
         log(d, f"update: {len(examples)} trajectories in {len(plans)} minibatch(es), "
-               f"{d.world} rank(s), {'ZeRO-%d' % model.zero_stage if ds_cfg else 'torch'} "
+               f"{d.world} rank(s), {f'ZeRO-{model.zero_stage}' if ds_cfg else 'torch'} "
                f"on {d.device}")
         _score_into(model, plans, spec, d, "old_logp")
         if cfg.kl > 0:

@@ -56,6 +56,7 @@ class Loaded:
     rows: int = 0  # rows read, kept or not
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> rows left out
     notes: list[str] = field(default_factory=list)
+    unit: str = "line"  # what the numbers in `prompts` count: JSONL/TSV lines, parquet rows
 
 
 def cache_image(data: bytes, cache_dir: Path) -> Path:

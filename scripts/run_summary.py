@@ -1,0 +1,62 @@
+"""Per-iteration test accuracy and tool use of one or more runs: a table on stderr and
+`RUN/summary.json` for each run (iteration 0 is the cold-start SFT model).
+
+usage: python scripts/run_summary.py RUN [RUN...] --iters N
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+from marscli.jsonl import AtomicFile
+
+SHORT = {"image_zoom_in_tool": "zoom", "text_search_tool": "text", "image_search_tool": "image"}
+
+
+def iteration(run: Path, k: int) -> dict | None:
+    path = run / "eval" / f"ckpt-{k}.summary.json"
+    if not path.is_file():
+        return None
+    s = orjson.loads(path.read_bytes())
+    (bench,) = s["benchmarks"].values()  # the toy test split is one benchmark
+    return {"iter": k, "test_accuracy": bench["accuracy"], "items": bench["items"],
+            "mean_turns": bench["mean_turns"],
+            "tool_calls": {name: u["mean"] for name, u in bench["tool_use"].items()},
+            "categories": {c: v["accuracy"] for c, v in bench["categories"].items()}}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("runs", nargs="+", type=Path)
+    ap.add_argument("--iters", type=int, required=True)
+    args = ap.parse_args()
+    console = Console(stderr=True)
+    table = Table(title="test accuracy and tool calls per trajectory, by iteration "
+                        "(iteration 0: the SFT model)", title_justify="left")
+    for col in ("run", "iter", "accuracy", "turns", "zoom", "image", "text", "by category"):
+        table.add_column(col, justify="left" if col in ("run", "by category") else "right")
+    for run in args.runs:
+        rows = [r for k in range(args.iters + 1) if (r := iteration(run, k))]
+        with AtomicFile(run / "summary.json") as fh:
+            fh.write(orjson.dumps({"v": 1, "run": str(run), "iterations": rows},
+                                  option=orjson.OPT_INDENT_2))
+        for r in rows:
+            tools = {SHORT.get(k, k): v for k, v in r["tool_calls"].items()}
+            cats = " ".join(f"{c} {a:.2f}" for c, a in r["categories"].items() if a is not None)
+            table.add_row(run.name, str(r["iter"]), f"{r['test_accuracy']:.3f}",
+                          f"{r['mean_turns']:.2f}", *(f"{tools.get(t, 0) or 0:.2f}"
+                                                       for t in ("zoom", "image", "text")), cats)
+        if rows:
+            table.add_section()
+    console.print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

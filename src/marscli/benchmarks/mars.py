@@ -1,0 +1,53 @@
+"""`--format mars`: the release's evaluation folders, and any marscli/MARS prompt JSONL.
+
+The release ships each benchmark as `data/eval/NAME/data.jsonl` plus its images (test_all.json
+names ten of them: mmsearch_end2end_only_image, hr_mmsearch, vstar_bench, hr_bench_4k,
+hr_bench_8k, mat_search, infoseek, fvqa_test, simplevqa_en, livevqa_research_preview). Rows are
+MARS-style (`prompt` chat messages, `image`, `reward_model.ground_truth`, precomputed
+`image_search_title_list` / `image_search_thumbnail_list`) and `records.parse_prompt` converts
+them; marscli's own rows (`{id, image, question, answer, choices?, category?}`) work too.
+Image paths are relative to the JSONL's folder (`--image-dir` overrides).
+
+The benchmark name is, in order: the row's `benchmark` field, `--benchmark`, the release folder
+name (`hr_bench_8k` → hrbench-8k), the file or folder name. Multiple-choice benchmarks whose
+rows carry no `choices` (the release's V* and HR-Bench rows put the options in the question
+text) get them parsed from the question's "(A) ..." / "A. ..." lines when it has them; the
+question itself is left as the release wrote it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from marscli.benchmarks import FORMATS, benchmark_info, guess_name
+from marscli.benchmarks.common import Loaded, LoadContext, split_options
+from marscli.errors import BadInput
+from marscli.jsonl import read_rows
+from marscli.records import parse_prompt
+
+
+@FORMATS.register("mars")
+def load(path: Path, ctx: LoadContext, fmt: str = "mars") -> Loaded:
+    if path.is_dir():
+        if not (path / "data.jsonl").is_file():
+            raise BadInput(f"{path}: no data.jsonl in this folder — a MARS benchmark folder "
+                           "holds data.jsonl and its images")
+        path = path / "data.jsonl"
+    name = ctx.benchmark or guess_name(path) or path.parent.name
+    base = ctx.image_dir or path.resolve().parent
+    src = str(path)
+    out, seen, n = [], {}, 0
+    for line, row in read_rows(src):
+        n += 1
+        p = parse_prompt(row, src, line, base)
+        if p.id in seen:
+            raise BadInput(f"{src}:{line}: id: duplicate id {p.id!r} (first on line {seen[p.id]})")
+        seen[p.id] = line
+        bench = row.get("benchmark") if isinstance(row.get("benchmark"), str) else name
+        p.extra["benchmark"] = bench
+        if p.choices is None and benchmark_info(bench).multiple_choice:
+            _, options = split_options(p.question)
+            p.choices = options or None
+        if ctx.keep(p.id):
+            out.append((line, p))
+    return Loaded(name, fmt, out, rows=n)

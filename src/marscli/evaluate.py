@@ -1,0 +1,457 @@
+"""`marscli eval`: run the agent (or a direct answer) over a benchmark, score every
+trajectory, and summarise per benchmark and category beside the paper's numbers.
+
+- BENCH is read by a loader (`benchmarks/`, `--format`, `auto` detects) into prompt rows.
+  Everything is checked before any generation: options, every row (FILE:LINE: field), every
+  image of the shard (it must exist and decode). Images stored inside the benchmark file
+  (parquet bytes, TSV base64) are written once to `eval-images/SHA256.EXT` beside the results.
+- `--mode agent`: the full tool loop (zoom-in always; text and image search when a backend is
+  given). `--mode direct`: no tools (an empty tools block), one turn, a system prompt asking
+  for `<answer>`.
+- `--samples K`: K trajectories per item, ids `ITEM#k` (k = 0..K-1); an item's accuracy is
+  the mean over its scored samples.
+- Resumable and shardable like `rollout`: records are appended one at a time
+  (`jsonl.AppendJsonl`), a re-run skips the ids already there, `--shard i/N` keeps the items
+  whose id hashes to i. Each record is the agent's trajectory record plus `benchmark`,
+  `category`, `mode` and `score` (`benchmarks/protocols.py`).
+- The summary is computed from the whole results file at the end (so it is right after a
+  resume) and written atomically to `RESULTS.summary.json`; a table goes to stderr, and the
+  sidecar `RESULTS.jsonl.meta.json` is written last. `--summarize RESULTS.jsonl` recomputes it
+  without generating (after `cat shard*.jsonl > all.jsonl`); with `--rescore` it first
+  re-scores every record (under `--protocol`, with `--judge`) and rewrites the file atomically
+  — the way to retry rows a failing judge left unscored, or to switch protocol.
+- Unscored records (the judge gave no verdict, the engine failed) are excluded from accuracy,
+  counted per benchmark, and warned about; more than `--max-unscored` of them (default 5%)
+  exits 1, after the results, summary and sidecar are written. Never a silent 0.
+
+Departures from the release's evaluation are listed in `benchmarks/protocols.py`; marscli's
+system prompts are its own (`--system-prompt FILE` replaces them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from marscli.benchmarks import LoadContext, format_names, load_benchmark
+from marscli.benchmarks.paper import reported
+from marscli.benchmarks.protocols import ScoreContext, make_protocol
+from marscli.errors import BadInput, RuntimeFailure, unknown_name
+from marscli.images import open_image
+from marscli.jsonl import AppendJsonl, AtomicFile, AtomicJsonl, iter_rows, write_sidecar
+from marscli.judge import JudgeOptions, make_judge
+from marscli.protocol import read_system_prompt
+from marscli.records import Prompt
+from marscli.rollout import CHECK_PIXELS, OPENAI_OPTIONS, _engine_args, media_dir, shard_of
+
+MODES = ("agent", "direct")
+TOOL_NAMES = ("image_zoom_in_tool", "text_search_tool", "image_search_tool")
+DIRECT_PROMPT = """You answer questions about images. Look at the image carefully, reason \
+briefly inside <thinking>...</thinking>, then give the final answer inside \
+<answer>...</answer>: a short answer (a name, a number, a few words), or the option's letter \
+for a multiple-choice question. You have no tools; answer in this one reply."""
+
+
+def summary_path(results: str | Path) -> Path:
+    """`runs/eval.jsonl` → `runs/eval.summary.json`."""
+    p = Path(results)
+    return p.with_name(p.name.removesuffix(".jsonl") + ".summary.json")
+
+
+def image_cache(results: str | Path) -> Path:
+    """Decoded benchmark images: one folder per results folder, shared by its shards."""
+    return Path(results).parent / "eval-images"
+
+
+def run_eval(bench: str, output: str, *, fmt: str = "auto", policy: str | None = None,
+             mode: str = "agent", samples: int = 1, engine: str = "hf",
+             judge_spec: str = "exact", protocol: str = "mars",
+             shard: tuple[int, int] = (0, 1), text_search: str | None = None,
+             image_search: str | None = None, max_turns: int | None = None,
+             max_turn_tokens: int = 2_048, max_response_tokens: int = 16_384,
+             temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
+             batch_size: int = 32, system_prompt_file: str | None = None,
+             device: str = "cpu", engine_opts: dict | None = None,
+             benchmark: str | None = None, image_dir: str | None = None,
+             max_unscored: float = 0.05, judge_opts: JudgeOptions | None = None,
+             progress: bool = True) -> dict:
+    """Generate and score the missing trajectories of BENCH (this shard) into `output`, then
+    write the summary; return it. Options are assumed in range (the CLI checks them)."""
+    started = time.time()
+    if output == "-":
+        raise BadInput("-o -: eval appends to a file so that it can resume — name one, "
+                       "e.g. -o results.jsonl")
+    if mode not in MODES:
+        raise BadInput(f"--mode {mode!r}: choose agent or direct")
+    if fmt not in format_names():
+        raise unknown_name("--format", fmt, format_names())
+    proto = make_protocol(protocol)
+    if mode == "direct":
+        for opt, val in (("--text-search", text_search), ("--image-search", image_search)):
+            if val:
+                raise BadInput(f"{opt}: not used with --mode direct (no tools) — drop it, "
+                               "or use --mode agent")
+        if max_turns not in (None, 1):
+            raise BadInput(f"--max-turns {max_turns}: --mode direct answers in one turn")
+        max_turns = 1
+    max_turns = max_turns or 10
+    engine_opts = {k: v for k, v in (engine_opts or {}).items() if v is not None}
+    eng_kwargs, policy_name = _engine_args(engine, policy, engine_opts, device, batch_size)
+    base_prompt = read_system_prompt(system_prompt_file) or (DIRECT_PROMPT if mode == "direct"
+                                                             else None)
+    judge = make_judge(judge_spec, judge_opts)  # a bad spec fails before anything is read
+    try:
+        ctx = LoadContext(source=bench, cache_dir=image_cache(output),
+                          image_dir=Path(image_dir) if image_dir else None, benchmark=benchmark,
+                          keep=lambda pid: shard_of(pid, shard[1]) == shard[0])
+        loaded = load_benchmark(bench, fmt, ctx)
+        rows = [(line, p) for line, p in loaded.prompts if shard_of(p.id, shard[1]) == shard[0]]
+        if not rows and not loaded.rows:
+            raise BadInput(f"{bench}: no items")
+        _check_images(bench, loaded.unit, rows)
+        _report_loaded(loaded, len(rows), shard)
+        if samples > 1 and temperature == 0:
+            print(f"warning: --samples {samples} with --temperature 0: the samples of an item "
+                  "will be identical (greedy) — set a temperature to average real samples",
+                  file=sys.stderr)
+        from marscli.tools import build_tools
+
+        tools = build_tools(text_search=text_search, image_search=image_search) \
+            if mode == "agent" else []
+        run = _generate(rows, output, samples=samples, engine=engine, policy=policy,
+                        eng_kwargs=eng_kwargs, policy_name=policy_name, tools=tools,
+                        mode=mode, proto=proto, judge=judge, progress=progress,
+                        agent_cfg={"max_turns": max_turns,
+                                   "max_response_tokens": max_response_tokens,
+                                   "max_turn_tokens": max_turn_tokens,
+                                   "system_prompt": base_prompt, "batch_size": batch_size},
+                        sampling={"temperature": temperature, "top_p": top_p, "top_k": top_k,
+                                  "max_new_tokens": max_turn_tokens, "seed": seed})
+    finally:
+        judge.close()
+    speed = f" in {run['generate_s']:.1f} s" if run["new"] else ""
+    print(f"eval: {run['new']} new, {run['skipped']} already in {output}{speed}",
+          file=sys.stderr)
+    summary = summarize(output, max_unscored=max_unscored)
+    write_summary(summary, output)
+    print_summary(summary)
+    config = {"bench": bench, "format": loaded.fmt, "benchmark": loaded.benchmark, "mode": mode,
+              "protocol": protocol, "judge": judge.config(), "samples": samples,
+              "engine": engine, "policy": policy_name, "shard": f"{shard[0]}/{shard[1]}",
+              "temperature": temperature, "top_p": top_p, "top_k": top_k,
+              "max_turns": max_turns, "max_response_tokens": max_response_tokens,
+              "max_turn_tokens": max_turn_tokens, "batch_size": batch_size,
+              "text_search": text_search, "image_search": image_search,
+              "system_prompt": system_prompt_file, "device": device,
+              "max_unscored": max_unscored,
+              "engine_options": {k: v for k, v in engine_opts.items() if k in OPENAI_OPTIONS}}
+    stats = {"items_loaded": len(rows), "rows_read": loaded.rows, "skipped": loaded.skipped,
+             **run, "trajectories": summary["trajectories"], "unscored": summary["unscored"]}
+    inputs = [bench] if Path(bench).is_file() else []
+    write_sidecar(output, stage="eval", seed=seed, config=config,
+                  inputs=inputs + ([system_prompt_file] if system_prompt_file else []),
+                  stats=stats, started=started)
+    if run["new"] and run["new_engine_errors"] == run["new"]:
+        raise RuntimeFailure(f"every trajectory of this run failed at the engine (first: "
+                             f"{run['first_error']}) — they are recorded unscored; fix the "
+                             "engine, drop them (jq -c 'select(.stop != \"engine_error\")') "
+                             "and re-run")
+    _fail_if_unscored(summary, output)
+    return summary
+
+
+def _check_images(src: str, unit: str, rows: list[tuple[int, Prompt]]) -> None:
+    """Every image must exist and decode, before any generation (each file checked once)."""
+    checked: set[Path] = set()
+    for line, p in rows:
+        for path in p.image_paths():
+            if path in checked:
+                continue
+            try:
+                open_image(path, max_pixels=CHECK_PIXELS)
+            except BadInput as e:
+                where = f"{src}:{line}" if unit == "line" else f"{src}: {unit} {line}"
+                raise BadInput(f"{where}: image: {e}") from None
+            checked.add(path)
+
+
+def _report_loaded(loaded: Any, n: int, shard: tuple[int, int]) -> None:
+    part = f", {n} in shard {shard[0]}/{shard[1]}" if shard[1] > 1 else ""
+    skipped = "".join(f"; skipped {v} {k}" for k, v in loaded.skipped.items())
+    names = sorted({str(p.extra.get("benchmark")) for _, p in loaded.prompts}) or \
+        [loaded.benchmark]
+    print(f"eval: {', '.join(names)} ({loaded.fmt} format): {loaded.rows} rows{part}{skipped}",
+          file=sys.stderr)
+    for note in loaded.notes:
+        print(f"note: {note}", file=sys.stderr)
+
+
+def _generate(rows: list[tuple[int, Prompt]], output: str, *, samples: int, engine: str,
+              policy: str | None, eng_kwargs: dict, policy_name: str, tools: list, mode: str,
+              proto: Any, judge: Any, progress: bool, agent_cfg: dict,
+              sampling: dict) -> dict:
+    """Run the agent over the missing (item, sample) pairs; append each record, scored."""
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn, TimeRemainingColumn)
+
+    from marscli.agent import Agent, AgentConfig
+    from marscli.engines import SamplingParams, make_engine
+    from marscli.trace import stderr_console
+
+    jobs = [(p, k) for _, p in rows for k in range(samples)]
+    run = {"new": 0, "skipped": 0, "new_engine_errors": 0, "first_error": None,
+           "generated_tokens": 0}
+    t0 = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        # An existing output is opened first (cutting a torn tail), so a finished run re-run
+        # loads no model; a new one is created only once the engine has loaded.
+        out = stack.enter_context(AppendJsonl(output)) if Path(output).exists() else None
+        pending = [(p, k) for p, k in jobs if out is None or f"{p.id}#{k}" not in out.ids]
+        run["skipped"] = len(jobs) - len(pending)
+        eng = make_engine(engine, policy, **eng_kwargs) if pending else None
+        if out is None:
+            out = stack.enter_context(AppendJsonl(output))
+        if not pending:
+            run["generate_s"] = 0.0
+            return run
+        cfg = AgentConfig(**agent_cfg, sampling=SamplingParams(**sampling))
+        console = stderr_console()
+        bar = Progress(TextColumn(f"eval ({mode})"), BarColumn(), MofNCompleteColumn(),
+                       TimeElapsedColumn(), TimeRemainingColumn(), console=console,
+                       disable=not (progress and console.is_terminal))
+        task = bar.add_task("eval", total=len(pending))
+        agent = Agent(eng, tools, cfg, media_dir=media_dir(output), rel_to=Path(output).parent,
+                      policy_name=policy_name)
+        sctx = ScoreContext(judge=judge, base=Path(output).parent)
+        with bar:
+            for rec in agent.run(pending):
+                rec["mode"] = mode
+                rec["score"] = proto.score(rec, sctx)
+                out.write(rec)
+                bar.advance(task)
+                run["new"] += 1
+                run["generated_tokens"] += rec.get("generated_tokens", 0)
+                if rec["stop"] == "engine_error":
+                    run["new_engine_errors"] += 1
+                    run["first_error"] = run["first_error"] or rec.get("error")
+    run["generate_s"] = round(time.perf_counter() - t0, 3)
+    return run
+
+
+# ----------------------------------------------------------------------------- summary
+
+
+def _tool_use(trajs: list[dict], names: set[str]) -> dict:
+    """Per tool: how many trajectories called it 0, 1, 2... times, and the mean."""
+    out = {}
+    for name in sorted(names):
+        counts = [int((t.get("tool_calls") or {}).get(name, 0)) for t in trajs]
+        hist = Counter(counts)
+        out[name] = {"histogram": {str(k): hist[k] for k in sorted(hist)},
+                     "mean": round(sum(counts) / len(counts), 3) if counts else None}
+    return out
+
+
+def _group_stats(bench: str, proto: Any, items: list[dict], trajs: list[dict],
+                 tools: set[str]) -> dict:
+    agg = proto.aggregate(bench, items)
+    turns = [int(t.get("turns", 0)) for t in trajs]
+    return {
+        "accuracy": agg.pop("accuracy"), "metric": agg.pop("metric"),
+        "items": len(items), "scored_items": sum(it["accuracy"] is not None for it in items),
+        "trajectories": len(trajs),
+        "unscored": sum(t["score"].get("status") == "unscored" for t in trajs),
+        "mean_turns": round(sum(turns) / len(turns), 3) if turns else None,
+        "tool_use": _tool_use(trajs, tools), **agg}
+
+
+def summarize(results: str, max_unscored: float = 0.05) -> dict:
+    """The summary of a whole results file (any number of benchmarks, shards, resumes)."""
+    by_bench: dict[str, list[tuple[int, dict]]] = defaultdict(list)
+    seen: dict[tuple[str, str], int] = {}
+    for line, r in iter_rows(results):
+        score = r.get("score")
+        if not isinstance(score, dict):
+            raise BadInput(f"{results}:{line}: score: missing — not an eval results row (score "
+                           f"rollout output with: marscli eval --summarize {results} --rescore)")
+        rid = r.get("id")
+        if not isinstance(rid, str):
+            raise BadInput(f"{results}:{line}: id: missing required field")
+        bench = str(r.get("benchmark") or "unknown")
+        if (bench, rid) in seen:
+            raise BadInput(f"{results}:{line}: id: duplicate {rid!r} in {bench} (first on line "
+                           f"{seen[bench, rid]}) — the same shard merged twice?")
+        seen[bench, rid] = line
+        by_bench[bench].append((line, r))
+    benches, total, unscored = {}, 0, 0
+    for bench, rows in sorted(by_bench.items()):
+        benches[bench] = _bench_summary(results, bench, rows)
+        total += benches[bench]["trajectories"]
+        unscored += benches[bench]["unscored"]
+    return {"v": 1, "results": str(results), "trajectories": total, "unscored": unscored,
+            "max_unscored": max_unscored, "over_unscored": unscored > max_unscored * total,
+            "benchmarks": benches}
+
+
+def _bench_summary(results: str, bench: str, rows: list[tuple[int, dict]]) -> dict:
+    protocols = {str(r["score"].get("protocol", "mars")) for _, r in rows}
+    if len(protocols) > 1:
+        raise BadInput(f"{results}: {bench}: records scored under several protocols "
+                       f"({', '.join(sorted(protocols))}) — re-score them all with "
+                       f"marscli eval --summarize {results} --rescore --protocol NAME")
+    proto = make_protocol(protocols.pop())
+    modes = sorted({str(r.get("mode", "agent")) for _, r in rows})
+    trajs = [r for _, r in rows]
+    items: dict[str, dict] = {}
+    samples: dict[str, list[float]] = defaultdict(list)
+    for r in trajs:
+        pid = str(r.get("prompt_id") or r["id"].rsplit("#", 1)[0])
+        if pid not in items:
+            items[pid] = {"id": pid, "category": r.get("category") or "all",
+                          "cycle_category": r.get("cycle_category"),
+                          "data_split": r.get("data_split"), "n": 0}
+        items[pid]["n"] += 1
+        if "accuracy" in r["score"]:
+            samples[pid].append(float(r["score"]["accuracy"]))
+    for pid, it in items.items():
+        it["accuracy"] = sum(samples[pid]) / len(samples[pid]) if samples[pid] else None
+    tools = {k for t in trajs for k in (t.get("tool_calls") or {})}
+    if "agent" in modes:
+        tools |= set(TOOL_NAMES[:1])  # zoom-in is always offered to the agent
+    out = {"protocol": proto.name, "mode": "+".join(modes),
+           **_group_stats(bench, proto, list(items.values()), trajs, tools)}
+    ns = [it["n"] for it in items.values()]
+    out["samples_per_item"] = {"min": min(ns), "max": max(ns)}
+    out["stops"] = dict(sorted(Counter(str(t.get("stop")) for t in trajs).items()))
+    out["paper"] = reported(bench, modes[0] if len(modes) == 1 else "agent")
+    cats = sorted({it["category"] for it in items.values()})
+    out["categories"] = {}
+    for cat in cats:
+        cit = [it for it in items.values() if it["category"] == cat]
+        ctr = [t for t in trajs if (t.get("category") or "all") == cat]
+        out["categories"][cat] = _group_stats(bench, proto, cit, ctr, tools)
+    return out
+
+
+def write_summary(summary: dict, results: str) -> Path:
+    path = summary_path(results)
+    with AtomicFile(path) as fh:
+        fh.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
+    return path
+
+
+def _fmt(x: float | None, nd: int = 2) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
+
+
+def print_summary(summary: dict) -> None:
+    """The summary as a rich table on stderr."""
+    from rich.table import Table
+
+    from marscli.trace import stderr_console
+
+    setups = sorted({f"{b['protocol']} protocol, {b['mode']}"
+                     for b in summary["benchmarks"].values()})
+    t = Table(title=f"eval: {summary['results']} ({'; '.join(setups)})", title_justify="left")
+    for col, just in (("benchmark", "left"), ("category", "left"), ("items", "right"),
+                      ("accuracy", "right"), ("MARS-8B", "right"), ("MARS-32B", "right"),
+                      ("turns", "right"), ("tool calls", "right"), ("unscored", "right")):
+        t.add_column(col, justify=just)
+    for bench, b in summary["benchmarks"].items():
+        def calls(s: dict) -> str:
+            return _fmt(sum(v["mean"] or 0 for v in s["tool_use"].values()))
+
+        t.add_row(bench, "all", str(b["items"]),
+                  _fmt(b["accuracy"]), _fmt(b["paper"]["SenseNova-MARS-8B"]),
+                  _fmt(b["paper"]["SenseNova-MARS-32B"]), _fmt(b["mean_turns"]),
+                  calls(b), str(b["unscored"]), style="bold")
+        if len(b["categories"]) > 1:
+            for cat, c in b["categories"].items():
+                t.add_row("", cat, str(c["items"]), _fmt(c["accuracy"]), "", "",
+                          _fmt(c["mean_turns"]), calls(c), str(c["unscored"]))
+    console = stderr_console()
+    if not console.is_terminal:  # a log file: room for the whole table
+        console.width = 120
+    console.print(t)
+    if not summary["benchmarks"]:
+        print(f"eval: {summary['results']}: no results yet (an empty shard?)", file=sys.stderr)
+    for bench, b in summary["benchmarks"].items():
+        if b.get("note"):
+            print(f"note: {bench}: {b['note']}", file=sys.stderr)
+        if b["unscored"]:
+            print(f"warning: {bench}: {b['unscored']} of {b['trajectories']} trajectories "
+                  "unscored (judge or engine failures), excluded from the accuracy",
+                  file=sys.stderr)
+
+
+def _fail_if_unscored(summary: dict, results: str) -> None:
+    if summary["over_unscored"]:
+        raise RuntimeFailure(
+            f"{summary['unscored']} of {summary['trajectories']} trajectories unscored (over "
+            f"{summary['max_unscored']:.0%}) — {results} and its summary were written; fix the "
+            f"judge and re-score them: marscli eval --summarize {results} --rescore --judge "
+            "SPEC (cached verdicts are reused)")
+
+
+# ----------------------------------------------------------------------------- summarize only
+
+
+def run_summarize(results: str, *, rescore: bool = False, protocol: str | None = None,
+                  judge_spec: str = "exact", judge_opts: JudgeOptions | None = None,
+                  max_unscored: float = 0.05) -> dict:
+    """`marscli eval --summarize RESULTS.jsonl [--rescore]`: no generation."""
+    started = time.time()
+    if results == "-":
+        raise BadInput("--summarize -: name the results file (the summary goes beside it)")
+    if not Path(results).is_file():
+        raise BadInput(f"--summarize {results}: no such file")
+    if rescore:
+        _rescore(results, protocol, judge_spec, judge_opts)
+    elif protocol is not None:
+        raise BadInput("--protocol: with --summarize it needs --rescore (the records hold "
+                       "their scores; --rescore re-scores them under --protocol)")
+    summary = summarize(results, max_unscored=max_unscored)
+    write_summary(summary, results)
+    print_summary(summary)
+    if rescore:
+        write_sidecar(results, stage="eval --rescore", config={
+            "protocol": protocol, "judge": judge_spec, "max_unscored": max_unscored},
+            inputs=[results], stats={"trajectories": summary["trajectories"],
+                                     "unscored": summary["unscored"]}, started=started)
+    _fail_if_unscored(summary, results)
+    return summary
+
+
+def _rescore(results: str, protocol: str | None, judge_spec: str,
+             judge_opts: JudgeOptions | None) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    rows = [r for _, r in iter_rows(results)]
+    judge = make_judge(judge_spec, judge_opts)
+    try:
+        ctx = ScoreContext(judge=judge, base=Path(results).parent)
+
+        def one(r: dict) -> dict:
+            name = protocol or str((r.get("score") or {}).get("protocol") or "mars")
+            return make_protocol(name).score(r, ctx)
+
+        workers = judge_opts.concurrency if judge_opts else 8
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            scores = list(pool.map(one, rows))
+    finally:
+        judge.close()
+    with AtomicJsonl(results) as w:
+        for r, s in zip(rows, scores):
+            w.write({**r, "score": s})
+    print(f"eval: re-scored {len(rows)} records in {results}", file=sys.stderr)
+
+
+__all__ = ["DIRECT_PROMPT", "MODES", "format_names", "image_cache", "print_summary",
+           "run_eval", "run_summarize", "summarize", "summary_path", "write_summary"]

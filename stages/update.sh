@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+#SBATCH --job-name=marscli-update
+#SBATCH --cpus-per-task=1
+# One policy update (GSPO/GRPO loss) on advantage rows; writes a new HF checkpoint.
+# usage: stages/update.sh ADV POLICY OUT [marscli update options...]
+# NPROC=N runs N processes with torchrun (add --deepspeed recipes/ds_zero2.json); under
+# Slurm across nodes, launch with srun and torchrun's rendezvous options instead.
+source "$(dirname "${BASH_SOURCE[0]}")/_common.sh" 2>/dev/null || source stages/_common.sh
+adv=$1 policy=$2 out=$3; shift 3
+if [ "${NPROC:-1}" -gt 1 ]; then
+  PY=${PYTHON:-$(dirname "$(command -v "$MARSCLI")")/python}
+  exec "$PY" -m torch.distributed.run --nproc_per_node "$NPROC" --master_port "${MASTER_PORT:-29511}" \
+    -m marscli update "$adv" --policy "$policy" --out "$out" "$@"
+fi
+exec $MARSCLI update "$adv" --policy "$policy" --out "$out" "$@"
