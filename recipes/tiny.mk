@@ -17,8 +17,8 @@
 NAME ?= tiny
 RUN ?= runs/$(NAME)
 WORLD ?= $(RUN)/world
-WORLD_OPTS ?= --entities 12 --train 192 --test 48 --sft 120 --seed 0
-MODEL_OPTS ?= --size small --seed 0
+WORLD_OPTS ?= --entities 8 --grid 4 --kinds perception,knowledge --train 192 --test 48 --sft 120 --seed 0
+MODEL_OPTS ?= --size tiny --min-pixels 16384 --max-pixels 50176 --seed 0
 BASE ?= $(RUN)/base
 
 PROMPTS ?= $(WORLD)/train.jsonl
@@ -37,7 +37,7 @@ ADV_OPTS ?= --estimator $(ESTIMATOR)
 LOSS ?= gspo
 UPDATE_OPTS ?= --loss $(LOSS) --lr 1e-4 --clip-low 0.2 --clip-high 0.28 --grad-clip 1.0
 SFT_DATA ?= $(RUN)/sft/trajectories.jsonl
-SFT_OPTS ?= --epochs 3 --lr 1e-3 --batch-size 8 --schedule cosine
+SFT_OPTS ?= --epochs 8 --lr 2e-3 --batch-size 4 --schedule cosine
 EVAL_OPTS ?= --mode agent --temperature 0 --max-turns $(MAX_TURNS) \
   --max-turn-tokens $(MAX_TURN_TOKENS) $(SEARCH_OPTS)
 

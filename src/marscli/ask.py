@@ -10,6 +10,7 @@ from marscli.engines import SamplingParams, make_engine
 from marscli.images import open_image
 from marscli.protocol import read_system_prompt
 from marscli.records import Prompt
+from marscli.rollout import CHECK_PIXELS
 from marscli.tools import build_tools
 from marscli.trace import LiveTrace
 
@@ -21,7 +22,8 @@ def ask(image: str, question: str, *, policy: str, engine: str = "hf", device: s
         live: bool = True) -> dict:
     """Run the agent on one image and question; return the trajectory record."""
     img_path = Path(image).resolve()
-    open_image(img_path)  # fail fast on a bad image, before loading a model
+    # fail fast on a bad image, before loading a model; a draft decode, as rollout checks
+    open_image(img_path, max_pixels=CHECK_PIXELS)
     base_prompt = read_system_prompt(system_prompt_file)
     tools = build_tools(text_search=text_search, image_search=image_search)
     eng = make_engine(engine, policy, device=device)

@@ -282,12 +282,17 @@ def tiny_model(
                              "repeatable. Pass the task's corpus and prompts.")] = None,
     size: Annotated[str, typer.Option(help="tiny (about 1 M parameters) or small (demo).")] = "tiny",
     force: Annotated[bool, typer.Option("--force", help="Replace a non-empty OUT.")] = False,
+    min_pixels: Annotated[int, typer.Option(
+        help="Processor floor: images are upscaled to at least this many pixels.")] = 65_536,
+    max_pixels: Annotated[int, typer.Option(
+        help="Processor cap: 200,704 (448x448) gives at most 196 image tokens.")] = 200_704,
 ) -> None:
     """Build a random Qwen3-VL checkpoint (HF format, tokenizer, processor) for tests and demos."""
     with guard():
         from marscli.tiny import main as tiny_main
 
-        tiny_main(out, seed=seed, text_files=text or [], size=size, force=force)
+        tiny_main(out, seed=seed, text_files=text or [], size=size, force=force,
+                  min_pixels=min_pixels, max_pixels=max_pixels)
 
 
 @app.command()
@@ -379,6 +384,10 @@ def toy_world(
     test: Annotated[int, typer.Option(help="Prompt rows in test.jsonl (new scenes).")] = 60,
     sft: Annotated[int, typer.Option(help="Rows with scripted expert replies in sft.jsonl.")] = 120,
     size: Annotated[int, typer.Option(help="Scene side in pixels.")] = 1024,
+    grid: Annotated[int, typer.Option(
+        help="Logos sit in one cell of a GRID x GRID layout; the expert zooms on that cell.")] = 8,
+    kinds: Annotated[str, typer.Option(
+        help="Question kinds, comma-separated: perception, knowledge, both.")] = "perception,knowledge,both",
     force: Annotated[bool, typer.Option("--force", help="Replace a non-empty OUT.")] = False,
 ) -> None:
     """Write a synthetic MARS-like world (logos, scenes, corpus, prompts, expert replies)."""
@@ -391,7 +400,7 @@ def toy_world(
         from marscli.toy.world import main as toy_main
 
         toy_main(out, entities=entities, seed=seed, train=train, test=test, sft=sft, size=size,
-                 force=force)
+                 grid=grid, kinds=kinds, force=force)
 
 
 @app.command()
@@ -663,6 +672,74 @@ def merge(
         stats = run_merge(output, shards)
         print(f"merged {stats['records']:,} records from {len(shards)} shard(s) into {output}",
               file=sys.stderr)
+
+
+@app.command()
+def sft(
+    data: Annotated[str, typer.Argument(
+        metavar="DATA.jsonl", help="Trajectory rows (rollout's segments) or message rows "
+                                   "({messages, images}); - for stdin.")],
+    policy: Annotated[str, typer.Option(help="Input checkpoint (HF folder); left untouched.")],
+    out: Annotated[str, typer.Option(help="Output checkpoint folder (must not exist).")],
+    epochs: Annotated[int, typer.Option(help="Passes over the data.")] = 3,
+    lr: Annotated[float, typer.Option(help="AdamW peak learning rate.")] = 1e-5,
+    warmup_ratio: Annotated[float, typer.Option(
+        help="Linear warm-up over this fraction of the steps (rounded up).")] = 0.03,
+    schedule: Annotated[str, typer.Option(help="After warm-up: cosine, constant or linear.")] = "cosine",
+    min_lr_ratio: Annotated[float, typer.Option(help="cosine/linear floor, as a fraction of --lr.")] = 0.0,
+    batch_size: Annotated[int, typer.Option(help="Sequences per optimiser step.")] = 32,
+    max_tokens: Annotated[int, typer.Option(
+        help="Longest sequence allowed (a longer row is a bad row; never truncated).")] = 32768,
+    micro_batch_tokens: Annotated[int | None, typer.Option(
+        help="Token budget of a micro-batch (longest sequence x count; default --max-tokens).")] = None,
+    adam_beta1: Annotated[float, typer.Option()] = 0.9,
+    adam_beta2: Annotated[float, typer.Option()] = 0.999,
+    adam_eps: Annotated[float, typer.Option()] = 1e-8,
+    weight_decay: Annotated[float, typer.Option()] = 0.0,
+    grad_clip: Annotated[float, typer.Option(help="Clip the gradient norm (0: off).")] = 1.0,
+    freeze_vision: Annotated[bool, typer.Option(
+        "--freeze-vision", help="Do not train the vision tower and projector.")] = False,
+    gradient_checkpointing: Annotated[bool, typer.Option(
+        "--gradient-checkpointing", help="Recompute activations in backward.")] = False,
+    deepspeed: Annotated[str | None, typer.Option(
+        metavar="CONFIG", help="DeepSpeed JSON config (recipes/ds_zero2.json, ds_zero3.json).")] = None,
+    system_prompt: Annotated[str | None, typer.Option(
+        metavar="FILE", help="Base system prompt for message rows without a system turn "
+                             "(as rollout's --system-prompt).")] = None,
+    seed: Annotated[int, typer.Option(help="Shuffling and initialisation seed.")] = 0,
+    save_every_epoch: Annotated[bool, typer.Option(
+        "--save-every-epoch", help="Keep a resumable state in OUT.partial/ after each epoch; "
+                                   "re-running the command resumes from it.")] = False,
+    metrics: Annotated[str | None, typer.Option(
+        metavar="FILE", help="Metrics JSONL, one line per step (default: OUT/metrics.jsonl).")] = None,
+    skip_bad: Annotated[bool, typer.Option(
+        "--skip-bad", help="Skip (and count) bad rows instead of exiting 2.")] = False,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    save_dtype: Annotated[str, typer.Option(help="float32, bfloat16 or input.")] = "float32",
+    force: Annotated[bool, typer.Option(
+        "--force", help="Replace an existing OUT (and a stale OUT.partial).")] = False,
+) -> None:
+    """Supervised fine-tuning (cold start) on trajectories or conversations; loss on the
+    model's turns only. Data-parallel / ZeRO: launch as `update` (torchrun, deepspeed, srun)."""
+    with guard():
+        check_range("--lr", lr, 0)
+        check_range("--epochs", epochs, 1)
+        check_range("--batch-size", batch_size, 1)
+        check_range("--warmup-ratio", warmup_ratio, 0, 1)
+        check_range("--max-tokens", max_tokens, 2)
+        check_range("--micro-batch-tokens", micro_batch_tokens, 1)
+        from marscli.sft import SftConfig, run_sft
+
+        cfg = SftConfig(
+            epochs=epochs, lr=lr, warmup_ratio=warmup_ratio, schedule=schedule,
+            min_lr_ratio=min_lr_ratio, batch_size=batch_size, max_tokens=max_tokens,
+            micro_batch_tokens=micro_batch_tokens, adam_beta1=adam_beta1, adam_beta2=adam_beta2,
+            adam_eps=adam_eps, weight_decay=weight_decay, grad_clip=grad_clip,
+            freeze_vision=freeze_vision, gradient_checkpointing=gradient_checkpointing,
+            deepspeed=deepspeed, system_prompt=system_prompt, seed=seed,
+            save_every_epoch=save_every_epoch, metrics=metrics, skip_bad=skip_bad, device=device,
+            save_dtype=save_dtype, force=force)
+        run_sft(data, policy, out, cfg)
 
 
 if __name__ == "__main__":

@@ -81,7 +81,7 @@ def run_eval(bench: str, output: str, *, fmt: str = "auto", policy: str | None =
              device: str = "cpu", engine_opts: dict | None = None,
              benchmark: str | None = None, image_dir: str | None = None,
              max_unscored: float = 0.05, judge_opts: JudgeOptions | None = None,
-             progress: bool = True) -> dict:
+             progress: bool = True, search_opts: dict | None = None) -> dict:
     """Generate and score the missing trajectories of BENCH (this shard) into `output`, then
     write the summary; return it. Options are assumed in range (the CLI checks them)."""
     started = time.time()
@@ -123,8 +123,8 @@ def run_eval(bench: str, output: str, *, fmt: str = "auto", policy: str | None =
                   file=sys.stderr)
         from marscli.tools import build_tools
 
-        tools = build_tools(text_search=text_search, image_search=image_search) \
-            if mode == "agent" else []
+        tools = build_tools(text_search=text_search, image_search=image_search,
+                            **(search_opts or {})) if mode == "agent" else []
         run = _generate(rows, output, samples=samples, engine=engine, policy=policy,
                         eng_kwargs=eng_kwargs, policy_name=policy_name, tools=tools,
                         mode=mode, proto=proto, judge=judge, progress=progress,
@@ -149,6 +149,7 @@ def run_eval(bench: str, output: str, *, fmt: str = "auto", policy: str | None =
               "max_turns": max_turns, "max_response_tokens": max_response_tokens,
               "max_turn_tokens": max_turn_tokens, "batch_size": batch_size,
               "text_search": text_search, "image_search": image_search,
+              "search_options": search_opts or {},
               "system_prompt": system_prompt_file, "device": device,
               "max_unscored": max_unscored,
               "engine_options": {k: v for k, v in engine_opts.items() if k in OPENAI_OPTIONS}}

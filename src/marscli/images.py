@@ -40,8 +40,9 @@ def open_image(path: str | Path, *, max_pixels: int | None = None, what: str = "
         if max_pixels and w * h > max_pixels:
             scale = math.sqrt(max_pixels / (w * h))
             im.draft("RGB", (max(1, int(w * scale)), max(1, int(h * scale))))
-        im = im.convert("RGB")
-        im.load()
+        if im.mode != "RGB":
+            im = im.convert("RGB")
+        im.load()  # an RGB file decodes in place: no second full-size copy
     except BadInput:
         raise
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:

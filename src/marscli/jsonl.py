@@ -11,9 +11,11 @@
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -102,8 +104,39 @@ def _tname(types: type | tuple[type, ...]) -> str:
     return " or ".join(t.__name__ for t in ts)
 
 
+def check_writable(path: Path) -> None:
+    """An output path must not be a folder (a rename onto it, or an append, would fail late)."""
+    if path.is_dir():
+        raise BadInput(f"{path}: is a folder — name a file to write")
+
+
 def _tmp_name(path: Path) -> Path:
     return path.with_name(f"{path.name}.tmp-{os.getpid()}")
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return True
+
+
+def remove_stale_tmp(path: str | Path) -> None:
+    """Remove the `PATH.tmp-PID` files and folders of killed runs (kill -9 skips every cleanup):
+    those whose PID no longer runs on this machine. Called before writing PATH again, so a
+    re-run after a kill leaves no temporary behind."""
+    path = Path(path)
+    for p in path.parent.glob(f"{glob.escape(path.name)}.tmp-*"):
+        pid = p.name[len(path.name) + len(".tmp-"):]
+        if not pid.isdigit() or int(pid) == os.getpid() or _running(int(pid)):
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
 
 
 class AtomicFile:
@@ -115,8 +148,13 @@ class AtomicFile:
         self.mode = mode
 
     def __enter__(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.fh = self.tmp.open(self.mode)
+        check_writable(self.path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            remove_stale_tmp(self.path)
+            self.fh = self.tmp.open(self.mode)
+        except OSError as e:
+            raise BadInput(f"{self.path}: cannot write here ({e.strerror or e})") from None
         return self.fh
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -178,7 +216,11 @@ class AppendJsonl:
         self.count = 0
 
     def __enter__(self) -> "AppendJsonl":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        check_writable(self.path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise BadInput(f"{self.path}: cannot write here ({e.strerror or e})") from None
         if self.path.exists():
             self._repair_and_scan()
         self._fh = self.path.open("ab")

@@ -37,7 +37,14 @@ from typing import Any
 
 from marscli.errors import BadInput
 from marscli.protocol import system_prompt
-from marscli.tokens import IMAGE_MARK, encode_parts, prompt_parts, special_ids, split_images, tool_parts
+from marscli.tokens import (
+    IMAGE_MARK,
+    encode_parts,
+    prompt_parts,
+    special_ids,
+    split_images,
+    tool_parts,
+)
 
 TOOL_NAMES = ("image_zoom_in_tool", "text_search_tool", "image_search_tool")
 ROLES = ("system", "user", "assistant", "tool")

@@ -112,9 +112,11 @@ def run_rollout(prompts: str, output: str, *, policy: str | None = None, n: int 
                 batch_size: int = 32, seed: int = 0, text_search: str | None = None,
                 image_search: str | None = None, system_prompt_file: str | None = None,
                 device: str = "cpu", engine_opts: dict | None = None,
-                image_dir: str | None = None, progress: bool = True) -> dict:
+                image_dir: str | None = None, progress: bool = True,
+                search_opts: dict | None = None) -> dict:
     """Generate the missing trajectories of `prompts` (this shard) into `output`; return the
-    sidecar statistics. Options are assumed in range (the CLI checks them)."""
+    sidecar statistics. Options are assumed in range (the CLI checks them). `search_opts`:
+    `SearchOptions` fields for both search tools (timeout, attempts...)."""
     started = time.time()
     if output == "-":
         raise BadInput("-o -: rollout appends to a file so that it can resume — name one, "
@@ -125,7 +127,8 @@ def run_rollout(prompts: str, output: str, *, policy: str | None = None, n: int 
     rows = [(p.line, p) for p in load_prompts(prompts, image_dir)
             if shard_of(p.id, shard[1]) == shard[0]]
     check_images(prompts, rows)
-    tools = build_tools(text_search=text_search, image_search=image_search)
+    tools = build_tools(text_search=text_search, image_search=image_search,
+                        **(search_opts or {}))
     jobs = [(p, k) for _, p in rows for k in range(n)]
 
     with contextlib.ExitStack() as stack:
@@ -157,6 +160,7 @@ def run_rollout(prompts: str, output: str, *, policy: str | None = None, n: int 
               "max_turns": max_turns, "max_response_tokens": max_response_tokens,
               "max_turn_tokens": max_turn_tokens, "batch_size": batch_size,
               "text_search": text_search, "image_search": image_search,
+              "search_options": search_opts or {},
               "system_prompt": system_prompt_file, "device": device,
               "engine_options": eng.config() if hasattr(eng, "config") else
               {k: v for k, v in engine_opts.items() if k in OPENAI_OPTIONS}}

@@ -36,6 +36,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from marscli.errors import BadInput
+from marscli.jsonl import remove_stale_tmp
 
 # ids 0..6, in this order, special=True (skipped by decode(skip_special_tokens=True))
 SPECIAL_TOKENS: tuple[str, ...] = (
@@ -409,7 +410,8 @@ def make_tokenizer(texts: Iterable[str] = ()):
     )
 
 
-def make_processor(tokenizer):
+def make_processor(tokenizer, min_pixels: int = TINY_MIN_PIXELS,
+                   max_pixels: int = TINY_MAX_PIXELS):
     """`Qwen3VLProcessor` with Qwen3-VL's patching and the tiny pixel budget."""
     from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
 
@@ -417,9 +419,9 @@ def make_processor(tokenizer):
               "temporal_patch_size": TEMPORAL_PATCH_SIZE,
               "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
     image_processor = Qwen2VLImageProcessor(
-        size={"shortest_edge": TINY_MIN_PIXELS, "longest_edge": TINY_MAX_PIXELS}, **common)
+        size={"shortest_edge": min_pixels, "longest_edge": max_pixels}, **common)
     video_processor = Qwen3VLVideoProcessor(
-        size={"shortest_edge": TINY_MIN_PIXELS, "longest_edge": 4 * TINY_MAX_PIXELS}, **common)
+        size={"shortest_edge": min_pixels, "longest_edge": 4 * max_pixels}, **common)
     return Qwen3VLProcessor(image_processor=image_processor, tokenizer=tokenizer,
                             video_processor=video_processor, chat_template=CHAT_TEMPLATE)
 
@@ -464,7 +466,8 @@ def make_config(tokenizer, size: str = "tiny"):
 
 
 def build_tiny_model(out: str | Path, seed: int = 0, texts: Iterable[str] = (),
-                     size: str = "tiny", force: bool = False) -> Path:
+                     size: str = "tiny", force: bool = False, min_pixels: int = TINY_MIN_PIXELS,
+                     max_pixels: int = TINY_MAX_PIXELS) -> Path:
     """Write a random Qwen3-VL checkpoint (model, tokenizer, processor) to folder `out`.
 
     `texts` are training texts for the tokenizer (strings, not paths: see `read_texts`). The
@@ -485,7 +488,10 @@ def build_tiny_model(out: str | Path, seed: int = 0, texts: Iterable[str] = (),
     from transformers.utils import logging as hf_logging
 
     tokenizer = make_tokenizer(texts)
-    processor = make_processor(tokenizer)
+    if not 1024 <= min_pixels <= max_pixels:
+        raise BadInput(f"--min-pixels/--max-pixels: need 1024 <= min ({min_pixels}) <= max "
+                       f"({max_pixels})")
+    processor = make_processor(tokenizer, min_pixels, max_pixels)
     config = make_config(tokenizer, size)
     with torch.random.fork_rng(devices=[]):  # leave the caller's RNG state alone
         torch.manual_seed(seed)
@@ -497,6 +503,7 @@ def build_tiny_model(out: str | Path, seed: int = 0, texts: Iterable[str] = (),
 
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
+    remove_stale_tmp(out)  # what a killed run left
     try:
         tmp.mkdir(parents=True)
         was_on = hf_logging.is_progress_bar_enabled()
@@ -519,7 +526,8 @@ def build_tiny_model(out: str | Path, seed: int = 0, texts: Iterable[str] = (),
 
 
 def main(out: str, seed: int = 0, text_files: Iterable[str] = (), size: str = "tiny",
-         force: bool = False) -> Path:
+         force: bool = False, min_pixels: int = TINY_MIN_PIXELS,
+         max_pixels: int = TINY_MAX_PIXELS) -> Path:
     """`marscli tiny-model`: build, write `OUT.meta.json` beside the folder, report on stderr."""
     import sys
     import time
@@ -528,12 +536,14 @@ def main(out: str, seed: int = 0, text_files: Iterable[str] = (), size: str = "t
 
     started = time.time()
     text_files = list(text_files)
-    path = build_tiny_model(out, seed=seed, texts=read_texts(text_files), size=size, force=force)
+    path = build_tiny_model(out, seed=seed, texts=read_texts(text_files), size=size, force=force,
+                            min_pixels=min_pixels, max_pixels=max_pixels)
     n_params = count_parameters(path)
     with open(path / "config.json") as fh:
         vocab = json.load(fh)["text_config"]["vocab_size"]
     mb = sum(f.stat().st_size for f in path.iterdir()) / 1e6
-    write_sidecar(str(path), stage="tiny-model", seed=seed, config={"size": size, "text_files": text_files},
+    write_sidecar(str(path), stage="tiny-model", seed=seed, config={"size": size, "text_files": text_files,
+                                                                 "min_pixels": min_pixels, "max_pixels": max_pixels},
                   inputs=text_files, stats={"parameters": n_params, "vocab_size": vocab, "mb": mb},
                   started=started)
     print(f"{path}: {size} Qwen3-VL, {n_params:,} parameters, vocab {vocab}, {mb:.1f} MB, "

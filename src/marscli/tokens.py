@@ -121,8 +121,37 @@ class ImageFeatures:
     image: Any = None  # the PIL image itself (engines that run their own processor, e.g. vLLM)
 
 
+def _size(ip: Any, key: str) -> int | None:
+    size = getattr(ip, "size", None)
+    v = getattr(size, key, None) if size is not None and not isinstance(size, dict) else (
+        (size or {}).get(key))
+    return int(v) if v else None
+
+
+def model_image(processor: Any, image: Any) -> Any:
+    """The image as the processor will see it. A source over the processor's pixel budget
+    (`size.longest_edge`, Qwen's max_pixels) is downscaled here, once, with PIL, to exactly
+    the size the processor's own smart resize would pick (so the placeholder count is the
+    same); the processor then has nothing left to resize. Otherwise a 48 MP photo would go
+    through the processor's float pipeline at full size for every trajectory and every
+    training forward. Rollout, update and sft all get pixels through `image_features`, so
+    they see the same ones."""
+    from marscli.images import smart_resize
+
+    ip = processor.image_processor
+    max_px, min_px = _size(ip, "longest_edge"), _size(ip, "shortest_edge")
+    if not max_px or image.width * image.height <= max_px:
+        return image
+    factor = int(getattr(ip, "patch_size", 14)) * int(getattr(ip, "merge_size", 2))
+    h, w = smart_resize(image.height, image.width, factor, min_px or factor * factor, max_px)
+    from PIL import Image
+
+    return image.resize((w, h), Image.BICUBIC, reducing_gap=3.0)
+
+
 def image_features(processor: Any, image: Any) -> ImageFeatures:
-    """Run the policy's image processor on one PIL image."""
+    """Run the policy's image processor on one PIL image (through `model_image`)."""
+    image = model_image(processor, image)
     out = processor.image_processor(images=[image], return_tensors="pt")
     grid = out["image_grid_thw"][0]
     merge = getattr(processor.image_processor, "merge_size", 2)

@@ -38,7 +38,7 @@ from torch import nn
 
 from marscli.batch import Batch
 from marscli.errors import BadInput
-from marscli.jsonl import dumps
+from marscli.jsonl import dumps, remove_stale_tmp
 
 SCHEDULES = ("constant", "cosine", "linear")
 
@@ -560,6 +560,7 @@ class AtomicDir:
     def __enter__(self) -> Self:
         if self.active:
             self.out.parent.mkdir(parents=True, exist_ok=True)
+            remove_stale_tmp(self.out)  # what a killed run left
             self.tmp.mkdir()
         return self
 
@@ -640,6 +641,7 @@ class MetricsWriter:
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.tmp = self.path.with_name(f"{self.path.name}.tmp-{os.getpid()}") if atomic else self.path
+            remove_stale_tmp(self.path)
             self.fh = self.tmp.open("wb")
 
     def write(self, row: dict) -> None:

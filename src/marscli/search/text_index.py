@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 
 from marscli.errors import BadInput
-from marscli.jsonl import get_field, iter_rows
+from marscli.jsonl import get_field, iter_rows, remove_stale_tmp
 from marscli.search import TEXT_BACKENDS, Hit, SearchOptions, need_arg
 
 FORMAT = "marscli-text-index-1"
@@ -56,6 +56,7 @@ def build_text_index(corpus: str, out: str | Path, *, progress: bool = True) -> 
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp.unlink(missing_ok=True)
+    remove_stale_tmp(out)  # what a killed run left
     console = Console(stderr=True)
     n = 0
     db: sqlite3.Connection | None = None

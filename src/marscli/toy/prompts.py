@@ -45,7 +45,8 @@ def gold(entity: Entity, attr: str) -> str:
         or entity.attribute(attr)
 
 
-def plan(rng: random.Random, n: int, n_entities: int) -> list[tuple[str, str, int]]:
+def plan(rng: random.Random, n: int, n_entities: int,
+         kinds: tuple[str, ...] = KINDS) -> list[tuple[str, str, int]]:
     """(kind, attribute, entity index) for `n` rows: kinds and attributes in turn, entities in
     reshuffled passes so that every entity appears before any appears twice."""
     out, order = [], []
@@ -53,8 +54,8 @@ def plan(rng: random.Random, n: int, n_entities: int) -> list[tuple[str, str, in
         if not order:
             order = list(range(n_entities))
             rng.shuffle(order)
-        kind = KINDS[i % len(KINDS)]
-        attr = ATTRS[kind][(i // len(KINDS)) % len(ATTRS[kind])]
+        kind = kinds[i % len(kinds)]
+        attr = ATTRS[kind][(i // len(kinds)) % len(ATTRS[kind])]
         out.append((kind, attr, order.pop()))
     return out
 

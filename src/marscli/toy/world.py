@@ -17,11 +17,11 @@ from pathlib import Path
 import orjson
 
 from marscli.errors import BadInput
-from marscli.jsonl import dumps
+from marscli.jsonl import dumps, remove_stale_tmp
 from marscli.toy.corpus import make_corpus
 from marscli.toy.entities import MAX_ENTITIES, Entity, make_entities
 from marscli.toy.expert import expert_replies
-from marscli.toy.prompts import gold, plan, question, search_hits
+from marscli.toy.prompts import KINDS, gold, plan, question, search_hits
 from marscli.toy.render import LOGO_MAX, render_logo, render_scene
 
 SPLITS = ("train", "test", "sft")
@@ -64,6 +64,7 @@ def _prepare(out: Path, force: bool) -> Path:
         raise BadInput(f"{out}: folder exists and is not empty — pass --force to replace it")
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
+    remove_stale_tmp(out)  # what a killed run left
     (tmp / "logos").mkdir(parents=True)
     (tmp / "images").mkdir()
     return tmp
@@ -82,9 +83,9 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 
 
 def _split_rows(split: str, n: int, seed: int, ents: list[Entity], tmp: Path, size: int,
-                grid: int) -> list[dict]:
+                grid: int, kinds: tuple[str, ...] = KINDS) -> list[dict]:
     rows = []
-    for i, (kind, attr, k) in enumerate(plan(_rng(seed, "plan", split), n, len(ents))):
+    for i, (kind, attr, k) in enumerate(plan(_rng(seed, "plan", split), n, len(ents), kinds)):
         e = ents[k]
         rid = f"{split}-{i:04d}"
         im, logo_box, zoom_box = render_scene(_rng(seed, "scene", split, i), e.logo, size, grid)
@@ -134,7 +135,7 @@ def _vocab(corpus: list[dict], splits: dict[str, list[dict]], ents: list[Entity]
 
 def build_world(out: str | Path, entities: int = 24, seed: int = 0, train: int = 240,
                 test: int = 60, sft: int = 120, size: int = 1024, grid: int = 8,
-                force: bool = False) -> dict:
+                kinds: tuple[str, ...] = KINDS, force: bool = False) -> dict:
     """Write the toy world to folder `out` (see the README it writes); return statistics.
 
     Built in `OUT.tmp-PID` and renamed onto `out`; a non-empty `out` is refused unless `force`.
@@ -154,7 +155,8 @@ def build_world(out: str | Path, entities: int = 24, seed: int = 0, train: int =
         corpus = make_corpus(_rng(seed, "corpus"), ents, shops, cities)
         _write_jsonl(tmp / "corpus.jsonl", corpus)
         counts = {"train": train, "test": test, "sft": sft}
-        splits = {s: _split_rows(s, counts[s], seed, ents, tmp, size, grid) for s in SPLITS}
+        splits = {s: _split_rows(s, counts[s], seed, ents, tmp, size, grid, kinds)
+                  for s in SPLITS}
         for s, rows in splits.items():
             _write_jsonl(tmp / f"{s}.jsonl", rows)
         (tmp / "vocab.txt").write_text(_vocab(corpus, splits, ents), encoding="utf-8")
@@ -225,14 +227,20 @@ this small in a scene; use `data`.
 
 
 def main(out: str, entities: int = 24, seed: int = 0, train: int = 240, test: int = 60,
-         sft: int = 120, size: int = 1024, force: bool = False) -> dict:
+         sft: int = 120, size: int = 1024, grid: int = 8, kinds: str = ",".join(KINDS),
+         force: bool = False) -> dict:
     """`marscli toy-world`: build, write `OUT.meta.json` beside the folder, report on stderr."""
     import sys
 
     from marscli.jsonl import write_sidecar
 
     started = time.time()
-    config = {"entities": entities, "train": train, "test": test, "sft": sft, "size": size}
+    kind_list = tuple(k.strip() for k in kinds.split(",") if k.strip())
+    bad = [k for k in kind_list if k not in KINDS]
+    if bad or not kind_list:
+        raise BadInput(f"--kinds {kinds!r}: choose from {', '.join(KINDS)} (comma-separated)")
+    config = {"entities": entities, "train": train, "test": test, "sft": sft, "size": size,
+              "grid": grid, "kinds": kind_list}
     stats = build_world(out, force=force, seed=seed, **config)
     write_sidecar(str(Path(out)), stage="toy-world", seed=seed, config=config, stats=stats,
                   started=started)
