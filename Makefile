@@ -105,8 +105,9 @@ rl-eval: rl
 	$(PY) scripts/run_summary.py $(RUN) --iters $(ITERS)
 
 # The demo: toy world → tiny model → SFT → RL iterations → eval, in about 10 minutes on 2 cores.
+DEMO_ITERS ?= 2
 demo: setup
-	$(MAKE) --no-print-directory rl-eval RECIPE=recipes/tiny.mk NAME=demo
+	$(MAKE) --no-print-directory rl-eval RECIPE=recipes/tiny.mk NAME=demo ITERS=$(DEMO_ITERS)
 
 # grpo, gspo and bn-gspo from the same cold-start model under the same budget.
 ABLATIONS ?= grpo:grpo:grpo gspo:grpo:gspo bn-gspo:bn-gspo:gspo

@@ -171,6 +171,8 @@ CASES = [
     Case("rollout-shard-3/2", [*R("{d}/prompts.jsonl"), "--shard", "3/2"],
          ["--shard", "3/2", "out of range"]),
     Case("rollout-n-0", [*R("{d}/prompts.jsonl"), "-n", "0"], ["-n", "0", "out of range"]),
+    Case("rollout-negative-search-retries", [*R("{d}/prompts.jsonl"), "--search-retries", "-1"],
+         ["--search-retries", "-1", "out of range"]),
     Case("rollout-unknown-engine", ["rollout", "{d}/prompts.jsonl", "-o", "{o}", "--policy",
                                     "{m}", "--engine", "warp"],
          ["unknown engine 'warp'", "hf", "openai", "replay", "vllm"]),
@@ -250,7 +252,34 @@ CASES = [
          ["bomb.png", "decompression bomb"], out=""),
 ]
 
-SFT_CASES: list[Case] = []  # filled in below once `marscli sft` exists
+
+
+def S(data, *a, policy="{m}"):
+    return ["sft", f"{{d}}/{data}", "--policy", policy, "--out", "{o}", "--force", *a]
+
+
+SFT_CASES = [
+    Case("sft-negative-lr", S("adv.jsonl", "--lr", "-1"), ["--lr", "-1.0", "out of range"],
+         out="ckpt", out_dir=True),
+    Case("sft-zero-epochs", S("adv.jsonl", "--epochs", "0"), ["--epochs", "0"],
+         out="ckpt", out_dir=True),
+    Case("sft-unknown-schedule", S("adv.jsonl", "--schedule", "step"),
+         ["--schedule", "step", "cosine", "constant", "linear"], out="ckpt", out_dir=True),
+    Case("sft-empty-input", S("empty.jsonl"), ["empty.jsonl", "empty input"],
+         out="ckpt", out_dir=True),
+    Case("sft-truncated-last-line", S("s-trunc.jsonl"),
+         ["s-trunc.jsonl:4", "not valid JSON", "truncated last line"], out="ckpt", out_dir=True),
+    Case("sft-no-model-segment", S("a-nomodel.jsonl"), ["a-nomodel.jsonl:2"],
+         out="ckpt", out_dir=True),
+    Case("sft-tokens-beyond-vocabulary", S("a-vocab.jsonl"),
+         ["a-vocab.jsonl:2", "segments", "vocabulary"], out="ckpt", out_dir=True),
+    Case("sft-checkpoint-without-config", S("adv.jsonl", policy="{d}/ckpt-noconfig"),
+         ["--policy", "ckpt-noconfig", "config.json"], out="ckpt", out_dir=True),
+    Case("sft-truncated-safetensors", S("adv.jsonl", policy="{d}/ckpt-trunc"),
+         ["--policy", "model.safetensors", "truncated"], out="ckpt", out_dir=True),
+    Case("sft-invalid-deepspeed", S("adv.jsonl", "--deepspeed", "{d}/ds-optim.json"),
+         ["--deepspeed", "ds-optim.json", "optimizer"], out="ckpt", out_dir=True),
+]
 
 
 def _prepare(case: Case, d: Path, m: Path, root: Path) -> tuple[list[str], Path, dict]:
@@ -313,7 +342,7 @@ def check(case: Case, results: dict) -> None:
     assert after == before, f"{case.id}: the output folder changed: {sorted(after)}"
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize("case", CASES + SFT_CASES, ids=lambda c: c.id)
 def test_bad_input(case, results):
     check(case, results)
 
@@ -340,9 +369,9 @@ def test_a_real_process_gives_the_same_answers(data, tiny_model, tmp_path):
 
 
 def test_the_table_covers_every_stage():
-    stages = {c.args[0] for c in CASES}
-    assert {"rollout", "advantages", "reward", "eval", "update", "ask"} <= stages
-    assert len(CASES) >= 25
+    stages = {c.args[0] for c in CASES + SFT_CASES}
+    assert {"rollout", "advantages", "reward", "eval", "update", "sft", "ask"} <= stages
+    assert len(CASES + SFT_CASES) >= 25
 
 
 def test_bomb_is_refused_from_its_header(data):

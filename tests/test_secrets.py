@@ -41,7 +41,8 @@ def test_no_secret_in_any_file_or_log(tiny_model, tmp_path, monkeypatch):
             assert res.returncode == 0, res.stderr
 
         engine = ["--engine", "openai", "--base-url", f"{server.url}/v1", "--model", "chaos",
-                  "--timeout", "1", "--retries", "1", "--text-search", "serper"]
+                  "--timeout", "1", "--retries", "1", "--text-search", "serper",
+                  "--search-timeout", "1", "--search-retries", "1"]
         judge = ["--judge", f"openai:chaos@{server.url}/v1", "--judge-timeout", "1",
                  "--judge-retries", "1", "--max-unscored", "1"]
         marscli("rollout", str(prompts), "-o", str(it / "rollouts.jsonl"), "-n", "2",

@@ -345,9 +345,15 @@ def rollout(
     image_dir: Annotated[str | None, typer.Option(
         metavar="DIR", help="Folder the rows' image paths are relative to (default: the "
                             "prompts file's folder).")] = None,
+    search_timeout: Annotated[float, typer.Option(
+        help="Seconds per search request (text and image backends).")] = 30.0,
+    search_retries: Annotated[int, typer.Option(
+        help="Retries after a failed search request (0: one attempt).")] = 2,
 ) -> None:
     """Sample N trajectories per prompt with the agent; resumable, shardable."""
     with guard():
+        check_range("--search-timeout", search_timeout, 0, lo_open=True)
+        check_range("--search-retries", search_retries, 0)
         check_range("-n", n, 1)
         check_range("--temperature", temperature, 0)
         check_range("--top-p", top_p, 0, 1, lo_open=True)
@@ -372,7 +378,8 @@ def rollout(
                                  "timeout": timeout, "retries": retries,
                                  "concurrency": concurrency,
                                  "tensor_parallel": tensor_parallel},
-                    image_dir=image_dir)
+                    image_dir=image_dir,
+                    search_opts={"timeout": search_timeout, "attempts": search_retries + 1})
 
 
 @app.command("toy-world")
@@ -604,10 +611,16 @@ def eval_cmd(
         help="openai: requests in flight (default 8).")] = None,
     tensor_parallel: Annotated[int | None, typer.Option(
         help="vllm: GPUs per model (tensor parallelism).")] = None,
+    search_timeout: Annotated[float, typer.Option(
+        help="Seconds per search request (text and image backends).")] = 30.0,
+    search_retries: Annotated[int, typer.Option(
+        help="Retries after a failed search request (0: one attempt).")] = 2,
 ) -> None:
     """Evaluate a policy on a benchmark (agent or direct); resumable, shardable; summary
     beside the paper's numbers."""
     with guard():
+        check_range("--search-timeout", search_timeout, 0, lo_open=True)
+        check_range("--search-retries", search_retries, 0)
         check_range("--samples", samples, 1)
         check_range("--max-turns", max_turns, 1)
         check_range("--max-turn-tokens", max_turn_tokens, 1)
@@ -657,7 +670,8 @@ def eval_cmd(
                  engine_opts={"base_url": base_url, "model": model, "api_key_env": api_key_env,
                               "tokenize_with": tokenize_with, "timeout": timeout,
                               "retries": retries, "concurrency": concurrency,
-                              "tensor_parallel": tensor_parallel})
+                              "tensor_parallel": tensor_parallel},
+                 search_opts={"timeout": search_timeout, "attempts": search_retries + 1})
 
 
 @app.command()

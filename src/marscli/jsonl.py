@@ -7,6 +7,8 @@
 - `AppendJsonl(path)` is for resumable stages: one complete record per `write()`, a torn last
   line (from kill -9) is cut off on open, and `ids` lists what is already there.
 - `write_sidecar(path, ...)` writes `PATH.meta.json` last.
+- `remove_stale_tmp(path)` removes the `PATH.tmp-PID` of killed runs (kill -9 runs no cleanup);
+  `AtomicFile` calls it before writing, so a re-run after a kill leaves no temporary behind.
 """
 
 from __future__ import annotations

@@ -247,7 +247,8 @@ def _counts(images: _Images, src: str, line: int, base: Path, processor: Any) ->
                 from marscli.images import open_image
                 from marscli.tokens import image_features
 
-                n = image_features(processor, open_image(path, max_pixels=MAX_SOURCE_PIXELS)).n_tokens
+                im = open_image(path, max_pixels=MAX_SOURCE_PIXELS)
+                n = image_features(processor, im).n_tokens
         except BadInput as e:
             raise BadInput(f"{src}:{line}: {where}.path: {e}") from None
         out.append(n)

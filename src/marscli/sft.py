@@ -27,7 +27,7 @@
    does since 4.46 when it normalises by the items in the batch over gradient accumulation;
    older trainers averaged per micro-batch means.)
 5. Learning rate: linear warm-up over ceil(`--warmup-ratio` × total steps), then `--schedule`
-   (cosine towards `--min-lr-ratio` × lr, 0 by default, as LLaMA-Factory's cold start; constant
+   (cosine towards `--min-lr-ratio` × lr, 0 by default, LLaMA-Factory's usual choice; constant
    or linear) — train.lr_at, with the floor reached one step after the last (see `_lr`).
 6. Rank 0 writes OUT.tmp-PID (safetensors, config, the policy's processor and tokenizer files,
    metrics.jsonl, marscli.meta.json) and renames it onto OUT at the end.
@@ -37,17 +37,17 @@ Resume (`--save-every-epoch`): after each epoch but the last, the state is saved
 the weights (float32 in plain torch), `optimizer.pt` (AdamW state), `rng-RANK.pt` (Python,
 NumPy and torch RNG states), `metrics.jsonl` (the steps so far) and `state.json` (epochs done,
 steps done and a fingerprint of the data, the policy and the options that change the result).
-Re-running the same command (with or without `--save-every-epoch`) finds it and continues
-with the next epoch: the weights, the
-optimiser, the RNG and the step counter (so the LR schedule) are restored, and the epoch order
-depends only on the seed and the epoch, so no row is skipped or repeated and the final weights
-equal those of an uninterrupted run (bitwise on CPU, tested). A partial state of another run
-(different data, options or policy) is refused — delete it, or pass `--force` to start over.
-The partial folder is removed once OUT is written; on resume, the `OUT.tmp-PID` folders of
-killed runs (PIDs not running on this machine) are removed too. Under DeepSpeed the optimiser state is
-DeepSpeed's own checkpoint (`engine.save_checkpoint`/`load_checkpoint`, one file per rank, in
-`OUT.partial/deepspeed/`; the HF weights beside it are in `--save-dtype`, for evaluation only),
-so a resumed DeepSpeed run needs the same number of ranks and ZeRO stage.
+Re-running the same command (with or without `--save-every-epoch`) finds it and continues with
+the next epoch: the weights, the optimiser, the RNG and the step counter (so the LR schedule)
+are restored, and the epoch order depends only on the seed and the epoch, so no row is skipped
+or repeated and the final weights equal those of an uninterrupted run (bitwise on CPU, tested).
+A partial state of another run (different data, options or policy) is refused — delete it, or
+pass `--force` to start over. The partial folder is removed once OUT is written (the
+`OUT.tmp-PID` folder a killed run leaves is removed by AtomicDir on the next run).
+Under DeepSpeed the optimiser state is DeepSpeed's own checkpoint (`engine.save_checkpoint` /
+`load_checkpoint`, one file per rank, in `OUT.partial/deepspeed/`; the HF weights beside it are
+in `--save-dtype`, for evaluation only), so a resumed DeepSpeed run needs the same number of
+ranks and ZeRO stage (both are in the fingerprint).
 `MARSCLI_SFT_KILL_AFTER_EPOCH=K` (a test hook) SIGKILLs the process right after epoch K's
 partial state is saved.
 
@@ -305,8 +305,6 @@ def _train(data, policy, out, cfg, ds_cfg, processor, spec, examples, bad, fp, s
         history: list[dict] = []
         if state:
             history = _restore(model, part, state, d)
-            if d.main:
-                _remove_stale_tmp(Path(out))
             log(d, f"sft: resumed from {part} after epoch {done}/{cfg.epochs} "
                    f"(step {state['step']})")
         summary: dict[str, Any] = {}
@@ -335,7 +333,8 @@ def _train(data, policy, out, cfg, ds_cfg, processor, spec, examples, bad, fp, s
                     secs = time.perf_counter() - t0
                     ep = _epoch_summary(history, epoch + 1)
                     log(d, f"sft: epoch {epoch + 1}/{cfg.epochs}  loss {ep['loss']:.5f}  "
-                           f"{ep['steps']} steps in {secs:.1f} s ({ep['steps'] / secs:.2f} steps/s)")
+                           f"{ep['steps']} steps in {secs:.1f} s "
+                           f"({ep['steps'] / secs:.2f} steps/s)")
                     if cfg.save_every_epoch and epoch + 1 < cfg.epochs:
                         _save_partial(model, part, policy, processor, cfg, ds_cfg, fp,
                                       epoch + 1, step, history, d)
@@ -443,20 +442,6 @@ def _read_partial(part: Path, fp: dict, force: bool, d) -> dict | None:
                    f"there, {fp.get(diff)!r} here) — delete it to start over, or pass --force")
 
 
-def _remove_stale_tmp(out: Path) -> None:
-    """Remove the `OUT.tmp-PID` folders of killed runs (their PID no longer runs here)."""
-    for p in out.parent.glob(f"{out.name}.tmp-*"):
-        pid = p.name.rsplit("-", 1)[-1]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(p, ignore_errors=True)
-        except PermissionError:  # alive, someone else's
-            pass
-
-
 def _rng_state() -> dict:
     import numpy as np
     import torch
@@ -540,4 +525,6 @@ def _restore(model, part: Path, state: dict, d) -> list[dict]:
     if rng.is_file():
         _set_rng_state(torch.load(rng, weights_only=True))
     mf = part / "metrics.jsonl"
-    return [orjson.loads(x) for x in mf.read_bytes().splitlines() if x.strip()] if mf.is_file() else []
+    if not mf.is_file():
+        return []
+    return [orjson.loads(x) for x in mf.read_bytes().splitlines() if x.strip()]
