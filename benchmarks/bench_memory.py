@@ -22,8 +22,8 @@ import orjson
 
 LARGE, BASELINE = (8000, 6000), (640, 480)
 REPLIES = [
-    '<thinking>Closer.</thinking><tool_call>{"name": "image_zoom_in_tool", "arguments": '
-    '{"bbox_2d": [500, 500, 1000, 1000]}}</tool_call>',
+    ('<thinking>Closer.</thinking><tool_call>{"name": "image_zoom_in_tool", "arguments": '
+    '{"bbox_2d": [500, 500, 1000, 1000]}}</tool_call>'),
     "<thinking>Red.</thinking><answer>red</answer>",
 ]
 

@@ -30,6 +30,7 @@ import threading
 import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Self
 
 FAULTS = ("http500", "timeout", "malformed", "slow")
 
@@ -56,10 +57,10 @@ def chat_script(body: dict) -> dict:
         seed = body.get("seed", 0)
         turn = sum(m.get("role") == "assistant" for m in msgs)
         reply = [
-            '<thinking>Search.</thinking><tool_call>{"name": "text_search_tool", "arguments": '
-            f'{{"query": "chaos query {seed}"}}}}</tool_call>',
-            '<thinking>Zoom.</thinking><tool_call>{"name": "image_zoom_in_tool", "arguments": '
-            '{"bbox_2d": [0, 0, 500, 500]}}</tool_call>',
+            ('<thinking>Search.</thinking><tool_call>{"name": "text_search_tool", "arguments": '
+            f'{{"query": "chaos query {seed}"}}}}</tool_call>'),
+            ('<thinking>Zoom.</thinking><tool_call>{"name": "image_zoom_in_tool", "arguments": '
+            '{"bbox_2d": [0, 0, 500, 500]}}</tool_call>'),
             f"<thinking>Done.</thinking><answer>red {seed}</answer>",
         ][min(turn, 2)]
     return {"id": "chaos", "object": "chat.completion",
@@ -119,7 +120,7 @@ class ChaosServer:
                                         daemon=True)
         self._thread.start()
 
-    def __enter__(self) -> ChaosServer:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

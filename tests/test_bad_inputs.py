@@ -5,8 +5,10 @@ exactly one `error:` line on stderr naming the file and line and the field, or t
 prints nothing on stdout, and leaves its output folder as it found it (a pre-existing output
 file unchanged, no temporary or partial files). Other stderr lines (progress, logs) may exist.
 
-The commands run as real subprocesses (exit codes and streams as a user sees them), a few at a
-time, from one module fixture; each case is then one parametrised test that reads its result.
+The cases run in this process through typer's CLI runner (exit code, stdout and stderr as the
+user sees them, without a 5-second interpreter start-up per case once torch is imported), all
+from one module fixture; each case is one parametrised test reading its result. A handful run
+again as real `python -m marscli` subprocesses, to show the two agree.
 
 Model mistakes (bad JSON, an unknown tool, arguments of the wrong type, x1 > x2, an img_idx out
 of range, a reply that never closes its tags) become error observations, are counted in the
@@ -22,7 +24,7 @@ import subprocess
 import sys
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
@@ -137,8 +139,7 @@ class Case:
     must: list[str]  # substrings of the error line
     code: int = 2
     out: str = "out.jsonl"  # the output this case names (pre-created with known bytes)
-    out_dir: bool = False  # the output is a checkpoint folder (--out with --force)
-    extra: list[str] = field(default_factory=list)
+    out_dir: bool = False  # the output is a folder (a checkpoint: --out with --force)
 
 
 def R(*a):  # rollout through the replay engine (no model weights needed)
@@ -400,8 +401,8 @@ def call(name: str, args: str) -> str:
 
 
 MISTAKES = {  # prompt id -> (first reply, where it is counted)
-    "bad-json": ('<thinking>x</thinking><tool_call>{"name": "image_zoom_in_tool", '
-                 '"arguments": {"bbox_2d": [1, 2</tool_call>', "format"),
+    "bad-json": (('<thinking>x</thinking><tool_call>{"name": "image_zoom_in_tool", '
+                 '"arguments": {"bbox_2d": [1, 2</tool_call>'), "format"),
     "unknown-tool": (call("teleport_tool", "{}"), "teleport_tool"),
     "wrong-type": (call("image_zoom_in_tool", '{"bbox_2d": "everywhere"}'), "image_zoom_in_tool"),
     "wrong-type-idx": (call("image_zoom_in_tool", '{"bbox_2d": [0, 0, 10, 10], "img_idx": "0"}'),
@@ -410,8 +411,8 @@ MISTAKES = {  # prompt id -> (first reply, where it is counted)
                    "image_zoom_in_tool"),
     "img-idx-out-of-range": (call("image_zoom_in_tool", '{"bbox_2d": [0, 0, 10, 10], '
                                                         '"img_idx": 7}'), "image_zoom_in_tool"),
-    "unclosed-call": ('<thinking>x</thinking><tool_call>{"name": "image_zoom_in_tool", '
-                      '"arguments": {"bbox_2d": [0, 0, 10, 10]}}', "format"),
+    "unclosed-call": (('<thinking>x</thinking><tool_call>{"name": "image_zoom_in_tool", '
+                      '"arguments": {"bbox_2d": [0, 0, 10, 10]}}'), "format"),
     "unclosed-thinking": ("<thinking>I will look at the corner and then", "format"),
 }
 

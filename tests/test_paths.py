@@ -17,10 +17,10 @@ ESCAPE = f"marscli-escape-{uuid.uuid4().hex[:8]}"
 IDS = ["../../x", "a/b", "../" * 12 + f"tmp/{ESCAPE}", f"/tmp/{ESCAPE}-abs", "..", ".",
        "a\\..\\..\\b", "~/x", "ok"]
 REPLIES = [
-    '<thinking>Zoom.</thinking><tool_call>{"name": "image_zoom_in_tool", "arguments": '
-    '{"bbox_2d": [500, 500, 1000, 1000]}}</tool_call>',
-    '<thinking>Search.</thinking><tool_call>{"name": "image_search_tool", "arguments": {}}'
-    '</tool_call>',
+    ('<thinking>Zoom.</thinking><tool_call>{"name": "image_zoom_in_tool", "arguments": '
+    '{"bbox_2d": [500, 500, 1000, 1000]}}</tool_call>'),
+    ('<thinking>Search.</thinking><tool_call>{"name": "image_search_tool", "arguments": {}}'
+    '</tool_call>'),
     "<thinking>Red.</thinking><answer>red</answer>",
 ]
 PER_TRAJECTORY = 3  # one crop, two thumbnails
