@@ -39,7 +39,7 @@ ADV_OPTS ?= --estimator $(ESTIMATOR) --minibatches 4
 LOSS ?= gspo
 UPDATE_OPTS ?= --loss $(LOSS) --lr 3e-4 --clip-low 0.2 --clip-high 0.28 --grad-clip 1.0
 SFT_DATA ?= $(RUN)/sft/trajectories.jsonl
-SFT_OPTS ?= --epochs 4 --lr 2e-3 --batch-size 4 --schedule cosine
+SFT_OPTS ?= --epochs 12 --lr 2e-3 --batch-size 4 --schedule cosine
 EVAL_OPTS ?= --mode agent --temperature 0 --max-turns $(MAX_TURNS) \
   --max-turn-tokens $(MAX_TURN_TOKENS) $(SEARCH_OPTS)
 
