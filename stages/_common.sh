@@ -16,3 +16,13 @@ shard_args() {  # usage: shard_args OUT  → sets SHARD_OUT and SHARD_OPTS
     SHARD_OPTS=(--shard "$SLURM_ARRAY_TASK_ID/$n")
   fi
 }
+# Training stages: one process, or NPROC processes under torchrun (add --deepspeed CONFIG);
+# across nodes, launch with srun and torchrun's rendezvous options instead.
+run_trainer() {  # usage: run_trainer update|sft ARGS...
+  if [ "${NPROC:-1}" -gt 1 ]; then
+    local py=${PYTHON:-$(dirname "$(command -v "$MARSCLI")")/python}
+    exec "$py" -m torch.distributed.run --nproc_per_node "$NPROC" \
+      --master_port "${MASTER_PORT:-29511}" -m marscli "$@"
+  fi
+  exec $MARSCLI "$@"
+}

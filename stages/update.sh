@@ -7,9 +7,4 @@
 # Slurm across nodes, launch with srun and torchrun's rendezvous options instead.
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh" 2>/dev/null || source stages/_common.sh
 adv=$1 policy=$2 out=$3; shift 3
-if [ "${NPROC:-1}" -gt 1 ]; then
-  PY=${PYTHON:-$(dirname "$(command -v "$MARSCLI")")/python}
-  exec "$PY" -m torch.distributed.run --nproc_per_node "$NPROC" --master_port "${MASTER_PORT:-29511}" \
-    -m marscli update "$adv" --policy "$policy" --out "$out" "$@"
-fi
-exec $MARSCLI update "$adv" --policy "$policy" --out "$out" "$@"
+run_trainer update "$adv" --policy "$policy" --out "$out" "$@"
