@@ -4,11 +4,13 @@ and gradient accumulation over micro-batches equal to one big batch for both agg
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
 import orjson
 import pytest
+import torch
 from PIL import Image, ImageDraw
 
 from marscli.batch import Example, Spec, collate, load_example, micro_batches, plan, shard
@@ -338,3 +340,21 @@ def test_srun_environment_maps_to_torch_distributed():
                                "MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "29500"}
     assert slurm_env({**step, "RANK": "0"}) == {}  # srun torchrun ...: torchrun's own
     assert slurm_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "4"}) == {}  # the batch script
+
+
+def test_feature_cache_reuses_pixels_until_the_file_changes_and_stays_under_budget(tmp_path,
+                                                                                   proc):
+    from marscli.batch import FeatureCache
+
+    a, b = picture(tmp_path / "a.png", (64, 64), 1), picture(tmp_path / "b.png", (64, 64), 2)
+    cache = FeatureCache(max_bytes=1 << 30)
+    first = cache.get(proc, a)
+    assert cache.get(proc, a) is first and (cache.hits, cache.misses) == (1, 1)
+    picture(a, (64, 64), 3)  # rewritten: new pixels, new mtime
+    os.utime(a, ns=(1, 1))
+    again = cache.get(proc, a)
+    assert again is not first and not torch.equal(again.pixel_values, first.pixel_values)
+    one = again.pixel_values.numel() * again.pixel_values.element_size()
+    small = FeatureCache(max_bytes=one)  # room for one image: b evicts a
+    small.get(proc, a), small.get(proc, b), small.get(proc, a)
+    assert (small.hits, small.misses) == (0, 3) and small.bytes <= one

@@ -33,13 +33,15 @@ def zoom_turn(box: list[int]) -> str:
 
 
 def perception_answer(entity: Entity, attr: str) -> str:
+    """The answer turn after the zoom. Its thinking names what to read, not the answer: a
+    tiny model learns to copy a word from its own thinking into the answer far more slowly
+    than it learns to read the crop (measured: the copied answer's loss stayed 3x the read
+    word's after 720 SFT steps), so the answer is read from the image directly."""
     lg = entity.logo
-    thinking, answer = {
-        "colour": (f"The shape on the logo is {lg.colour}.", lg.colour),
-        "shape": (f"The logo shows a {lg.shape}.", lg.shape),
-        "letter": (f"The letter on the logo is {lg.letter}.", lg.letter),
-    }[attr]
-    return _turn(thinking, f"<answer>{answer}</answer>")
+    what, answer = {"colour": ("the colour of the shape", lg.colour),
+                    "shape": ("the shape", lg.shape),
+                    "letter": ("the letter", lg.letter)}[attr]
+    return _turn(f"The logo is clear now. I read {what} on it.", f"<answer>{answer}</answer>")
 
 
 def search_turns(entity: Entity, attr: str, rank: int) -> list[str]:
