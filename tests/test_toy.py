@@ -12,9 +12,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
 from PIL import Image
 
+from marscli.errors import BadInput
 from marscli.protocol import Answer, ToolCall, parse_turn
 from marscli.records import load_prompts
 from marscli.tools import ConvImage, ToolContext
@@ -355,3 +357,18 @@ def test_cli_creates_the_folder_and_refuses_an_existing_one(tmp_path):
     r = _cli("toy-world", str(tmp_path / "bad"), "--entities", "200")
     assert r.returncode == 2 and "--entities" in r.stderr
     assert not (tmp_path / "bad").exists()
+
+
+def test_zoom_cells_box_is_the_aligned_block_holding_the_logo(tmp_path):
+    build_world(tmp_path / "w", entities=5, train=12, test=0, sft=4, grid=4, zoom_cells=2,
+                kinds=("perception",))
+    rows = [orjson.loads(x) for x in (tmp_path / "w" / "train.jsonl").read_bytes().splitlines()]
+    quadrants = {(0, 0, 500, 500), (500, 0, 1000, 500), (0, 500, 500, 1000), (500, 500, 1000, 1000)}
+    for r in rows:
+        box, logo = r["toy"]["zoom_box"], r["toy"]["logo_box"]
+        assert tuple(box) in quadrants
+        # the logo (pixels of a 1024 scene) lies inside the block (0..1000 of the scene)
+        assert box[0] * 1.024 <= logo[0] and logo[2] <= box[2] * 1.024
+        assert box[1] * 1.024 <= logo[1] and logo[3] <= box[3] * 1.024
+    with pytest.raises(BadInput, match="zoom-cells"):
+        build_world(tmp_path / "bad", entities=5, train=1, test=0, sft=0, grid=4, zoom_cells=3)

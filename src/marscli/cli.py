@@ -393,6 +393,9 @@ def toy_world(
     size: Annotated[int, typer.Option(help="Scene side in pixels.")] = 1024,
     grid: Annotated[int, typer.Option(
         help="Logos sit in one cell of a GRID x GRID layout; the expert zooms on that cell.")] = 8,
+    zoom_cells: Annotated[int, typer.Option(
+        help="The expert's zoom box spans this many cells per side (a block aligned to "
+             "multiples of it, holding the logo's cell): 2 on a 4x4 grid zooms on a quadrant.")] = 1,
     kinds: Annotated[str, typer.Option(
         help="Question kinds, comma-separated: perception, knowledge, both.")] = "perception,knowledge,both",
     force: Annotated[bool, typer.Option("--force", help="Replace a non-empty OUT.")] = False,
@@ -407,7 +410,7 @@ def toy_world(
         from marscli.toy.world import main as toy_main
 
         toy_main(out, entities=entities, seed=seed, train=train, test=test, sft=sft, size=size,
-                 grid=grid, kinds=kinds, force=force)
+                 grid=grid, kinds=kinds, zoom_cells=zoom_cells, force=force)
 
 
 @app.command()

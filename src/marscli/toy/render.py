@@ -130,11 +130,12 @@ def _clutter(d: ImageDraw.ImageDraw, rng: random.Random, size: int) -> None:
 
 
 def render_scene(rng: random.Random, logo: Logo, size: int = 1024,
-                 grid: int = 8) -> tuple[Image.Image, list[int], list[int]]:
+                 grid: int = 8, zoom_cells: int = 1) -> tuple[Image.Image, list[int], list[int]]:
     """A `size` x `size` cluttered scene with `logo` drawn small in one grid cell.
 
     Returns (image, logo box in pixels [x1, y1, x2, y2) exclusive, zoom box in 0..1000
-    [x1, y1, x2, y2]: the cell holding the logo)."""
+    [x1, y1, x2, y2]: the block of `zoom_cells` x `zoom_cells` cells, aligned to multiples
+    of `zoom_cells`, that holds the logo's cell)."""
     im = _background(rng, size)
     d = ImageDraw.Draw(im)
     _clutter(d, rng, size)
@@ -148,5 +149,7 @@ def render_scene(rng: random.Random, logo: Logo, size: int = 1024,
     y = rng.randint(cy0 + m, cy1 - m - side)
     im.paste(render_logo(logo, side), (x, y))
     step = 1000 // grid if 1000 % grid == 0 else 1000 / grid
-    zoom = [round(gx * step), round(gy * step), round((gx + 1) * step), round((gy + 1) * step)]
+    bx, by = gx - gx % zoom_cells, gy - gy % zoom_cells
+    zoom = [round(bx * step), round(by * step), round((bx + zoom_cells) * step),
+            round((by + zoom_cells) * step)]
     return im, [x, y, x + side, y + side], zoom

@@ -35,7 +35,8 @@ def _rng(seed: int, *purpose: object) -> random.Random:
     return random.Random(":".join(map(str, (seed, *purpose))))
 
 
-def check_options(entities: int, train: int, test: int, sft: int, size: int, grid: int) -> None:
+def check_options(entities: int, train: int, test: int, sft: int, size: int, grid: int,
+                  zoom_cells: int = 1) -> None:
     if not MIN_ENTITIES <= entities <= MAX_ENTITIES:
         raise BadInput(f"--entities: {entities} is out of range — must be {MIN_ENTITIES}.."
                        f"{MAX_ENTITIES} (each logo is a distinct shape, colour and plate)")
@@ -47,6 +48,9 @@ def check_options(entities: int, train: int, test: int, sft: int, size: int, gri
     if not 3 <= grid <= 32:
         raise BadInput(f"grid: {grid} is out of range — must be 3..32 (the logo must stay "
                        "under 5% of the scene)")
+    if zoom_cells < 1 or grid % zoom_cells or zoom_cells == grid:
+        raise BadInput(f"--zoom-cells: {zoom_cells} must divide the grid ({grid}) and be "
+                       "smaller than it (the zoom box is a block of cells, not the scene)")
     if size // grid < MIN_CELL:
         raise BadInput(f"--size {size} with a {grid}x{grid} grid gives cells under "
                        f"{MIN_CELL} px — use --size >= {MIN_CELL * grid}")
@@ -83,12 +87,13 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 
 
 def _split_rows(split: str, n: int, seed: int, ents: list[Entity], tmp: Path, size: int,
-                grid: int, kinds: tuple[str, ...] = KINDS) -> list[dict]:
+                grid: int, kinds: tuple[str, ...] = KINDS, zoom_cells: int = 1) -> list[dict]:
     rows = []
     for i, (kind, attr, k) in enumerate(plan(_rng(seed, "plan", split), n, len(ents), kinds)):
         e = ents[k]
         rid = f"{split}-{i:04d}"
-        im, logo_box, zoom_box = render_scene(_rng(seed, "scene", split, i), e.logo, size, grid)
+        im, logo_box, zoom_box = render_scene(_rng(seed, "scene", split, i), e.logo, size, grid,
+                                               zoom_cells)
         rel = f"images/{rid}.png"
         im.save(tmp / rel, format="PNG", compress_level=PNG_LEVEL)
         hits = search_hits(_rng(seed, "hits", split, i), ents, k, lookalike=kind == "both")
@@ -135,12 +140,12 @@ def _vocab(corpus: list[dict], splits: dict[str, list[dict]], ents: list[Entity]
 
 def build_world(out: str | Path, entities: int = 24, seed: int = 0, train: int = 240,
                 test: int = 60, sft: int = 120, size: int = 1024, grid: int = 8,
-                kinds: tuple[str, ...] = KINDS, force: bool = False) -> dict:
+                kinds: tuple[str, ...] = KINDS, zoom_cells: int = 1, force: bool = False) -> dict:
     """Write the toy world to folder `out` (see the README it writes); return statistics.
 
     Built in `OUT.tmp-PID` and renamed onto `out`; a non-empty `out` is refused unless `force`.
     """
-    check_options(entities, train, test, sft, size, grid)
+    check_options(entities, train, test, sft, size, grid, zoom_cells)
     out = Path(out)
     t0 = time.perf_counter()
     tmp = _prepare(out, force)
@@ -155,7 +160,7 @@ def build_world(out: str | Path, entities: int = 24, seed: int = 0, train: int =
         corpus = make_corpus(_rng(seed, "corpus"), ents, shops, cities)
         _write_jsonl(tmp / "corpus.jsonl", corpus)
         counts = {"train": train, "test": test, "sft": sft}
-        splits = {s: _split_rows(s, counts[s], seed, ents, tmp, size, grid, kinds)
+        splits = {s: _split_rows(s, counts[s], seed, ents, tmp, size, grid, kinds, zoom_cells)
                   for s in SPLITS}
         for s, rows in splits.items():
             _write_jsonl(tmp / f"{s}.jsonl", rows)
@@ -207,7 +212,7 @@ founder or year of the logo's company: image search, text search, answer) or `bo
 image search, text search, answer; the image-search list holds look-alike logos, so the logo
 must be seen up close). `image_search` is the precomputed top-5 for `--image-search data` (the
 true logo at a seeded rank); `toy` holds the entity, the attribute, the logo's box in pixels,
-the expert's zoom box (0..1000, the logo's grid cell) and the true result's rank.
+the expert's zoom box (0..1000, the logo's grid cell or block of cells) and the true result's rank.
 
 All answers are single words of the corpus: a city, a surname, a year, a colour, a shape, a
 capital letter. The scene clutter is muted (saturation <= 0.35); logo colours are saturated.
@@ -228,7 +233,7 @@ this small in a scene; use `data`.
 
 def main(out: str, entities: int = 24, seed: int = 0, train: int = 240, test: int = 60,
          sft: int = 120, size: int = 1024, grid: int = 8, kinds: str = ",".join(KINDS),
-         force: bool = False) -> dict:
+         zoom_cells: int = 1, force: bool = False) -> dict:
     """`marscli toy-world`: build, write `OUT.meta.json` beside the folder, report on stderr."""
     import sys
 
@@ -240,7 +245,7 @@ def main(out: str, entities: int = 24, seed: int = 0, train: int = 240, test: in
     if bad or not kind_list:
         raise BadInput(f"--kinds {kinds!r}: choose from {', '.join(KINDS)} (comma-separated)")
     config = {"entities": entities, "train": train, "test": test, "sft": sft, "size": size,
-              "grid": grid, "kinds": kind_list}
+              "grid": grid, "kinds": kind_list, "zoom_cells": zoom_cells}
     stats = build_world(out, force=force, seed=seed, **config)
     write_sidecar(str(Path(out)), stage="toy-world", seed=seed, config=config, stats=stats,
                   started=started)
