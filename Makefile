@@ -105,7 +105,7 @@ rl-eval: rl
 	$(PY) scripts/run_summary.py $(RUN) --iters $(ITERS)
 
 # The demo: toy world → tiny model → SFT → RL iterations → eval, in about 10 minutes on 2 cores.
-DEMO_ITERS ?= 3
+DEMO_ITERS ?= 4
 demo: setup
 	$(MAKE) --no-print-directory rl-eval RECIPE=recipes/tiny.mk NAME=demo ITERS=$(DEMO_ITERS)
 	$(MARSCLI) ask $$(ls runs/demo/world/images/test-*.png | head -1) \

@@ -13,8 +13,8 @@
 #     was ~700 tokens, 460 of them system prompt, and the tiny model's attention at the answer
 #     stayed spread over all of them (it never learned to copy a word 4 tokens back).
 #  4. Cold start: scripted expert trajectories replayed through the real tools, not a teacher
-#     model; the expert zooms on the quadrant holding the logo (`--zoom-cells 2` on the 4x4
-#     grid: one of four boxes, which the tiny model can learn; one of sixteen cells it did not).
+#     model; the expert zooms on the logo's cell of the 4x4 grid. (With `--zoom-cells 2` it zooms
+#     on the quadrant: SFT reached 16.7% on the test split, and 5 RL iterations only 17.7%.)
 #  5. Scale: PROMPTS_PER_ITER prompts x N samples per iteration, short replies (MAX_TURN_TOKENS),
 #     at most MAX_TURNS turns, instead of 128 x 8 with 16k-token responses.
 #  6. Optimiser: a learning rate of 1e-4 instead of 1e-6 (a random small model needs far larger
@@ -29,7 +29,7 @@ NAME ?= tiny
 RUN ?= runs/$(NAME)
 WORLD ?= $(RUN)/world
 KINDS ?= perception
-WORLD_OPTS ?= --entities 8 --grid 4 --zoom-cells 2 --kinds $(KINDS) --train 192 --test 96 --sft 240 \
+WORLD_OPTS ?= --entities 8 --grid 4 --kinds $(KINDS) --train 192 --test 96 --sft 240 \
   --seed 0
 MODEL_OPTS ?= --size tiny --min-pixels 16384 --max-pixels 50176 --seed 0
 BASE ?= $(RUN)/base

@@ -1,5 +1,7 @@
 """Per-iteration test accuracy and tool use of one or more runs: a table on stderr and
-`RUN/summary.json` for each run (iteration 0 is the cold-start SFT model).
+`RUN/summary.json` for each run (iteration 0 is the cold-start SFT model). Beside the greedy
+test accuracy of checkpoint k stands the mean reward of the training rollouts sampled from
+it (`iter-k/scored.jsonl`), when they exist.
 
 usage: python scripts/run_summary.py RUN [RUN...] --iters N
 """
@@ -28,7 +30,16 @@ def iteration(run: Path, k: int) -> dict | None:
     return {"iter": k, "test_accuracy": bench["accuracy"], "items": bench["items"],
             "mean_turns": bench["mean_turns"],
             "tool_calls": {name: u["mean"] for name, u in bench["tool_use"].items()},
-            "categories": {c: v["accuracy"] for c, v in bench["categories"].items()}}
+            "categories": {c: v["accuracy"] for c, v in bench["categories"].items()},
+            "rollout_reward": rollout_reward(run, k)}
+
+
+def rollout_reward(run: Path, k: int) -> dict | None:
+    meta = run / f"iter-{k}" / "scored.jsonl.meta.json"
+    if not meta.is_file():
+        return None
+    st = orjson.loads(meta.read_bytes())["stats"]
+    return {"accuracy": st["accuracy_mean"], "format": st["format_mean"], "rows": st["rows"]}
 
 
 def main() -> int:
@@ -39,7 +50,8 @@ def main() -> int:
     console = Console(stderr=True)
     table = Table(title="test accuracy and tool calls per trajectory, by iteration "
                         "(iteration 0: the SFT model)", title_justify="left")
-    for col in ("run", "iter", "accuracy", "turns", "zoom", "image", "text", "by category"):
+    for col in ("run", "iter", "test acc %", "turns", "zoom", "image", "text", "by category",
+                "rollout acc %"):
         table.add_column(col, justify="left" if col in ("run", "by category") else "right")
     for run in args.runs:
         rows = [r for k in range(args.iters + 1) if (r := iteration(run, k))]
@@ -49,9 +61,10 @@ def main() -> int:
         for r in rows:
             tools = {SHORT.get(k, k): v for k, v in r["tool_calls"].items()}
             cats = " ".join(f"{c} {a:.2f}" for c, a in r["categories"].items() if a is not None)
-            table.add_row(run.name, str(r["iter"]), f"{r['test_accuracy']:.3f}",
+            table.add_row(run.name, str(r["iter"]), f"{r['test_accuracy']:.1f}",
                           f"{r['mean_turns']:.2f}", *(f"{tools.get(t, 0) or 0:.2f}"
-                                                       for t in ("zoom", "image", "text")), cats)
+                                                       for t in ("zoom", "image", "text")), cats,
+                          f"{100 * r['rollout_reward']['accuracy']:.1f}" if r["rollout_reward"] else "-")
         if rows:
             table.add_section()
     console.print(table)

@@ -225,6 +225,7 @@ def test_bad_rows_exit_2_without_output(tmp_path, tiny_model, pair):
     ({"agg": "sum"}, "--agg"),
     ({"lr_schedule": "step"}, "--lr-schedule"),
     ({"metrics": "OUT/m.jsonl"}, "--metrics: .* inside --out"),
+    ({"keep_optimizer": True, "deepspeed": "recipes/ds_zero2.json"}, "--keep-optimizer"),
 ])
 def test_bad_options_name_the_option(tmp_path, tiny_model, pair, opts, match):
     from marscli.update import run_update
@@ -234,6 +235,42 @@ def test_bad_options_name_the_option(tmp_path, tiny_model, pair, opts, match):
     with pytest.raises(BadInput, match=match):
         run_update(str(pair), str(tiny_model), str(tmp_path / "o"), **opts)
     assert not (tmp_path / "o").exists()
+
+
+def test_keep_optimizer_carries_adam_moments_into_the_next_update(tmp_path, tiny_model, pair):
+    """With the advantages flipped, a fresh AdamW's first step is sign descent (every moved
+    weight moves by about lr); the carried moments nearly cancel it (first moment
+    (0.09 g - 0.1 g) / 0.19, second ~g²: a twentieth of lr)."""
+    import torch
+
+    from marscli.update import run_update
+
+    lr = 1e-5  # small: the flipped gradient at the moved weights stays close to -g
+    rows = [orjson.loads(x) for x in pair.read_bytes().splitlines()]
+    flipped = write_rows(pair.with_name("adv-flipped.jsonl"),  # beside its images
+                         [{**r, "advantage": -r["advantage"]} for r in rows])
+    a = tmp_path / "a"
+    assert run_update(str(pair), str(tiny_model), str(a), lr=lr, keep_optimizer=True,
+                      seed=0)["optimizer"] == "fresh"
+    assert {int(s["step"]) for s in torch.load(a / "optimizer.pt")["state"].values()} == {1}
+    fresh, kept = tmp_path / "fresh", tmp_path / "kept"
+    run_update(str(flipped), str(a), str(fresh), lr=lr, seed=0)
+    assert not (fresh / "optimizer.pt").exists()  # not asked for: not written, not copied
+    assert run_update(str(flipped), str(a), str(kept), lr=lr, keep_optimizer=True,
+                      seed=0)["optimizer"] == "carried"
+    assert {int(s["step"]) for s in torch.load(kept / "optimizer.pt")["state"].values()} == {2}
+
+    def median_step(out: Path) -> float:
+        wa, wo = weights(a), weights(out)
+        d = torch.cat([(wo[k].float() - wa[k].float()).abs().flatten() for k in wa])
+        return d[d > 0].median().item() / lr
+
+    assert median_step(fresh) > 0.8
+    assert median_step(kept) < 0.2
+    (kept / "optimizer.pt").write_bytes(b"not a state")  # a broken state names the file
+    with pytest.raises(BadInput, match="optimizer.pt"):
+        run_update(str(pair), str(kept), str(tmp_path / "c"), lr=lr, keep_optimizer=True)
+    assert not (tmp_path / "c").exists()
 
 
 def test_bad_deepspeed_config_and_existing_out(tmp_path, tiny_model, pair, updated):

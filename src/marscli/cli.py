@@ -449,6 +449,9 @@ def update(
         metavar="FILE", help="Metrics JSONL, one line per step (default: OUT/metrics.jsonl).")] = None,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     save_dtype: Annotated[str, typer.Option(help="float32, bfloat16 or input.")] = "float32",
+    keep_optimizer: Annotated[bool, typer.Option(
+        "--keep-optimizer", help="Carry AdamW's state across iterations: load POLICY/optimizer.pt "
+        "when present, write OUT/optimizer.pt (plain torch; not with --deepspeed).")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing OUT.")] = False,
 ) -> None:
     """Policy-gradient update (BN-GSPO / GRPO) of a checkpoint. Data-parallel / ZeRO: launch
@@ -464,7 +467,7 @@ def update(
             grad_clip=grad_clip, warmup_steps=warmup_steps, lr_schedule=lr_schedule,
             deepspeed=deepspeed, gradient_checkpointing=gradient_checkpointing,
             freeze_vision=freeze_vision, seed=seed, metrics=metrics, device=device,
-            save_dtype=save_dtype, force=force)
+            save_dtype=save_dtype, keep_optimizer=keep_optimizer, force=force)
         run_update(adv, policy, out, cfg)
 
 

@@ -592,7 +592,7 @@ def check_out(out: str, force: bool, *inputs: str) -> None:
 
 
 _WEIGHTS = (".safetensors", ".safetensors.index.json", ".bin", ".bin.index.json", ".pt", ".pth")
-_NOT_COPIED = {"config.json", "metrics.jsonl", "marscli.meta.json"}
+_NOT_COPIED = {"config.json", "metrics.jsonl", "marscli.meta.json", "optimizer.pt"}
 
 
 def save_checkpoint(model: TrainModel, state_dict: dict | None, folder: Path, policy: str,

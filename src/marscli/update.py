@@ -19,9 +19,13 @@
    metrics.jsonl, marscli.meta.json) and renames it onto OUT at the end.
 
 Where marscli departs from the paper or the released code (verl), and why:
-1. Each `update` starts a fresh AdamW (the optimiser state is not carried between iterations):
-   every stage's output is a plain HF checkpoint that vLLM and transformers load as it is.
-   With Adam's normalisation, the first steps of each iteration move each weight by about lr.
+1. By default each `update` starts a fresh AdamW: every stage's output is a plain HF
+   checkpoint that vLLM and transformers load as it is. With Adam's normalisation the first
+   steps of a fresh optimiser move every weight with a gradient by about lr, noise included
+   (the tiny model's sequences all lost likelihood within one iteration at lr 3e-4).
+   `--keep-optimizer` carries the state as verl's trainer does: it loads POLICY/optimizer.pt
+   when present and writes OUT/optimizer.pt (two float32 copies of the weights; plain torch
+   only, DeepSpeed shards its optimiser state).
 2. The checkpoint is saved in float32 by default (`--save-dtype`), so updates of 1e-6 are not
    rounded away by bf16 between iterations (verl keeps fp32 master weights across steps).
 3. Old log-probs come from a forward of the input policy, as verl recomputes them, never from
@@ -41,6 +45,7 @@ from marscli.errors import BadInput
 from marscli.jsonl import get_field, read_rows
 
 DEFAULT_AGG = {"gspo": "seq-mean-token-mean", "grpo": "token-mean"}
+OPTIMIZER_FILE = "optimizer.pt"  # AdamW state beside the weights, with --keep-optimizer
 PER_SEQ_RATIO = {"gspo"}  # losses whose ratio metrics are per sequence (else per token)
 
 
@@ -69,6 +74,7 @@ class UpdateConfig:
     metrics: str | None = None  # None: OUT/metrics.jsonl
     device: str = "auto"
     save_dtype: str = "float32"  # float32 | bfloat16 | input
+    keep_optimizer: bool = False  # load POLICY/optimizer.pt if present, write OUT/optimizer.pt
     force: bool = False
 
     def optim(self):
@@ -95,6 +101,9 @@ def check_config(cfg: UpdateConfig) -> None:
         raise BadInput("--kl: a KL penalty needs the reference policy — add --ref CKPT0")
     if cfg.ref and cfg.kl == 0:
         raise BadInput("--ref: given without --kl — set --kl > 0 or drop --ref")
+    if cfg.keep_optimizer and cfg.deepspeed:
+        raise BadInput("--keep-optimizer: not supported with --deepspeed (DeepSpeed shards the "
+                       "optimiser state) — drop one of them")
 
 
 def load_rows(path: str, spec: Spec, max_tokens: int) -> list[Example]:
@@ -156,6 +165,8 @@ def run_update(adv: str, policy: str, out: str, cfg: UpdateConfig | None = None,
 
 def _train(adv, policy, ref, out, cfg, agg, loss_fn, ds_cfg, processor, spec, examples,
            started) -> dict:
+    import torch
+
     from marscli.jsonl import write_sidecar
     from marscli.train import (
         AtomicDir,
@@ -185,9 +196,10 @@ def _train(adv, policy, ref, out, cfg, agg, loss_fn, ds_cfg, processor, spec, ex
         model = build_model(policy, d, optim=cfg.optim(), ds_config=ds_cfg,
                             gradient_checkpointing=cfg.gradient_checkpointing,
                             freeze_vision=cfg.freeze_vision)
+        carried = cfg.keep_optimizer and load_optimizer(model, policy, cfg)
         log(d, f"update: {len(examples)} trajectories in {len(plans)} minibatch(es), "
                f"{d.world} rank(s), {f'ZeRO-{model.zero_stage}' if ds_cfg else 'torch'} "
-               f"on {d.device}")
+               f"on {d.device}, {'carried' if carried else 'fresh'} optimiser")
         _score_into(model, plans, spec, d, "old_logp")
         if cfg.kl > 0:
             ref_model = build_model(ref, d, ds_config=ds_cfg)
@@ -215,7 +227,10 @@ def _train(adv, policy, ref, out, cfg, agg, loss_fn, ds_cfg, processor, spec, ex
                 sd = model.full_state_dict()  # collective under ZeRO-3
                 if d.main:
                     save_checkpoint(model, sd, od.tmp, policy, cfg.save_dtype, processor)
+                    if cfg.keep_optimizer:  # plain torch: every rank holds the whole state
+                        torch.save(model.optimizer.state_dict(), od.tmp / OPTIMIZER_FILE)
                 stats = {"steps": step, "trajectories": len(examples),
+                         "optimizer": "carried" if carried else "fresh",
                          "minibatches": len(plans), "ranks": d.world,
                          "model_tokens": sum(e.n_model_tokens for e in examples),
                          "logprob_mismatch": _mismatch(examples), "last": summary}
@@ -233,6 +248,29 @@ def _train(adv, policy, ref, out, cfg, agg, loss_fn, ds_cfg, processor, spec, ex
         return stats
     finally:
         close_distributed(d)
+
+
+def load_optimizer(model, policy: str, cfg: UpdateConfig) -> bool:
+    """Load POLICY/optimizer.pt into the model's AdamW; False when there is none (the first
+    update after SFT). The options of this run (betas, eps, weight decay) replace the saved
+    ones; moments and step counts are kept."""
+    path = Path(policy) / OPTIMIZER_FILE
+    if not path.is_file():
+        return False
+    import pickle
+
+    import torch
+
+    opt = model.optimizer
+    try:
+        opt.load_state_dict(torch.load(path, map_location=model.dist.device, weights_only=True))
+    except (ValueError, KeyError, RuntimeError, EOFError, pickle.UnpicklingError) as e:
+        raise BadInput(f"{path}: does not fit the policy's trainable parameters ({e}) — "
+                       "delete it to start a fresh optimiser") from None
+    for g in opt.param_groups:
+        g.update(betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
+                 weight_decay=cfg.weight_decay)
+    return True
 
 
 def _score_into(model, plans, spec, d, attr: str) -> None:
