@@ -110,7 +110,8 @@ demo: setup
 	$(MAKE) --no-print-directory rl-eval RECIPE=recipes/tiny.mk NAME=demo ITERS=$(DEMO_ITERS)
 	$(MARSCLI) ask $$(ls runs/demo/world/images/test-*.png | head -1) \
 	  "What colour is the shape on the logo in this image?" --policy runs/demo/ckpt-$(DEMO_ITERS) \
-	  --max-turns 3 --max-new-tokens 64 --crops-dir runs/demo/ask-crops
+	  --system-prompt recipes/toy-system.txt --max-turns 3 --max-new-tokens 64 \
+	  --crops-dir runs/demo/ask-crops
 
 # grpo, gspo and bn-gspo from the same cold-start model under the same budget.
 ABLATIONS ?= grpo:grpo:grpo gspo:grpo:gspo bn-gspo:bn-gspo:gspo

@@ -7,7 +7,8 @@
 #  1. The judge and search endpoints are variables (JUDGE, TEXT_SEARCH, IMAGE_SEARCH): the paper
 #     used GPT-4o / Serper with an LLM summariser at eval and a local Wikipedia retriever in training.
 #  2. Every update starts a fresh AdamW (each `update` is its own process); the paper's trainer
-#     keeps optimiser state across steps. Use --epochs / --minibatches for more steps per iteration.
+#     keeps optimiser state across steps. `update --keep-optimizer` carries it, but only without
+#     DeepSpeed (ZeRO shards the state), and ZeRO-3 is what fits an 8B model here.
 #  3. Checkpoints are saved in float32 between iterations so that 1e-6 steps are not rounded away.
 # You provide: BASE (Qwen3-VL-8B-Instruct folder or hub id), SFT_DATA (cold-start trajectories,
 # e.g. from `rollout --engine openai --tokenize-with BASE` + `reward` + a jq filter), PROMPTS, TEST.
