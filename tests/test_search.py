@@ -79,7 +79,7 @@ def test_ranking_survives_a_large_corpus(tmp_path):
     be = make_text_backend(f"local:{out}")
     t0 = time.time()
     hits = be.search("the quokka of zanzibar eats marmalade", 5)
-    assert time.time() - t0 < 1.0 and build_s < 60
+    assert time.time() - t0 < 5.0 and build_s < 120  # FTS5, not a scan: generous bounds
     assert [h.text.count("quokka") for h in hits[:2]] == [1, 1]
     assert "zanzibar" in hits[0].text and "zanzibar" not in hits[1].text
 
