@@ -48,22 +48,27 @@ def main() -> int:
     ap.add_argument("--iters", type=int, required=True)
     args = ap.parse_args()
     console = Console(stderr=True)
+    summaries = {run: [r for k in range(args.iters + 1) if (r := iteration(run, k))]
+                 for run in args.runs}
+    # A per-category column only where some run has more than one category (a perception-only
+    # toy world has one, equal to the overall accuracy).
+    by_cat = any(len(r["categories"]) > 1 for rows in summaries.values() for r in rows)
     table = Table(title="test accuracy and tool calls per trajectory, by iteration "
                         "(iteration 0: the SFT model)", title_justify="left")
-    for col in ("run", "iter", "test acc %", "turns", "zoom", "image", "text", "by category",
-                "rollout acc %"):
+    for col in ("run", "iter", "test acc %", "turns", "zoom", "image", "text",
+                *(("by category",) if by_cat else ()), "rollout acc %"):
         table.add_column(col, justify="left" if col in ("run", "by category") else "right")
-    for run in args.runs:
-        rows = [r for k in range(args.iters + 1) if (r := iteration(run, k))]
+    for run, rows in summaries.items():
         with AtomicFile(run / "summary.json") as fh:
             fh.write(orjson.dumps({"v": 1, "run": str(run), "iterations": rows},
                                   option=orjson.OPT_INDENT_2))
         for r in rows:
             tools = {SHORT.get(k, k): v for k, v in r["tool_calls"].items()}
-            cats = " ".join(f"{c} {a:.2f}" for c, a in r["categories"].items() if a is not None)
+            cats = " ".join(f"{c} {a:.1f}" for c, a in r["categories"].items() if a is not None)
             table.add_row(run.name, str(r["iter"]), f"{r['test_accuracy']:.1f}",
                           f"{r['mean_turns']:.2f}", *(f"{tools.get(t, 0) or 0:.2f}"
-                                                       for t in ("zoom", "image", "text")), cats,
+                                                       for t in ("zoom", "image", "text")),
+                          *((cats,) if by_cat else ()),
                           f"{100 * r['rollout_reward']['accuracy']:.1f}" if r["rollout_reward"] else "-")
         if rows:
             table.add_section()
