@@ -48,6 +48,10 @@ RECIPE ?= recipes/tiny.mk
 include $(RECIPE)
 ITER ?= 0
 ITERS ?= 3
+# SEED shifts every RL stage's seed (rollout sampling, minibatch order): iteration k of seed s
+# runs with seed 1000 s + k, so SEED=0 is the committed demo and other seeds measure variance.
+SEED ?= 0
+RL_SEED := $(shell echo $$(( $(SEED) * 1000 + $(ITER) )))
 SLURM ?= 0
 SHARDS ?= 2
 IT := $(RUN)/iter-$(ITER)
@@ -78,16 +82,16 @@ $(IT)/prompts.jsonl: $(PROMPTS) $(RECIPE_INPUTS)
 	  awk -v a=$$a -v p=$(PROMPTS_PER_ITER) -v t=$$n 'NF && ((NR - 1 - a + t) % t) < p' $(PROMPTS) > $@.tmp && mv $@.tmp $@
 
 $(IT)/rollouts.jsonl.meta.json: $(IT)/prompts.jsonl $(RUN)/ckpt-$(ITER)/config.json
-	$(call sharded,stages/rollout.sh,$(IT)/rollouts.jsonl,$(IT)/prompts.jsonl $(RUN)/ckpt-$(ITER) $(IT)/rollouts.jsonl $(ROLLOUT_OPTS) --seed $(ITER) --image-dir $(dir $(PROMPTS)))
+	$(call sharded,stages/rollout.sh,$(IT)/rollouts.jsonl,$(IT)/prompts.jsonl $(RUN)/ckpt-$(ITER) $(IT)/rollouts.jsonl $(ROLLOUT_OPTS) --seed $(RL_SEED) --image-dir $(dir $(PROMPTS)))
 
 $(IT)/scored.jsonl: $(IT)/rollouts.jsonl.meta.json
 	$(call single,stages/reward.sh,$(IT)/rollouts.jsonl $@ $(REWARD_OPTS))
 
 $(IT)/advantages.jsonl: $(IT)/scored.jsonl
-	$(call single,stages/advantages.sh,$< $@ $(ADV_OPTS) --seed $(ITER))
+	$(call single,stages/advantages.sh,$< $@ $(ADV_OPTS) --seed $(RL_SEED))
 
 $(RUN)/ckpt-$(NEXT)/config.json: $(IT)/advantages.jsonl $(RUN)/ckpt-$(ITER)/config.json
-	$(call single,stages/update.sh,$< $(RUN)/ckpt-$(ITER) $(RUN)/ckpt-$(NEXT) $(UPDATE_OPTS) --seed $(ITER) --force --metrics $(IT)/metrics.jsonl)
+	$(call single,stages/update.sh,$< $(RUN)/ckpt-$(ITER) $(RUN)/ckpt-$(NEXT) $(UPDATE_OPTS) --seed $(RL_SEED) --force --metrics $(IT)/metrics.jsonl)
 
 rl-iter: setup $(RUN)/ckpt-$(NEXT)/config.json
 
@@ -113,15 +117,18 @@ demo: setup
 	  --system-prompt recipes/toy-system.txt --max-turns 3 --max-new-tokens 64 \
 	  --crops-dir runs/demo/ask-crops
 
-# grpo, gspo and bn-gspo from the same cold-start model under the same budget.
+# grpo, gspo and bn-gspo from the same cold-start model under the same budget; SEED=s runs
+# them again with other RL seeds into $(RUN)-NAME-seed<s> (the SFT model is shared).
 ABLATIONS ?= grpo:grpo:grpo gspo:grpo:gspo bn-gspo:bn-gspo:gspo
+ABL_SUFFIX := $(if $(filter 0,$(SEED)),,-seed$(SEED))
+ABL_RUNS := $(foreach a,$(ABLATIONS),$(RUN)-$(firstword $(subst :, ,$(a)))$(ABL_SUFFIX))
 ablation: setup
 	$(MAKE) --no-print-directory $(RUN)/ckpt-0/config.json RECIPE=$(RECIPE)
-	for a in $(ABLATIONS); do IFS=: read name est loss <<< "$$a"; \
-	  mkdir -p $(RUN)-$$name && ln -sfn $(abspath $(RUN))/ckpt-0 $(RUN)-$$name/ckpt-0; \
-	  $(MAKE) --no-print-directory rl-eval RECIPE=$(RECIPE) RUN=$(RUN)-$$name \
+	for a in $(ABLATIONS); do IFS=: read name est loss <<< "$$a"; run=$(RUN)-$$name$(ABL_SUFFIX); \
+	  mkdir -p $$run && ln -sfn $(abspath $(RUN))/ckpt-0 $$run/ckpt-0; \
+	  $(MAKE) --no-print-directory rl-eval RECIPE=$(RECIPE) RUN=$$run \
 	    ESTIMATOR=$$est LOSS=$$loss WORLD=$(WORLD) BASE=$(BASE) SFT_DATA=$(SFT_DATA) || exit $$?; done
-	$(PY) scripts/run_summary.py $(foreach a,$(ABLATIONS),$(RUN)-$(firstword $(subst :, ,$(a)))) --iters $(ITERS)
+	$(PY) scripts/run_summary.py $(ABL_RUNS) --iters $(ITERS)
 
 clean:
 	rm -rf runs

@@ -47,7 +47,8 @@ def main() -> int:
     ap.add_argument("runs", nargs="+", type=Path)
     ap.add_argument("--iters", type=int, required=True)
     args = ap.parse_args()
-    console = Console(stderr=True)
+    # A log file gets a table wide enough for run names (rich assumes 80 columns off a tty).
+    console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
     summaries = {run: [r for k in range(args.iters + 1) if (r := iteration(run, k))]
                  for run in args.runs}
     # A per-category column only where some run has more than one category (a perception-only
