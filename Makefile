@@ -120,15 +120,15 @@ demo: setup
 # grpo, gspo and bn-gspo from the same cold-start model under the same budget; SEED=s runs
 # them again with other RL seeds into $(RUN)-NAME-seed<s> (the SFT model is shared).
 ABLATIONS ?= grpo:grpo:grpo gspo:grpo:gspo bn-gspo:bn-gspo:gspo
-ABL_SUFFIX := $(if $(filter 0,$(SEED)),,-seed$(SEED))
-ABL_RUNS := $(foreach a,$(ABLATIONS),$(RUN)-$(firstword $(subst :, ,$(a)))$(ABL_SUFFIX))
+abl_run = $(RUN)-$(1)$(if $(filter 0,$(SEED)),,-seed$(SEED))
 ablation: setup
 	$(MAKE) --no-print-directory $(RUN)/ckpt-0/config.json RECIPE=$(RECIPE)
-	for a in $(ABLATIONS); do IFS=: read name est loss <<< "$$a"; run=$(RUN)-$$name$(ABL_SUFFIX); \
+	for a in $(ABLATIONS); do IFS=: read name est loss <<< "$$a"; run=$(call abl_run,$$name); \
 	  mkdir -p $$run && ln -sfn $(abspath $(RUN))/ckpt-0 $$run/ckpt-0; \
 	  $(MAKE) --no-print-directory rl-eval RECIPE=$(RECIPE) RUN=$$run \
 	    ESTIMATOR=$$est LOSS=$$loss WORLD=$(WORLD) BASE=$(BASE) SFT_DATA=$(SFT_DATA) || exit $$?; done
-	$(PY) scripts/run_summary.py $(ABL_RUNS) --iters $(ITERS)
+	$(PY) scripts/run_summary.py $(foreach a,$(ABLATIONS),$(call abl_run,$(firstword $(subst :, ,$(a))))) \
+	  --iters $(ITERS)
 
 clean:
 	rm -rf runs

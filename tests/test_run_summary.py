@@ -36,7 +36,7 @@ def make_run(root: Path, name: str, accs: list[float], cats_of=lambda a: {"perce
 def summarize(*runs: Path, iters: int) -> str:
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "run_summary.py"),
                            *map(str, runs), "--iters", str(iters)],
-                          capture_output=True, text=True, env={"COLUMNS": "200", "PATH": ""})
+                          capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return proc.stderr
 
