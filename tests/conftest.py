@@ -22,3 +22,20 @@ def tiny_model(tmp_path_factory) -> Path:
     from marscli.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+
+
+@pytest.fixture(scope="session")
+def run_dir(tiny_model, tmp_path_factory) -> Path:
+    """A run folder of two scripted iterations (helpers.make_run), shared by the tests that
+    only read it (inspect, report, plot)."""
+    from helpers import make_run
+
+    return make_run(tiny_model, tmp_path_factory.mktemp("run"))
+
+
+@pytest.fixture(scope="session")
+def processor(tiny_model):
+    """The tiny model's processor, loaded once."""
+    from marscli.policy import load_processor
+
+    return load_processor(str(tiny_model))

@@ -30,8 +30,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from test_rollout import read, scene
-from test_train_batch import trajectory, write_rows
+from helpers import invoke, prompt, read_jsonl, scene, trajectory, write_jsonl
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", "COLUMNS": "200"}
 
@@ -46,18 +45,6 @@ def png_header(w: int, h: int) -> bytes:
                 + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
     return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
             + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b""))
-
-
-def jsonl(path: Path, rows: list, tail: bytes = b"") -> Path:
-    """Rows (dicts, or raw bytes for a broken line) as JSONL, plus raw `tail` bytes."""
-    path.write_bytes(b"".join((r if isinstance(r, bytes) else orjson.dumps(r)) + b"\n"
-                              for r in rows) + tail)
-    return path
-
-
-def prompt(pid: str, image: str = "scene.png", **kw) -> dict:
-    return {"v": 1, "id": pid, "image": image, "question": "What colour?", "answer": ["red"],
-            "replies": ["<answer>red</answer>"], **kw}
 
 
 def scored(i: int, total=1.0) -> dict:
@@ -86,26 +73,26 @@ def data(tmp_path_factory, tiny_model) -> Path:
     (d / "bomb.png").write_bytes(png_header(50_000, 50_000))
     (d / "folder.png").mkdir()
 
-    jsonl(d / "prompts.jsonl", [prompt("a"), prompt("b")])
-    jsonl(d / "p-trunc.jsonl", [prompt("a")], tail=b'{"v": 1, "id": "b", "ima')
-    jsonl(d / "p-dup.jsonl", [prompt("a"), prompt("b"), prompt("a")])
-    jsonl(d / "p-noq.jsonl", [prompt("a"), {k: v for k, v in prompt("b").items()
+    write_jsonl(d / "prompts.jsonl", [prompt("a"), prompt("b")])
+    write_jsonl(d / "p-trunc.jsonl", [prompt("a")], tail=b'{"v": 1, "id": "b", "ima')
+    write_jsonl(d / "p-dup.jsonl", [prompt("a"), prompt("b"), prompt("a")])
+    write_jsonl(d / "p-noq.jsonl", [prompt("a"), {k: v for k, v in prompt("b").items()
                                             if k != "question"}])
-    jsonl(d / "p-version.jsonl", [prompt("a"), {**prompt("b"), "v": 2}])
+    write_jsonl(d / "p-version.jsonl", [prompt("a"), {**prompt("b"), "v": 2}])
     (d / "empty.jsonl").write_bytes(b"\n\n")
     for name in ("missing", "zero", "bomb", "folder"):
-        jsonl(d / f"p-{name}.jsonl", [prompt("a"), prompt("b", image=f"{name}.png")])
-    jsonl(d / "p-trunc-image.jsonl", [prompt("a"), prompt("b", image="trunc.png")])
+        write_jsonl(d / f"p-{name}.jsonl", [prompt("a"), prompt("b", image=f"{name}.png")])
+    write_jsonl(d / "p-trunc-image.jsonl", [prompt("a"), prompt("b", image="trunc.png")])
 
-    jsonl(d / "scored.jsonl", [scored(i) for i in range(4)])
-    jsonl(d / "s-trunc.jsonl", [scored(i) for i in range(3)], tail=b'{"v": 1, "id": "p1#1", "re')
-    jsonl(d / "s-nonjson.jsonl", [scored(0), b"this is not json", scored(2)])
-    jsonl(d / "s-type.jsonl", [scored(0), scored(1), scored(2, total="1.0")])
-    jsonl(d / "s-nototal.jsonl", [scored(0), {**scored(1), "reward": {"accuracy": 1.0}}])
-    jsonl(d / "s-version.jsonl", [{**scored(0), "v": 7}])
+    write_jsonl(d / "scored.jsonl", [scored(i) for i in range(4)])
+    write_jsonl(d / "s-trunc.jsonl", [scored(i) for i in range(3)], tail=b'{"v": 1, "id": "p1#1", "re')
+    write_jsonl(d / "s-nonjson.jsonl", [scored(0), b"this is not json", scored(2)])
+    write_jsonl(d / "s-type.jsonl", [scored(0), scored(1), scored(2, total="1.0")])
+    write_jsonl(d / "s-nototal.jsonl", [scored(0), {**scored(1), "reward": {"accuracy": 1.0}}])
+    write_jsonl(d / "s-version.jsonl", [{**scored(0), "v": 7}])
 
-    jsonl(d / "t-nogt.jsonl", [traj(0), {k: v for k, v in traj(1).items() if k != "answer_gt"}])
-    jsonl(d / "t-type.jsonl", [traj(0), traj(1, final_answer=42)])
+    write_jsonl(d / "t-nogt.jsonl", [traj(0), {k: v for k, v in traj(1).items() if k != "answer_gt"}])
+    write_jsonl(d / "t-type.jsonl", [traj(0), traj(1, final_answer=42)])
 
     proc = load_processor(str(tiny_model))
     good = trajectory(d, proc, 0, answer="red")
@@ -113,10 +100,10 @@ def data(tmp_path_factory, tiny_model) -> Path:
                 "segments": [s for s in good["segments"] if s["role"] != "model"]}
     alien = trajectory(d, proc, 2)  # another tokenizer's ids: beyond this vocabulary
     alien["segments"][-1]["tokens"] = [50_000 + t for t in alien["segments"][-1]["tokens"]]
-    write_rows(d / "adv.jsonl", [good])
-    write_rows(d / "a-nomodel.jsonl", [good, no_model])
-    write_rows(d / "a-vocab.jsonl", [good, alien])
-    write_rows(d / "a-noadv.jsonl", [good, {k: v for k, v in alien.items() if k != "advantage"}])
+    write_jsonl(d / "adv.jsonl", [good])
+    write_jsonl(d / "a-nomodel.jsonl", [good, no_model])
+    write_jsonl(d / "a-vocab.jsonl", [good, alien])
+    write_jsonl(d / "a-noadv.jsonl", [good, {k: v for k, v in alien.items() if k != "advantage"}])
 
     (d / "ckpt-noconfig").mkdir()
     shutil.copy(tiny_model / "model.safetensors", d / "ckpt-noconfig")
@@ -299,24 +286,6 @@ def _prepare(case: Case, d: Path, m: Path, root: Path) -> tuple[list[str], Path,
     return args, folder, before
 
 
-def invoke(args: list[str], cwd: Path) -> tuple[int, str, str]:
-    """Run the CLI in this process (typer's runner: exit code, stdout, stderr as a user sees
-    them, minus the interpreter start-up, which costs seconds once torch is imported)."""
-    from typer.testing import CliRunner
-
-    from marscli.cli import app
-
-    old = os.getcwd()
-    os.chdir(cwd)
-    try:
-        res = CliRunner().invoke(app, args, env={"NO_COLOR": "1", "COLUMNS": "200"})
-    finally:
-        os.chdir(old)
-    if res.exception is not None and not isinstance(res.exception, SystemExit):
-        raise res.exception
-    return res.exit_code, res.stdout, res.stderr
-
-
 @pytest.fixture(scope="module")
 def results(data, tiny_model, tmp_path_factory):
     """Run every case; {id: ((exit code, stdout, stderr), folder, before)}."""
@@ -424,12 +393,12 @@ def test_model_mistakes_are_observations_that_cost_the_format_reward(tiny_model,
     ids = [*MISTAKES, "clean"]
     prompts = tmp_path / "p.jsonl"
     scene(tmp_path / "scene.png")
-    jsonl(prompts, [prompt(i, replies=[MISTAKES[i][0], ANSWER] if i in MISTAKES else [ANSWER])
+    write_jsonl(prompts, [prompt(i, replies=[MISTAKES[i][0], ANSWER] if i in MISTAKES else [ANSWER])
                     for i in ids])
     out = tmp_path / "t.jsonl"
     stats = run_rollout(str(prompts), str(out), policy=str(tiny_model), engine="replay", n=1,
                         max_turns=3, progress=False)
-    recs = {r["prompt_id"]: r for r in read(out)}
+    recs = {r["prompt_id"]: r for r in read_jsonl(out)}
     assert set(recs) == set(ids)
     for pid, (_, counted) in MISTAKES.items():
         r = recs[pid]
@@ -449,7 +418,7 @@ def test_model_mistakes_are_observations_that_cost_the_format_reward(tiny_model,
     scored = tmp_path / "s.jsonl"
     res = marscli("reward", str(out), "-o", str(scored), "--format-weight", "0.5")
     assert res.returncode == 0, res.stderr
-    rewards = {r["prompt_id"]: r["reward"] for r in read(scored)}
+    rewards = {r["prompt_id"]: r["reward"] for r in read_jsonl(scored)}
     assert rewards["clean"] == {"total": 1.5, "accuracy": 1.0, "format": 0.5, "judge": "exact"}
     for pid in MISTAKES:
         assert rewards[pid]["accuracy"] == 1.0 and rewards[pid]["format"] == 0.0, pid

@@ -14,7 +14,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from test_rollout import read, write_prompts
+from helpers import read_jsonl, write_prompts
 
 _MS = re.compile(rb'"ms":(\{[^{}]*\}|\d+)')
 
@@ -52,7 +52,7 @@ def test_hf_rollout_is_byte_identical_apart_from_timings(rollouts):
     assert a.count(b"\n") == 6
     assert b'"ms":' in a  # timings exist, and are the only thing masked
     assert mask_ms(a) == mask_ms(b)
-    recs = read(rollouts[0])
+    recs = read_jsonl(rollouts[0])
     assert any(len(s["tokens"]) for r in recs for s in r["segments"] if s["role"] == "model")
     assert len({str([s["tokens"] for s in r["segments"]]) for r in recs}) > 1  # really sampled
 
@@ -63,7 +63,7 @@ def test_advantages_output_is_byte_identical(rollouts, tmp_path):
     scored = tmp_path / "scored.jsonl"
     run_all([["reward", str(traj), "-o", str(scored)]], ["0"])
     # rewards that differ within groups, so the estimator has something to normalise
-    rows = read(scored)
+    rows = read_jsonl(scored)
     for i, r in enumerate(rows):
         r["reward"]["total"] = [0.0, 1.5, 0.5, 1.0, 1.5, 0.0][i]
     scored.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
@@ -72,7 +72,7 @@ def test_advantages_output_is_byte_identical(rollouts, tmp_path):
     run_all([["advantages", str(scored), "-o", str(outs[0]), *opts, "--seed", "5"],
              ["advantages", str(scored), "-o", str(outs[1]), *opts, "--seed", "5"]], ["3", "4"])
     assert outs[0].read_bytes() == outs[1].read_bytes()
-    assert {r["minibatch"] for r in read(outs[0])} == {0, 1}
+    assert {r["minibatch"] for r in read_jsonl(outs[0])} == {0, 1}
     # the seed is really used: some other seed splits the groups otherwise
     from marscli.advantages import main as advantages_main
 

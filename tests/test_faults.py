@@ -9,9 +9,10 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from chaos import FAULTS, ChaosServer
 from marscli.judge import JudgeOptions
-from test_rollout import read, write_prompts
+
+from chaos import FAULTS, ChaosServer
+from helpers import read_jsonl, write_prompts
 
 TIMEOUT = 1.0  # every client's per-request timeout; the chaos timeouts sleep past it
 RETRIES = 1  # two attempts per request: enough failures survive to be seen
@@ -78,7 +79,7 @@ def rollout_run(tmp_path_factory):
 
 def test_rollout_finishes_through_chaos(rollout_run):
     _, out, stats, server, ids = rollout_run
-    recs = read(out)
+    recs = read_jsonl(out)
     check_rollout_records(recs, stats, ids)
     assert all(server.faults[k] > 0 for k in FAULTS), server.faults
     eng = stats["engine"]
@@ -106,7 +107,7 @@ def test_reward_finishes_through_chaos(rollout_run):
         stats = reward_main(str(out), str(scored), f"openai:chaos@{judge.url}/v1",
                             max_unscored=1.0, judge_timeout=TIMEOUT, judge_retries=RETRIES,
                             judge_cache=str(tmp / "judge.sqlite"), judge_backoff=0.05)
-    rows = read(scored)
+    rows = read_jsonl(scored)
     unscored = [r for r in rows if r["reward"].get("status") == "unscored"]
     assert stats["unscored"] == len(unscored) > 0
     assert all(r["reward"]["error"].startswith("judge gave no verdict after 2 attempts")
@@ -136,7 +137,7 @@ def test_eval_finishes_through_chaos(tmp_path):
                            judge_opts=judge_opts(tmp_path), text_search=f"retriever:{server.url}",
                            search_opts=search_opts(), max_turns=4, max_unscored=1.0,
                            progress=False)
-    recs = read(out)
+    recs = read_jsonl(out)
     assert sorted(r["id"] for r in recs) == sorted(f"{i}#0" for i in ids)
     failed = [r for r in recs if r["stop"] == "engine_error" or search_failures(r)
               or r["score"].get("status") == "unscored"]

@@ -1,142 +1,18 @@
 """`marscli inspect` and its `--where` filter, on trajectories made by the real agent loop with
-a scripted engine; `make_run` also builds the run folder that test_report.py uses."""
+a scripted engine (the run folder of helpers.make_run, conftest's `run_dir`)."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from PIL import Image, ImageDraw
 
-from marscli.agent import Agent, AgentConfig
-from marscli.engines import SamplingParams
-from marscli.records import Prompt
-from marscli.tools import build_tools
-from scripted import ScriptedEngine
-
-ZOOM = '<tool_call>{{"name": "image_zoom_in_tool", "arguments": {}}}</tool_call>'
-SCRIPTS = {
-    # zoom, zoom into the zoom, answer 1997
-    "A": ["<thinking>The sign is small.</thinking>"
-          + ZOOM.format('{"bbox_2d": [500, 500, 1000, 1000], "label": "corner"}'),
-          "<think>Closer.</think>" + ZOOM.format('{"bbox_2d": [0, 0, 500, 250], "img_idx": 1}'),
-          "<thinking>I can read it now.</thinking><answer>1997</answer>"],
-    # reverse image search, then answer from the title
-    "B": [('<thinking>Search the picture.</thinking><tool_call>{"name": "image_search_tool", '
-           '"arguments": {}}</tool_call>'),
-          "<thinking>The title says Gustave.</thinking><answer>Gustave</answer>"],
-    # never a valid turn: stops at max_turns
-    "C": ["<thinking>hmm</thinking>no tags at all"],
-}
-# (prompt, sample, script) per iteration
-JOBS = {0: [("q1", 0, "A"), ("q1", 1, "B"), ("q2", 0, "C"), ("q2", 1, "A")],
-        1: [("q1", 0, "A"), ("q1", 1, "A"), ("q2", 0, "B"), ("q2", 1, "C")]}
-UNSCORED = {(1, "q2#1")}  # the judge failed on this one
-METRIC_KEYS = ("loss", "pg_loss", "kl", "clip_frac", "grad_norm", "lr")
+from helpers import marscli
 
 
-def scene(path: Path) -> Path:
-    """1600x1200: grey, a red bottom-right quadrant with a green block at its top-left."""
-    im = Image.new("RGB", (1600, 1200), (40, 40, 40))
-    d = ImageDraw.Draw(im)
-    d.rectangle([800, 600, 1599, 1199], fill=(200, 30, 30))
-    d.rectangle([800, 600, 1199, 749], fill=(30, 200, 30))
-    im.save(path)
-    return path
-
-
-def score(rec: dict, it: int) -> dict:
-    if (it, rec["id"]) in UNSCORED:
-        return {**rec, "reward": {"status": "unscored", "error": "judge timed out"}}
-    acc = 1.0 if rec["final_answer"] in rec["answer_gt"] else 0.0
-    clean = rec["stop"] == "answer" and not rec["format_errors"] and not rec["tool_errors"]
-    fmt = 0.5 if clean else 0.0
-    return {**rec, "reward": {"total": acc + fmt, "accuracy": acc, "format": fmt, "judge": "exact"}}
-
-
-def with_advantages(rows: list[dict]) -> list[dict]:
-    out = []
-    for pid in dict.fromkeys(r["prompt_id"] for r in rows):
-        group = [r for r in rows if r["prompt_id"] == pid and "total" in r["reward"]]
-        tot = [r["reward"]["total"] for r in group]
-        mean = sum(tot) / len(tot)
-        std = (sum((t - mean) ** 2 for t in tot) / len(tot)) ** 0.5
-        for r in group:
-            out.append({**r, "advantage": round(r["reward"]["total"] - mean, 4),
-                        "group": {"mean": mean, "std": std, "size": len(group)}})
-    return out
-
-
-def write(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
-def make_run(tiny_model: Path, root: Path) -> Path:
-    """runs/demo/{iter-0,iter-1}: rollouts (iter-0 only), scored, advantages, metrics (iter-1's
-    in a checkpoint subfolder, as `update --out` leaves it)."""
-    from marscli.policy import load_processor
-
-    run = root / "demo"
-    run.mkdir(parents=True)
-    scene(run / "scene.png")
-    Image.new("RGB", (300, 200), (20, 60, 220)).save(run / "thumb.png")
-    proc = load_processor(str(tiny_model))
-    prompts = {
-        "q1": Prompt(id="q1", question="What year is on the sign?", images=["scene.png"],
-                     answer=["1997"], base=run, category="visual",
-                     image_search=[{"title": "Old town sign, 1997", "thumbnail": "thumb.png"}]),
-        "q2": Prompt(id="q2", question="Who built the tower?", images=["scene.png"],
-                     answer=["Eiffel"], base=run, category="knowledge",
-                     image_search=[{"title": "Tower by Gustave Eiffel", "thumbnail": "thumb.png"}]),
-    }
-    for it, jobs in JOBS.items():
-        folder = run / f"iter-{it}"
-        folder.mkdir()
-        rows = []
-        for pid, sample, script in jobs:
-            agent = Agent(ScriptedEngine(proc, SCRIPTS[script]), build_tools(image_search="data"),
-                          AgentConfig(max_turns=3, sampling=SamplingParams()),
-                          media_dir=folder / "rollouts.jsonl.media", rel_to=folder,
-                          policy_name=f"ckpt/iter-{it}")
-            rows.append(next(agent.run([(prompts[pid], sample)])))
-        scored = [score(r, it) for r in rows]
-        if it == 0:
-            write(folder / "rollouts.jsonl", rows)
-        write(folder / "scored.jsonl", scored)
-        write(folder / "advantages.jsonl", with_advantages(scored))
-        metrics = [{"step": 2 * it + s, **{k: 0.1 * (i + 1) + 0.01 * s + 0.05 * it
-                                          for i, k in enumerate(METRIC_KEYS)}} for s in range(2)]
-        write(folder / ("metrics.jsonl" if it == 0 else "ckpt/metrics.jsonl"), metrics)
-    return run
-
-
-_RUNS: dict[Path, Path] = {}
-
-
-def shared_run(tiny_model: Path, tmp_path_factory) -> Path:
-    """One run folder per session for both test files (the tests only read it)."""
-    if tiny_model not in _RUNS:
-        _RUNS[tiny_model] = make_run(tiny_model, tmp_path_factory.mktemp("run"))
-    return _RUNS[tiny_model]
-
-
-@pytest.fixture(scope="module")
-def run_dir(tiny_model, tmp_path_factory) -> Path:
-    return shared_run(tiny_model, tmp_path_factory)
-
-
-MARSCLI = [sys.executable, "-m", "marscli"]
-ENV = {**os.environ, "NO_COLOR": "1", "HF_HUB_OFFLINE": "1"}
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*MARSCLI, *args], capture_output=True, text=True, env=ENV, timeout=300,
-                          check=False)
+def cli(*args: str):
+    return marscli(*args, timeout=300)
 
 
 def ids(path: Path, *where: str, **kw) -> list[str]:

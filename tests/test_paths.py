@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from test_bad_inputs import jsonl, prompt
-from test_rollout import read, scene
+from helpers import prompt, read_jsonl, scene, write_jsonl
 
 ESCAPE = f"marscli-escape-{uuid.uuid4().hex[:8]}"
 IDS = ["../../x", "a/b", "../" * 12 + f"tmp/{ESCAPE}", f"/tmp/{ESCAPE}-abs", "..", ".",
@@ -34,7 +33,7 @@ def inputs(root: Path) -> Path:
     for i, c in enumerate([(200, 30, 30), (30, 30, 200)]):
         Image.new("RGB", (40, 30), c).save(d / f"thumb{i}.png")
     hits = [{"title": f"Logo {i}", "thumbnail": f"thumb{i}.png"} for i in range(2)]
-    return jsonl(d / "p.jsonl", [prompt(i, replies=REPLIES, image_search=hits) for i in IDS])
+    return write_jsonl(d / "p.jsonl", [prompt(i, replies=REPLIES, image_search=hits) for i in IDS])
 
 
 def files(root: Path) -> set[Path]:
@@ -78,7 +77,7 @@ def test_rollout_writes_only_inside_its_output_folder(tiny_model, tree):
                 image_search="data", progress=False)
     media = media_dir(out)
     check_confined(root, before, out.parent, media, 2 * len(IDS) * PER_TRAJECTORY)
-    check_records(read(out), out, media, 2)
+    check_records(read_jsonl(out), out, media, 2)
 
 
 def test_eval_writes_only_inside_its_output_folder(tiny_model, tree):
@@ -93,6 +92,6 @@ def test_eval_writes_only_inside_its_output_folder(tiny_model, tree):
              image_search="data", max_turns=4, progress=False)
     media = media_dir(out)
     check_confined(root, before, out.parent, media, len(IDS) * PER_TRAJECTORY)
-    recs = read(out)
+    recs = read_jsonl(out)
     check_records(recs, out, media, 1)
     assert all(r["score"]["accuracy"] == 1.0 for r in recs)

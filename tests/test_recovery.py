@@ -32,9 +32,16 @@ from pathlib import Path
 import orjson
 import pytest
 
-from test_eval import MIXED, write_bench
-from test_rollout import ZOOM_THEN_ANSWER, read, strip_ms, write_prompts
-from test_train_batch import varied_rows, write_rows
+from helpers import (
+    MIXED,
+    ZOOM_THEN_ANSWER,
+    read_jsonl,
+    strip_ms,
+    varied_rows,
+    write_bench,
+    write_jsonl,
+    write_prompts,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 TRIALS = 5
@@ -225,8 +232,8 @@ def test_rollout_survives_kill_9(zygote, tiny_model, tmp_path):
                           left=lambda: 1 - len(ids_of(out)) / 48)
     assert len(moments) >= 3, moments
     run_to_end(zygote, args(out), tmp_path / "log")
-    want = {r["id"]: strip_ms(r) for r in read(ref)}
-    got = read(out)
+    want = {r["id"]: strip_ms(r) for r in read_jsonl(ref)}
+    got = read_jsonl(out)
     assert len(got) == len(want) == 48
     assert {r["id"]: strip_ms(r) for r in got} == want
     no_tmp(tmp_path)
@@ -254,8 +261,8 @@ def test_eval_survives_kill_9(zygote, tiny_model, tmp_path):
                           left=lambda: 1 - len(ids_of(out)) / 18)
     assert len(moments) >= 3, moments
     run_to_end(zygote, args(out), tmp_path / "log")
-    want = {r["id"]: strip_ms(r) for r in read(ref)}
-    assert len(want) == 18 and {r["id"]: strip_ms(r) for r in read(out)} == want
+    want = {r["id"]: strip_ms(r) for r in read_jsonl(ref)}
+    assert len(want) == 18 and {r["id"]: strip_ms(r) for r in read_jsonl(out)} == want
     summary = orjson.loads((out.parent / "r.summary.json").read_bytes())
     ref_summary = orjson.loads((ref.parent / "r.summary.json").read_bytes())
     assert summary["benchmarks"] == ref_summary["benchmarks"]
@@ -297,7 +304,7 @@ def trajectories(tmp_path_factory, tiny_model) -> Path:
     from marscli.policy import load_processor
 
     d = tmp_path_factory.mktemp("recovery-rows")
-    return write_rows(d / "adv.jsonl", varied_rows(d, load_processor(str(tiny_model)), 2))
+    return write_jsonl(d / "adv.jsonl", varied_rows(d, load_processor(str(tiny_model)), 2))
 
 
 @pytest.mark.slow
@@ -376,10 +383,10 @@ def test_make_rl_iter_survives_kill_9(tmp_path):
     prompts = [orjson.loads(x)["id"] for x in (it / "prompts.jsonl").read_bytes().splitlines()]
     want = sorted(f"{pid}#{k}" for pid in prompts for k in range(2))
     for name in ("rollouts", "scored", "advantages"):  # what an uninterrupted run gives
-        assert sorted(r["id"] for r in read(it / f"{name}.jsonl")) == want, name
+        assert sorted(r["id"] for r in read_jsonl(it / f"{name}.jsonl")) == want, name
     for name in ("base", "ckpt-0", "ckpt-1"):
         loads(run / name)
         if name in hashes:
             assert tree_hash(run / name) == hashes[name], name
-    assert read(it / "metrics.jsonl") and read(run / "sft" / "metrics.jsonl")
+    assert read_jsonl(it / "metrics.jsonl") and read_jsonl(run / "sft" / "metrics.jsonl")
     no_tmp(run)

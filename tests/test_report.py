@@ -1,5 +1,5 @@
-"""`marscli report` and `marscli plot` on a run folder made by the real agent loop (see
-test_inspect.make_run): the HTML opens in headless Chromium and shows the list and the images,
+"""`marscli report` and `marscli plot` on a run folder made by the real agent loop
+(helpers.make_run, conftest's `run_dir`): the HTML opens in headless Chromium and shows the list and the images,
 references nothing outside itself, escapes the text; the PNG has the panels it should."""
 
 from __future__ import annotations
@@ -15,16 +15,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from test_inspect import METRIC_KEYS, cli, shared_run
+from helpers import METRIC_KEYS, marscli
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(
     CHROMIUM is None, reason="chromium is not installed (Debian: apt-get install -y chromium)")
 
 
-@pytest.fixture(scope="module")
-def run_dir(tiny_model, tmp_path_factory) -> Path:
-    return shared_run(tiny_model, tmp_path_factory)
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return marscli(*args, timeout=300)
 
 
 @pytest.fixture(scope="module")

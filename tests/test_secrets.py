@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from chaos import ChaosServer
-from test_rollout import write_prompts
+from helpers import write_prompts
 
 SERPER_KEY = "serper-sentinel-4c1d2e9b"
 OPENAI_KEY = "sk-openai-sentinel-8a7f6e5d"

@@ -33,3 +33,20 @@ def where(path: str, line: int | None = None, field: str | None = None) -> str:
 def unknown_name(kind: str, name: str, valid: list[str] | tuple[str, ...]) -> BadInput:
     """Error for a registry lookup that failed, listing the valid names."""
     return BadInput(f"unknown {kind} {name!r} — choose one of: {', '.join(sorted(valid))}")
+
+
+def check_range(name: str, v: float | None, lo: float | None = None, hi: float | None = None,
+                *, lo_open: bool = False, hi_open: bool = False) -> None:
+    """BadInput naming the option when `v` is not finite or outside [lo, hi] (open ends with
+    `lo_open`/`hi_open`); None passes (an option left at "not set")."""
+    import math
+
+    if v is None:
+        return
+    bad = (not math.isfinite(v) or (lo is not None and (v <= lo if lo_open else v < lo))
+           or (hi is not None and (v >= hi if hi_open else v > hi)))
+    if bad:
+        lo_s = "" if lo is None else f"{'>' if lo_open else '>='} {lo}"
+        hi_s = "" if hi is None else f"{'<' if hi_open else '<='} {hi}"
+        must = " and ".join(x for x in (lo_s, hi_s) if x)
+        raise BadInput(f"{name}: {v} is out of range — must be {must}")

@@ -1,0 +1,379 @@
+"""What several test modules share: running the CLI (a real process or typer's in-process
+runner), JSONL files, small pictures, prompt and trajectory rows, scripted replies and checkpoint
+comparisons. Test modules import from here (or from conftest's fixtures), never from each other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+from PIL import Image, ImageDraw
+
+ROOT = Path(__file__).resolve().parents[1]
+MARSCLI = [sys.executable, "-m", "marscli"]
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", "COLUMNS": "200"}
+
+
+# ----------------------------------------------------------------------------- running the CLI
+
+
+def marscli(*args: str, env: dict | None = None, timeout: float = 600,
+            **kw) -> subprocess.CompletedProcess:
+    """`python -m marscli ARGS` as a real process (text output captured, never raises)."""
+    return subprocess.run([*MARSCLI, *args], capture_output=True, text=True,
+                          env={**ENV, **(env or {})}, timeout=timeout, check=False, **kw)
+
+
+def invoke(args: list[str], cwd: Path | None = None) -> tuple[int, str, str]:
+    """Run the CLI in this process (typer's runner: exit code, stdout, stderr as a user sees
+    them, minus the interpreter start-up, which costs seconds once torch is imported)."""
+    from typer.testing import CliRunner
+
+    from marscli.cli import app
+
+    old = os.getcwd()
+    if cwd is not None:
+        os.chdir(cwd)
+    try:
+        res = CliRunner().invoke(app, args, env={"NO_COLOR": "1", "COLUMNS": "200"})
+    finally:
+        os.chdir(old)
+    if res.exception is not None and not isinstance(res.exception, SystemExit):
+        raise res.exception
+    return res.exit_code, res.stdout, res.stderr
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def write_jsonl(path: Path, rows: list, tail: bytes = b"") -> Path:
+    """Rows (dicts, or raw bytes for a broken line) as JSONL, plus raw `tail` bytes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"".join((r if isinstance(r, bytes) else orjson.dumps(r)) + b"\n"
+                              for r in rows) + tail)
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [orjson.loads(line) for line in Path(path).read_bytes().splitlines()]
+
+
+def strip_ms(obj):
+    """A record without its timings (`ms`, the only fields allowed to differ between runs)."""
+    if isinstance(obj, dict):
+        return {k: strip_ms(v) for k, v in obj.items() if k != "ms"}
+    if isinstance(obj, list):
+        return [strip_ms(v) for v in obj]
+    return obj
+
+
+# ----------------------------------------------------------------------------- pictures
+
+
+def scene(path: Path) -> Path:
+    """A small picture (quick to process) with a red bottom-right quadrant to zoom in on."""
+    im = Image.new("RGB", (480, 360), (40, 40, 40))
+    d = ImageDraw.Draw(im)
+    d.rectangle([240, 180, 479, 359], fill=(200, 30, 30))
+    d.rectangle([240, 180, 359, 224], fill=(30, 200, 30))
+    im.save(path)
+    return path
+
+
+def big_scene(path: Path) -> Path:
+    """1600x1200: grey, a red bottom-right quadrant with a green block at its top-left, so that
+    crops (and crops of crops) are checkable."""
+    im = Image.new("RGB", (1600, 1200), (40, 40, 40))
+    d = ImageDraw.Draw(im)
+    d.rectangle([800, 600, 1599, 1199], fill=(200, 30, 30))
+    d.rectangle([800, 600, 1199, 749], fill=(30, 200, 30))
+    im.save(path)
+    return path
+
+
+def picture(path: Path, size: tuple[int, int], seed: int) -> Path:
+    """A plain picture of one seeded colour with a red square somewhere in its top-left."""
+    rng = random.Random(seed)
+    im = Image.new("RGB", size, (rng.randrange(256), rng.randrange(256), rng.randrange(256)))
+    x, y = rng.randrange(size[0] // 2), rng.randrange(size[1] // 2)
+    ImageDraw.Draw(im).rectangle([x, y, x + size[0] // 3, y + size[1] // 3], fill=(250, 20, 20))
+    im.save(path)
+    return path
+
+
+# ----------------------------------------------------------------------------- scripted replies
+
+ZOOM = '<tool_call>{{"name": "image_zoom_in_tool", "arguments": {args}}}</tool_call>'
+ZOOM_THEN_ANSWER = [
+    ('<thinking>Look closer.</thinking><tool_call>{"name": "image_zoom_in_tool", "arguments": '
+     '{"bbox_2d": [500, 500, 1000, 1000]}}</tool_call>'),
+    "<thinking>Red.</thinking><answer>red</answer>",
+]
+# Every kind of model mistake between two zooms and the answer.
+REPLIES = [
+    "<thinking>The sign is small.</thinking>"
+    + ZOOM.format(args='{"bbox_2d": [500, 500, 1000, 1000], "label": "corner"}'),
+    "<think>Closer.</think>"
+    + ZOOM.format(args='{"bbox_2d": [0, 0, 500, 250], "img_idx": 1}'),
+    '<thinking>oops</thinking><tool_call>{"name": "image_zoom_in_tool", "arguments": </tool_call>',
+    '<thinking>x</thinking><tool_call>{"name": "no_such_tool", "arguments": {}}</tool_call>',
+    "<thinking>x</thinking>" + ZOOM.format(args='{"bbox_2d": [600, 10, 300, 20]}'),
+    "<thinking>x</thinking>" + ZOOM.format(args='{"bbox_2d": [0, 0, 10, 10], "img_idx": 9}'),
+    "<thinking>I can read it now.</thinking><answer>1997</answer>",
+]
+
+
+def answer(text: str) -> str:
+    return f"<thinking>Done.</thinking><answer>{text}</answer>"
+
+
+# ----------------------------------------------------------------------------- prompt rows
+
+
+def prompt(pid: str, image: str = "scene.png", **kw) -> dict:
+    return {"v": 1, "id": pid, "image": image, "question": "What colour?", "answer": ["red"],
+            "replies": ["<answer>red</answer>"], **kw}
+
+
+def write_prompts(path: Path, ids: list[str], replies=ZOOM_THEN_ANSWER, **extra) -> Path:
+    """Prompt rows for the replay engine (each replays `replies`), beside a `scene.png`."""
+    if not (path.parent / "scene.png").exists():
+        scene(path.parent / "scene.png")
+    return write_jsonl(path, [{"v": 1, "id": i, "image": "scene.png", "question": "What colour?",
+                               "answer": ["red"], "replies": replies, **extra} for i in ids])
+
+
+# Open questions (fvqa): right, wrong, no <answer> tag. Multiple choice (vstar, options
+# red/blue, gold A): right by letter, zoom then wrong, right by the option's text.
+EVAL_ZOOM = ('<thinking>Closer.</thinking><tool_call>{"name": "image_zoom_in_tool", '
+             '"arguments": {"bbox_2d": [0, 0, 500, 500]}}</tool_call>')
+MIXED = [
+    {"id": "o1", "benchmark": "fvqa", "category": "nature", "question": "What colour?",
+     "answer": ["red"], "replies": [answer("Red.")]},
+    {"id": "o2", "benchmark": "fvqa", "category": "nature", "question": "What colour?",
+     "answer": ["red"], "replies": [answer("blue")]},
+    {"id": "o3", "benchmark": "fvqa", "category": "nature", "question": "What colour?",
+     "answer": ["red"], "replies": ["<thinking>Hmm.</thinking>It is red."]},
+    {"id": "m1", "benchmark": "vstar", "category": "direct_attributes",
+     "question": "Colour?\nOptions:\nA. red\nB. blue", "answer": ["A"],
+     "choices": ["red", "blue"], "replies": [answer("A")]},
+    {"id": "m2", "benchmark": "vstar", "category": "direct_attributes",
+     "question": "Colour?\nOptions:\nA. red\nB. blue", "answer": ["A"],
+     "choices": ["red", "blue"], "replies": [EVAL_ZOOM, answer("(B)")]},
+    {"id": "m3", "benchmark": "vstar", "category": "relative_position",
+     "question": "Colour?\nOptions:\nA. red\nB. blue", "answer": ["A"],
+     "choices": ["red", "blue"], "replies": [answer("red")]},
+]
+
+
+def write_bench(path: Path, rows: list[dict]) -> Path:
+    """Benchmark rows in marscli's own form, beside a small red picture they all show."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not (path.parent / "red.png").exists():
+        Image.new("RGB", (64, 48), (200, 30, 30)).save(path.parent / "red.png")
+    return write_jsonl(path, [{"v": 1, "image": "red.png", **r} for r in rows])
+
+
+# ----------------------------------------------------------------------------- trajectory rows
+
+SYSTEM = "You are a careful visual agent."
+
+
+def trajectory(folder: Path, proc, i: int, *, size=(64, 64), answer="red", advantage=1.0,
+               minibatch=None, crop=None, think="") -> dict:
+    """A trajectory row built the agent's way: a prompt with an image (or none), optionally a
+    zoom call answered by a tool turn with a second image, then an answer."""
+    from marscli.images import open_image
+    from marscli.tokens import encode_parts, image_features, prompt_parts, special_ids, tool_parts
+
+    tok = proc.tokenizer
+    ids = special_ids(tok)
+    refs: list[dict] = []
+
+    def add_image(sz) -> int:
+        p = picture(folder / f"t{i}-{len(refs)}.png", sz, seed=i * 10 + len(refs))
+        refs.append({"path": p.name})
+        return image_features(proc, open_image(p)).n_tokens
+
+    def model(text: str) -> dict:
+        toks = tok.encode(text, add_special_tokens=False) + [ids.im_end]
+        return {"role": "model", "tokens": toks, "logprobs": [-1.0] * len(toks), "text": text}
+
+    counts = [add_image(size)] if size else []
+    segs = [{"role": "prompt", "images": list(range(len(counts))),
+             "tokens": encode_parts(tok, ids, prompt_parts(SYSTEM, "What colour is the square?",
+                                                           counts))}]
+    if crop:
+        segs.append(model(f"<thinking>{think}zoom</thinking><tool_call>{{\"name\": "
+                          "\"image_zoom_in_tool\"}</tool_call>"))
+        n = add_image(crop)
+        segs.append({"role": "tool", "images": [len(refs) - 1],
+                     "tokens": encode_parts(tok, ids, tool_parts("<image>", [n], True))})
+    segs.append(model(f"<thinking>{think}</thinking><answer>{answer}</answer>"))
+    row = {"v": 1, "id": f"t{i}", "advantage": advantage, "images": refs, "segments": segs}
+    if minibatch is not None:
+        row["minibatch"] = minibatch
+    return row
+
+
+VARIED = [  # (image size, crop size, answer, advantage, thinking padding)
+    ((64, 64), None, "red", 1.0, ""),
+    ((96, 64), (64, 64), "blue square", -1.0, "look closer "),
+    ((64, 128), None, "top left", 0.5, "hmm " * 6),
+    (None, None, "green", -0.5, "text only "),
+    ((64, 64), (96, 96), "red", 0.25, "zoom in " * 3),
+    ((128, 64), None, "yellow", -0.25, ""),
+]
+
+
+def varied_rows(folder: Path, proc, minibatches: int | None = None) -> list[dict]:
+    """Six trajectories of different lengths, image counts and sizes, and advantages."""
+    return [trajectory(folder, proc, i, size=s, crop=c, answer=a, advantage=adv, think=th,
+                       minibatch=None if minibatches is None else i % minibatches)
+            for i, (s, c, a, adv, th) in enumerate(VARIED)]
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def tree_hash(folder: Path) -> dict[str, str]:
+    """sha256 of every file below `folder`, by relative path."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def weights(folder: Path) -> dict:
+    """The tensors of an HF checkpoint's top-level safetensors shards."""
+    from safetensors.torch import load_file
+
+    out = {}
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        out.update(load_file(f))
+    return out
+
+
+def max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def messages_of(rec: dict, proc) -> tuple[list[dict], list[Image.Image]]:
+    """Rebuild the chat messages (and images in order) that a trajectory stands for, as the
+    processor's chat template would be given them."""
+    from marscli.protocol import system_prompt
+    from marscli.tools.zoom import SCHEMA
+
+    images = [Image.open(Path(rec["_base"]) / im["path"]).convert("RGB") for im in rec["images"]]
+    msgs = [{"role": "system", "content": system_prompt([SCHEMA])},
+            {"role": "user", "content": [{"type": "image"},
+                                         {"type": "text", "text": rec["question"]}]}]
+    for s in rec["segments"][1:]:
+        if s["role"] == "model":
+            msgs.append({"role": "assistant", "content": s["text"]})
+            continue
+        parts = []
+        pieces = ("<tool_response>\n" + s["text"] + "\n</tool_response>").split("<image>")
+        for i, piece in enumerate(pieces):
+            if i:
+                parts.append({"type": "image"})
+            if piece:
+                parts.append({"type": "text", "text": piece})
+        msgs.append({"role": "user", "content": parts})
+    return msgs, images
+
+
+# ----------------------------------------------------------------------------- a run folder
+
+# Scripts for the scripted engine: zoom, zoom into the zoom, answer 1997 (A); reverse image
+# search, then answer from the title (B); never a valid turn, stops at max_turns (C).
+RUN_SCRIPTS = {
+    "A": ["<thinking>The sign is small.</thinking>"
+          + ZOOM.format(args='{"bbox_2d": [500, 500, 1000, 1000], "label": "corner"}'),
+          "<think>Closer.</think>"
+          + ZOOM.format(args='{"bbox_2d": [0, 0, 500, 250], "img_idx": 1}'),
+          "<thinking>I can read it now.</thinking><answer>1997</answer>"],
+    "B": [('<thinking>Search the picture.</thinking><tool_call>{"name": "image_search_tool", '
+           '"arguments": {}}</tool_call>'),
+          "<thinking>The title says Gustave.</thinking><answer>Gustave</answer>"],
+    "C": ["<thinking>hmm</thinking>no tags at all"],
+}
+# (prompt, sample, script) per iteration
+RUN_JOBS = {0: [("q1", 0, "A"), ("q1", 1, "B"), ("q2", 0, "C"), ("q2", 1, "A")],
+            1: [("q1", 0, "A"), ("q1", 1, "A"), ("q2", 0, "B"), ("q2", 1, "C")]}
+RUN_UNSCORED = {(1, "q2#1")}  # the judge failed on this one
+METRIC_KEYS = ("loss", "pg_loss", "kl", "clip_frac", "grad_norm", "lr")
+
+
+def _score(rec: dict, it: int) -> dict:
+    if (it, rec["id"]) in RUN_UNSCORED:
+        return {**rec, "reward": {"status": "unscored", "error": "judge timed out"}}
+    acc = 1.0 if rec["final_answer"] in rec["answer_gt"] else 0.0
+    clean = rec["stop"] == "answer" and not rec["format_errors"] and not rec["tool_errors"]
+    fmt = 0.5 if clean else 0.0
+    return {**rec, "reward": {"total": acc + fmt, "accuracy": acc, "format": fmt, "judge": "exact"}}
+
+
+def _with_advantages(rows: list[dict]) -> list[dict]:
+    out = []
+    for pid in dict.fromkeys(r["prompt_id"] for r in rows):
+        group = [r for r in rows if r["prompt_id"] == pid and "total" in r["reward"]]
+        tot = [r["reward"]["total"] for r in group]
+        mean = sum(tot) / len(tot)
+        std = (sum((t - mean) ** 2 for t in tot) / len(tot)) ** 0.5
+        for r in group:
+            out.append({**r, "advantage": round(r["reward"]["total"] - mean, 4),
+                        "group": {"mean": mean, "std": std, "size": len(group)}})
+    return out
+
+
+def make_run(tiny_model: Path, root: Path) -> Path:
+    """ROOT/demo/{iter-0,iter-1}: trajectories made by the real agent loop with a scripted
+    engine, then scored (one unscored), advantages and metrics (iter-1's in a checkpoint
+    subfolder, as `update --out` leaves it); rollouts for iter-0 only."""
+    from marscli.agent import Agent, AgentConfig
+    from marscli.engines import SamplingParams
+    from marscli.policy import load_processor
+    from marscli.records import Prompt
+    from marscli.tools import build_tools
+
+    from scripted import ScriptedEngine
+
+    run = root / "demo"
+    run.mkdir(parents=True)
+    big_scene(run / "scene.png")
+    Image.new("RGB", (300, 200), (20, 60, 220)).save(run / "thumb.png")
+    proc = load_processor(str(tiny_model))
+    prompts = {
+        "q1": Prompt(id="q1", question="What year is on the sign?", images=["scene.png"],
+                     answer=["1997"], base=run, category="visual",
+                     image_search=[{"title": "Old town sign, 1997", "thumbnail": "thumb.png"}]),
+        "q2": Prompt(id="q2", question="Who built the tower?", images=["scene.png"],
+                     answer=["Eiffel"], base=run, category="knowledge",
+                     image_search=[{"title": "Tower by Gustave Eiffel", "thumbnail": "thumb.png"}]),
+    }
+    for it, jobs in RUN_JOBS.items():
+        folder = run / f"iter-{it}"
+        folder.mkdir()
+        rows = []
+        for pid, sample, script in jobs:
+            agent = Agent(ScriptedEngine(proc, RUN_SCRIPTS[script]),
+                          build_tools(image_search="data"),
+                          AgentConfig(max_turns=3, sampling=SamplingParams()),
+                          media_dir=folder / "rollouts.jsonl.media", rel_to=folder,
+                          policy_name=f"ckpt/iter-{it}")
+            rows.append(next(agent.run([(prompts[pid], sample)])))
+        scored = [_score(r, it) for r in rows]
+        if it == 0:
+            write_jsonl(folder / "rollouts.jsonl", rows)
+        write_jsonl(folder / "scored.jsonl", scored)
+        write_jsonl(folder / "advantages.jsonl", _with_advantages(scored))
+        metrics = [{"step": 2 * it + s, **{k: 0.1 * (i + 1) + 0.01 * s + 0.05 * it
+                                          for i, k in enumerate(METRIC_KEYS)}} for s in range(2)]
+        write_jsonl(folder / ("metrics.jsonl" if it == 0 else "ckpt/metrics.jsonl"), metrics)
+    return run
