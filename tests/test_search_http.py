@@ -17,8 +17,8 @@ import pytest
 from PIL import Image
 
 from marscli.errors import BadInput
+from marscli.http import HttpClient, HttpError
 from marscli.search import SearchOptions, check_text_spec
-from marscli.search.http import HttpClient, SearchError
 from marscli.tools import ConvImage, ToolContext
 from marscli.tools.search import ImageSearchTool, TextSearchTool, tool_failed
 
@@ -208,8 +208,21 @@ def test_download_size_limit(fake):
     fake.on("/big", (200, b"x" * 10_000))
     client = HttpClient(timeout=2)
     assert len(client.get_bytes(fake.url + "/big", max_bytes=20_000)) == 10_000
-    with pytest.raises(SearchError, match="byte limit"):
+    with pytest.raises(HttpError, match="byte limit"):
         client.get_bytes(fake.url + "/big", max_bytes=1000)
+    assert fake.count("/big") == 2  # too large: not retried
+
+
+def test_validator_rejection_is_retried_and_sent_credentials_never_show(fake):
+    fake.on("/v1/chat", {"bad": 1}, {"ok": 1})
+    client = HttpClient(timeout=2, backoff=0.01, headers={"Authorization": "Bearer tok-4b9e1"})
+    assert client.post_json(fake.url + "/v1/chat", {}, validate=lambda d: d["ok"]) == 1
+    assert client.attempts == 2
+    fake.on("/v1/chat", (401, b"bad key tok-4b9e1"))  # in no known variable: scrubbed anyway
+    with pytest.raises(HttpError) as e:
+        client.post_json(fake.url + "/v1/chat", {})
+    assert "HTTP 401" in str(e.value) and "(after 1 attempt)" in str(e.value)
+    assert "tok-4b9e1" not in str(e.value) + e.value.reason and not e.value.transient
 
 
 # ---------------------------------------------------------------------------- serper
@@ -263,7 +276,8 @@ def test_serper_cli_never_prints_the_key(fake, tmp_path):
     env = {**os.environ, "SERPER_API_KEY": SENTINEL, "SERPER_BASE_URL": fake.url,
            "MARSCLI_CACHE_DIR": str(tmp_path / "c")}
     ok = subprocess.run([sys.executable, "-m", "marscli", "search", "q", "--text-search",
-                         "serper"], capture_output=True, text=True, env=env, timeout=60, check=False)
+                         "serper"], capture_output=True, text=True, env=env, timeout=60,
+                        check=False)
     assert ok.returncode == 0 and ok.stdout == "[1] One\ns\n"
     fake.on("/search", (401, f"bad key {SENTINEL}".encode()))
     bad = subprocess.run([sys.executable, "-m", "marscli", "search", "other", "--text-search",

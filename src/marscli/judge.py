@@ -7,9 +7,10 @@ Specs (`--judge`):
   OpenAI-compatible `POST {URL}/chat/completions` (vLLM, SGLang, OpenAI...). The API key comes
   from `OPENAI_API_KEY` or `JUDGE_API_KEY` and is only ever put in the Authorization header.
 
-An HTTP judge retries connection errors, timeouts, HTTP 429/5xx and malformed replies with
-exponential backoff and jitter, up to `attempts` in all; other 4xx are not retried (asking again
-will not help). When it gives up it raises `JudgeError`, which the reward stage records as an
+An HTTP judge asks through `marscli.http`, which retries connection errors, timeouts, HTTP
+429/5xx and malformed replies (no verdict tag counts as one) with exponential backoff and
+jitter, up to `attempts` in all; other 4xx are not retried (asking again will not help). When it
+gives up it raises `JudgeError`, which the reward stage records as an
 unscored row. Successful verdicts are cached in SQLite (WAL, one connection per thread, safe for
 several processes) keyed by sha256 of (prompt version, model, question, gold, response), so a
 re-run after a partial failure only asks what it has not asked yet.
@@ -21,20 +22,18 @@ import base64
 import hashlib
 import io
 import os
-import random
 import re
 import sqlite3
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
 import orjson
-import requests
 
 from marscli.errors import BadInput, RuntimeFailure
-from marscli.jsonl import redact
+from marscli.http import HttpClient, HttpError
 from marscli.registry import Registry
 
 PROMPT_VERSION = 1  # part of the cache key: a new prompt must not reuse the old prompt's verdicts
@@ -94,7 +93,11 @@ class Judge:
     remote = False  # asks a model: needs the question and the image
 
     def __init__(self, arg: str, opts: JudgeOptions) -> None:
-        self.stats = JudgeStats()
+        self.counts = JudgeStats()  # calls and cache hits; HTTP judges add their requests
+
+    @property
+    def stats(self) -> JudgeStats:
+        return self.counts
 
     def verdict(self, question: str, gold: str, response: str, image: str | None) -> bool:
         raise NotImplementedError
@@ -139,9 +142,11 @@ class OpenAIJudge(Judge):
             raise BadInput(f"--judge openai:{arg}: URL {url!r} must start with http:// or https://")
         self.model, self.url, self.opts = model, url.rstrip("/") + "/chat/completions", opts
         self.name = f"openai:{model}"
-        self._sem = threading.BoundedSemaphore(opts.concurrency)
+        # the semaphore inside bounds callers that bring their own threads too
+        self.http = HttpClient(timeout=opts.timeout_s, attempts=opts.attempts,
+                               backoff=opts.backoff_s, backoff_floor=1.0,
+                               concurrency=opts.concurrency, headers=_headers())
         self._lock = threading.Lock()
-        self._local = threading.local()
         self.cache = VerdictCache(opts.cache_path or default_cache_path())
 
     def config(self) -> dict:
@@ -150,14 +155,20 @@ class OpenAIJudge(Judge):
                 "attempts": o.attempts, "concurrency": o.concurrency, "cache": self.cache.path,
                 "prompt_version": PROMPT_VERSION, "max_tokens": o.max_tokens}
 
+    @property
+    def stats(self) -> JudgeStats:
+        sent = self.http.attempts  # every call sends one request, then its retries
+        return replace(self.counts, requests=sent, retries=sent - self.counts.calls)
+
     def verdict(self, question: str, gold: str, response: str, image: str | None) -> bool:
         key = cache_key(self.model, question, gold, response)
         cached = self.cache.get(key)
         if cached is not None:
             self._count("cache_hits")
             return cached
+        body = self._body(question, gold, response, image)
         self._count("calls")
-        yes = self._ask(self._body(question, gold, response, image))
+        yes = self._ask(body)
         self.cache.put(key, yes)
         return yes
 
@@ -171,42 +182,17 @@ class OpenAIJudge(Judge):
                 "temperature": 0, "max_tokens": self.opts.max_tokens}
 
     def _ask(self, body: dict) -> bool:
-        o, err = self.opts, "no attempt made"
-        for attempt in range(1, o.attempts + 1):
-            if attempt > 1:
-                self._count("retries")
-                time.sleep(o.backoff_s * 2 ** (attempt - 2) * (1 + random.random()))
-            try:
-                with self._sem:
-                    self._count("requests")
-                    r = self._session().post(self.url, json=body, headers=_headers(),
-                                             timeout=o.timeout_s)
-            except requests.Timeout:
-                err = f"timed out after {o.timeout_s:g} s"
-                continue
-            except requests.RequestException as e:
-                err = f"connection failed ({type(e).__name__})"
-                continue
-            if r.status_code == 429 or r.status_code >= 500:
-                err = f"HTTP {r.status_code}"
-                continue
-            if r.status_code >= 400:  # our request is wrong (auth, model name): asking again won't help
-                raise JudgeError(_safe(f"judge refused: HTTP {r.status_code}: {r.text[:200]}"))
-            try:
-                return _parse_verdict(r.content)
-            except ValueError as e:
-                err = f"malformed reply ({e})"
-        raise JudgeError(_safe(f"judge gave no verdict after {o.attempts} attempts: {err}"))
-
-    def _session(self) -> requests.Session:
-        # requests.Session is not documented as thread-safe: one per worker thread
-        if not hasattr(self._local, "s"):
-            self._local.s = requests.Session()
-        return self._local.s
+        try:
+            return self.http.post_json(self.url, body, validate=_parse_verdict)
+        except HttpError as e:  # its reason is scrubbed of every key already
+            if not e.transient:  # our request is wrong (auth, model name): asking again won't help
+                raise JudgeError(f"judge refused: {e.reason}") from None
+            raise JudgeError(f"judge gave no verdict after {e.attempts} attempts: "
+                             f"{e.reason}") from None
 
     def _count(self, field: str) -> None:
         with self._lock:
-            setattr(self.stats, field, getattr(self.stats, field) + 1)
+            setattr(self.counts, field, getattr(self.counts, field) + 1)
 
     def close(self) -> None:
         self.cache.close()
@@ -231,16 +217,9 @@ def _headers() -> dict:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-def _safe(msg: str) -> str:
-    """A server may echo our key back in an error body; never let it into a record."""
-    return redact(msg)
-
-
-def _parse_verdict(raw: bytes) -> bool:
-    try:
-        content = orjson.loads(raw)["choices"][0]["message"]["content"]
-    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
-        raise ValueError("not an OpenAI chat completion") from None
+def _parse_verdict(reply: dict) -> bool:
+    """The validator: the last verdict tag of a chat completion; ValueError (retried) if none."""
+    content = reply["choices"][0]["message"]["content"]
     found = _VERDICT.findall(content) if isinstance(content, str) else []
     if not found:
         raise ValueError("no <judge>Yes</judge> or <judge>No</judge> in it")

@@ -12,7 +12,7 @@ URLs survive):
 
 Every factory has one signature, `(arg: str | None, opts: SearchOptions) -> backend`. Text
 backends have `search(query, k) -> list[Hit]`; image backends `find(ctx, k) -> list[ImageHit]`.
-Both raise `SearchError` (from `search.http`) when the world fails and `BadInput` when the spec
+Both raise `SearchError` (from `search.remote`) when the world fails and `BadInput` when the spec
 or the environment is wrong, which `check_text_spec` / `check_image_spec` surface before a run.
 """
 
@@ -90,10 +90,13 @@ class SearchOptions:
         return Path(self.cache)
 
     def client(self, **kw: Any):
-        from marscli.search.http import HttpClient
+        """The retrying client (`marscli.http`) a backend talks through; it fails with
+        `SearchError`."""
+        from marscli.http import HttpClient
+        from marscli.search.remote import SearchError
 
         return HttpClient(timeout=self.timeout, attempts=self.attempts, backoff=self.backoff,
-                          concurrency=self.concurrency, **kw)
+                          concurrency=self.concurrency, error=SearchError, **kw)
 
 
 class TextBackend(Protocol):

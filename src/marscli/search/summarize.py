@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from itertools import pairwise
 
 from marscli.search import Hit, SearchOptions
-from marscli.search.http import SearchError
+from marscli.search.remote import SearchError
 from marscli.search.text_index import _STOP, _TOKEN
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
@@ -83,7 +83,8 @@ class LlmSummarizer:
         try:
             text = data["choices"][0]["message"]["content"]
         except (KeyError, IndexError, TypeError) as e:
-            raise SearchError(f"summarizer: unexpected reply shape ({type(e).__name__}: {e})")
+            raise SearchError(f"summarizer: unexpected reply shape ({type(e).__name__}: {e})"
+                              ) from None
         return _THINK.sub("", text or "").strip()
 
     def summarize(self, query: str, hits: list[Hit]) -> tuple[str, list[Hit]]:

@@ -33,7 +33,7 @@ from marscli.search import (
     make_text_backend,
 )
 from marscli.search.cache import cache_key, open_cache, public_spec
-from marscli.search.http import SearchError
+from marscli.search.remote import SearchError
 from marscli.search.summarize import LlmSummarizer, extractive
 from marscli.tools import TOOLS, ConvImage, NewImage, ToolContext, ToolResult, error
 
