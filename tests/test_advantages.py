@@ -250,7 +250,7 @@ def test_run_bad_rows(mutate, match):
 
 
 def test_run_more_minibatches_than_groups():
-    with pytest.raises(BadInput, match="--minibatches: 3 .*number of groups \\(2\\)"):
+    with pytest.raises(BadInput, match=r"--minibatches: 3 .*number of groups \(2\)"):
         A.run(_rows(("a", 1), ("b", 0)), "s", minibatches=3)
 
 

@@ -85,13 +85,15 @@ def data(tmp_path_factory, tiny_model) -> Path:
     write_jsonl(d / "p-trunc-image.jsonl", [prompt("a"), prompt("b", image="trunc.png")])
 
     write_jsonl(d / "scored.jsonl", [scored(i) for i in range(4)])
-    write_jsonl(d / "s-trunc.jsonl", [scored(i) for i in range(3)], tail=b'{"v": 1, "id": "p1#1", "re')
+    write_jsonl(d / "s-trunc.jsonl", [scored(i) for i in range(3)],
+                tail=b'{"v": 1, "id": "p1#1", "re')
     write_jsonl(d / "s-nonjson.jsonl", [scored(0), b"this is not json", scored(2)])
     write_jsonl(d / "s-type.jsonl", [scored(0), scored(1), scored(2, total="1.0")])
     write_jsonl(d / "s-nototal.jsonl", [scored(0), {**scored(1), "reward": {"accuracy": 1.0}}])
     write_jsonl(d / "s-version.jsonl", [{**scored(0), "v": 7}])
 
-    write_jsonl(d / "t-nogt.jsonl", [traj(0), {k: v for k, v in traj(1).items() if k != "answer_gt"}])
+    write_jsonl(d / "t-nogt.jsonl",
+                [traj(0), {k: v for k, v in traj(1).items() if k != "answer_gt"}])
     write_jsonl(d / "t-type.jsonl", [traj(0), traj(1, final_answer=42)])
 
     proc = load_processor(str(tiny_model))

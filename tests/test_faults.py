@@ -44,7 +44,8 @@ def judge_opts(tmp_path) -> JudgeOptions:
 
 def search_failures(rec: dict) -> int:
     return sum(1 for s in rec["segments"]
-               if s["role"] == "tool" and s.get("failed") and s["text"].startswith("search failed:"))
+               if s["role"] == "tool" and s.get("failed")
+               and s["text"].startswith("search failed:"))
 
 
 def check_rollout_records(recs: list[dict], stats: dict, ids: set[str]) -> None:

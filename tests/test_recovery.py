@@ -338,7 +338,8 @@ def test_sft_survives_kill_9(zygote, tiny_model, tmp_path, trajectories):
 
 RL_VARS = ["RECIPE=recipes/tiny.mk", "ITER=0", "PROMPTS_PER_ITER=4", "N=2", "MAX_TURNS=2",
            "MAX_TURN_TOKENS=8", ("WORLD_OPTS=--entities 5 --train 8 --test 4 --sft 8 --size 256 "
-                                 "--kinds perception --seed 0"), "MODEL_OPTS=--size tiny --min-pixels 16384 --max-pixels 50176 --seed 0",
+                                 "--kinds perception --seed 0"),
+           "MODEL_OPTS=--size tiny --min-pixels 16384 --max-pixels 50176 --seed 0",
            "SFT_OPTS=--epochs 1 --lr 1e-3 --batch-size 4",
            "ADV_OPTS=--estimator bn-gspo --minibatches 2"]
 # What the iteration builds, in order; a kill lands at a seeded moment after one of them.

@@ -1,6 +1,7 @@
 """`marscli report` and `marscli plot` on a run folder made by the real agent loop
-(helpers.make_run, conftest's `run_dir`): the HTML opens in headless Chromium and shows the list and the images,
-references nothing outside itself, escapes the text; the PNG has the panels it should."""
+(helpers.make_run, conftest's `run_dir`): the HTML opens in headless Chromium and shows the list
+and the images, references nothing outside itself, escapes the text; the PNG has the panels it
+should."""
 
 from __future__ import annotations
 

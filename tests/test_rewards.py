@@ -198,7 +198,8 @@ def test_main_writes_output_and_sidecar(tmp_path):
 
 def cli(*args, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([PY, "-m", "marscli", "reward", *args], cwd=cwd, text=True,
-                          capture_output=True, env={**os.environ, **(env or {})}, timeout=60, check=False)
+                          capture_output=True, env={**os.environ, **(env or {})}, timeout=60,
+                          check=False)
 
 
 def test_cli_bad_field_exit_2_one_line_no_output(tmp_path):
@@ -209,7 +210,8 @@ def test_cli_bad_field_exit_2_one_line_no_output(tmp_path):
     assert p.returncode == 2, p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {src}:2: answer_gt: "), p.stderr
-    assert dst.read_text() == "previous\n" and sorted(os.listdir(tmp_path)) == ["s.jsonl", "t.jsonl"]
+    assert dst.read_text() == "previous\n"
+    assert sorted(os.listdir(tmp_path)) == ["s.jsonl", "t.jsonl"]
 
 
 def test_cli_stdout_and_bad_options(tmp_path):

@@ -194,7 +194,8 @@ def test_chat_template_renders_the_exact_string(loaded):
 
 def test_assistant_mask_covers_exactly_content_and_im_end(loaded):
     tok = loaded[1].tokenizer
-    msgs = _three_turns() + [{"role": "assistant", "content": "<think>y</think><answer>red</answer>"}]
+    msgs = _three_turns() + [
+        {"role": "assistant", "content": "<think>y</think><answer>red</answer>"}]
     r = tok.apply_chat_template(msgs, tokenize=True, return_dict=True,
                                 return_assistant_tokens_mask=True)
     # Independent expectation: the pieces split at added tokens, so they tokenize alone.
@@ -279,7 +280,8 @@ def test_cli_exit_codes_and_no_torch_at_import(tmp_path):
                        capture_output=True, text=True, check=False)
     assert r.returncode == 2 and r.stderr.startswith("error: ") and "--force" in r.stderr
     r = subprocess.run([sys.executable, "-m", "marscli", "tiny-model", str(tmp_path / "x"),
-                        "--text", str(tmp_path / "nope.txt")], capture_output=True, text=True, check=False)
+                        "--text", str(tmp_path / "nope.txt")],
+                       capture_output=True, text=True, check=False)
     assert r.returncode == 2 and "nope.txt: no such file" in r.stderr
     r = subprocess.run([sys.executable, "-c",
                         "import sys, marscli.tiny; print('torch' in sys.modules)"],

@@ -147,7 +147,8 @@ def test_multi_image_logprobs_match_forward(engine, hf_model, tmp_path):
     worst = 0.0
     for g in gens:
         assert len(g.tokens) == len(g.logprobs) > 0
-        assert g.finish in ("stop", "length") and (g.finish == "stop") == (g.tokens[-1] == engine.ids.im_end)
+        assert g.finish in ("stop", "length")
+        assert (g.finish == "stop") == (g.tokens[-1] == engine.ids.im_end)
         assert len(g.tokens) <= 24
         want = hf_logprobs(hf_model, engine.processor, full + g.tokens, images)[len(full) - 1:]
         worst = max(worst, max(abs(a - b) for a, b in zip(g.logprobs, want)))
@@ -259,8 +260,8 @@ def test_vision_placeholders_never_sampled(vision_loving_model, tmp_path):
 
 
 def marscli_has(command: str, python: str) -> bool:
-    r = subprocess.run([python, "-m", "marscli", command, "--help"], check=False, capture_output=True,
-                       text=True, env={**os.environ, "NO_COLOR": "1"})
+    r = subprocess.run([python, "-m", "marscli", command, "--help"], check=False,
+                       capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1"})
     return r.returncode == 0
 
 

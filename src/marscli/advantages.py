@@ -95,7 +95,8 @@ def codes(ids: Sequence[Hashable] | np.ndarray) -> tuple[np.ndarray, int]:
 
 
 def compute(rewards: Sequence[float] | np.ndarray, group_ids: Sequence[Hashable] | np.ndarray,
-            estimator: str = "bn-gspo", minibatch_ids: Sequence[Hashable] | np.ndarray | None = None,
+            estimator: str = "bn-gspo",
+            minibatch_ids: Sequence[Hashable] | np.ndarray | None = None,
             eps_group: float = 1e-6, eps_batch: float = 1e-9) -> np.ndarray:
     """Advantages [N] (float64, input order); the estimator runs within each minibatch."""
     fn = ESTIMATORS.get(estimator)
@@ -118,7 +119,8 @@ def compute(rewards: Sequence[float] | np.ndarray, group_ids: Sequence[Hashable]
     return out
 
 
-def assign_minibatches(prompt_ids: Sequence[Hashable] | np.ndarray, m: int, seed: int) -> np.ndarray:
+def assign_minibatches(prompt_ids: Sequence[Hashable] | np.ndarray, m: int,
+                       seed: int) -> np.ndarray:
     """Minibatch index [N] in 0..m-1, keeping each prompt's group whole.
 
     Groups are shuffled (numpy Generator, `seed`), stably sorted by size, largest first, and dealt
@@ -218,6 +220,7 @@ def main(input: str, output: str = "-", estimator: str = "bn-gspo", minibatches:
                   stats=stats, started=started)
     dropped = f", dropped {stats['dropped_groups']} flat groups" if filter_zero_std else ""
     print(f"advantages ({estimator}): {stats['rows']} rows in {stats['groups']} groups{dropped}, "
-          f"zero-std groups {stats['zero_std_groups']}, wrote {'stdout' if output == '-' else output}",
+          f"zero-std groups {stats['zero_std_groups']}, "
+          f"wrote {'stdout' if output == '-' else output}",
           file=sys.stderr)
     return stats

@@ -20,7 +20,8 @@ CROP_MAX_PIXELS = 8_294_400
 MIN_SIDE = 28
 
 
-def open_image(path: str | Path, *, max_pixels: int | None = None, what: str = "image") -> Image.Image:
+def open_image(path: str | Path, *, max_pixels: int | None = None,
+               what: str = "image") -> Image.Image:
     """Decode an RGB image, checking it exists, is a file, is an image and is not a bomb.
 
     With `max_pixels`, large images are downscaled on load (JPEG draft mode decodes at a

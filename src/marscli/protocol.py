@@ -40,7 +40,8 @@ def tools_block(schemas: list[dict]) -> str:
 
 def system_prompt(schemas: list[dict], base: str | None = None) -> str:
     """The system message: the base prompt (ours or `--system-prompt FILE`) + the tools block."""
-    return f"{base or SYSTEM_PROMPT}\n\n{tools_block(schemas)}" if schemas else (base or SYSTEM_PROMPT)
+    return (f"{base or SYSTEM_PROMPT}\n\n{tools_block(schemas)}" if schemas
+            else (base or SYSTEM_PROMPT))
 
 
 def read_system_prompt(path: str | None) -> str | None:

@@ -365,7 +365,8 @@ def _page(name: str, path: str, run: Run, stats: list[IterStats], png: bytes | N
 <style>{CSS}</style></head>
 <body>
 <header><h1>{esc(name)}</h1>
-<p class="sub">{esc(kinds[run.kind])} <code>{esc(path)}</code> · {len(run.iterations)} iteration(s) ·
+<p class="sub">{esc(kinds[run.kind])} <code>{esc(path)}</code> · \
+{len(run.iterations)} iteration(s) ·
 {esc(shown)} · marscli {esc(__version__)}</p></header>
 <section id="curves"><h2>Curves</h2>{curves_html}</section>
 <section id="iterations"><h2>Iterations</h2>{stats_table(stats)}</section>
@@ -394,13 +395,15 @@ CSS = """
 *{box-sizing:border-box}
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--fg);
  margin:0;padding:16px 24px;background:#fff}
-h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:22px 0 8px;border-bottom:1px solid var(--bd)}
+h1{font-size:22px;margin:0 0 4px}\
+h2{font-size:17px;margin:22px 0 8px;border-bottom:1px solid var(--bd)}
 .sub{color:var(--mut);margin:0}code{font-size:12px}
 .curves{max-width:100%;border:1px solid var(--bd)}
 .note{color:var(--mut);font-style:italic}
 .scroll{overflow-x:auto}
 table.stats{border-collapse:collapse;font-size:12px}
-table.stats th,table.stats td{border:1px solid var(--bd);padding:3px 7px;text-align:right;white-space:nowrap}
+table.stats th,table.stats td{border:1px solid var(--bd);padding:3px 7px;text-align:right;\
+white-space:nowrap}
 table.stats tr:first-child th{background:var(--bg)}
 .filters{display:flex;flex-wrap:wrap;gap:10px;align-items:center;position:sticky;top:0;
  background:#fff;padding:8px 0;z-index:5;border-bottom:1px solid var(--bd)}
@@ -418,12 +421,14 @@ table.stats tr:first-child th{background:var(--bg)}
 .tools,.it{color:var(--mut);font-size:12px}
 .meta{padding:6px 12px}
 table.kv{border-collapse:collapse;font-size:13px}
-table.kv th{text-align:left;color:var(--mut);font-weight:500;padding:1px 12px 1px 0;vertical-align:top}
+table.kv th{text-align:left;color:var(--mut);font-weight:500;padding:1px 12px 1px 0;\
+vertical-align:top}
 .blk{margin:6px 12px;padding:6px 10px;border-left:4px solid var(--bd);background:#fafafa}
 .bt{font-size:12px;color:var(--mut);margin-bottom:2px}
 .txt{white-space:pre-wrap;word-break:break-word}
 .thinking .txt{color:#475467;font-style:italic}
-.call{border-color:#0ea5e9;background:#f0f9ff}.call .txt{font-family:ui-monospace,monospace;font-size:13px}
+.call{border-color:#0ea5e9;background:#f0f9ff}\
+.call .txt{font-family:ui-monospace,monospace;font-size:13px}
 .answer{border-color:#16a34a;background:#f0fdf4}.answer .txt{font-weight:600}
 .format_error{border-color:#eab308;background:#fefce8}
 .obs.ok{border-color:#22c55e}.obs.bad{border-color:#ef4444;background:#fef2f2}
@@ -440,7 +445,8 @@ figcaption{font-size:11px;color:var(--mut);max-width:512px}
 .miss{padding:20px;border:1px dashed var(--bd);color:var(--mut);line-height:1.2}
 .box{position:absolute;border:2px solid;pointer-events:auto}
 .box.br b{left:auto;top:auto;right:0;bottom:0}
-.box b{position:absolute;left:0;top:0;font:600 11px/1.2 system-ui,sans-serif;color:#fff;padding:0 3px}
+.box b{position:absolute;left:0;top:0;font:600 11px/1.2 system-ui,sans-serif;color:#fff;\
+padding:0 3px}
 .c0{border-color:#f59e0b}.c0 b{background:#f59e0b}.c1{border-color:#06b6d4}.c1 b{background:#06b6d4}
 .c2{border-color:#d946ef}.c2 b{background:#d946ef}.c3{border-color:#84cc16}.c3 b{background:#84cc16}
 .c4{border-color:#f43f5e}.c4 b{background:#f43f5e}.c5{border-color:#3b82f6}.c5 b{background:#3b82f6}

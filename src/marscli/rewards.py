@@ -214,7 +214,8 @@ def run(rows: list[tuple[int, dict]], src: str, judge: Judge, format_weight: flo
     unscored = len(rewards) - len(scored)
     stats = {
         "rows": len(rows), "accuracy_mean": _mean(scored, "accuracy"),
-        "format_mean": _mean(scored, "format"), "total_mean": _mean(scored, "total"), "judge_calls": judge.stats.calls,
+        "format_mean": _mean(scored, "format"), "total_mean": _mean(scored, "total"),
+        "judge_calls": judge.stats.calls,
         "judge_requests": judge.stats.requests, "judge_retries": judge.stats.retries,
         "cache_hits": judge.stats.cache_hits, "unscored": unscored,
         "over_unscored": unscored > max_unscored * len(rows),
@@ -255,5 +256,6 @@ def main(input: str, output: str = "-", judge_spec: str = "exact", format_weight
         raise RuntimeFailure(
             f"{stats['unscored']} of {stats['rows']} rows unscored (over {max_unscored:.0%}), "
             f"first error: {stats['first_error']} — the judge is failing; {output} was written "
-            "with those rows marked unscored; fix the judge and re-run (cached verdicts are reused)")
+            "with those rows marked unscored; fix the judge and re-run "
+            "(cached verdicts are reused)")
     return stats

@@ -34,7 +34,8 @@ class LiveTrace:
                 c.print(f"[dim]{escape(data['text'][:500])}[/]")
         elif kind == "tool":
             style = "green" if data["ok"] else "red"
-            c.print(Panel(escape(data["text"][:1500]), title=f"tool response · {data['name'] or 'format error'}",
+            c.print(Panel(escape(data["text"][:1500]),
+                          title=f"tool response · {data['name'] or 'format error'}",
                           border_style=style, title_align="left"))
             for p in data["images"]:
                 c.print(f"  [magenta]image saved:[/] {escape(p)}")
