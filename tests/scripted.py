@@ -4,7 +4,7 @@ be the canonical encoding of their own text)."""
 
 from __future__ import annotations
 
-from marscli.engines import GenRequest, Generation, SamplingParams
+from marscli.engines import Generation, GenRequest, SamplingParams
 from marscli.tokens import expand, special_ids
 
 

@@ -9,8 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from marscli.benchmarks.protocols import (ScoreContext, best_f1, harmonic_mean, in_numeric_range,
-                                          make_protocol, parse_numeric, token_f1)
+from marscli.benchmarks.protocols import (
+    ScoreContext,
+    best_f1,
+    harmonic_mean,
+    in_numeric_range,
+    make_protocol,
+    parse_numeric,
+    token_f1,
+)
 from marscli.errors import BadInput
 from marscli.judge import Judge, JudgeError, JudgeOptions, make_judge
 

@@ -67,7 +67,8 @@ def tree(tmp_path_factory) -> Path:
 
 
 def test_rollout_writes_only_inside_its_output_folder(tiny_model, tree):
-    from marscli.rollout import media_dir, run_rollout
+    from marscli.generate import media_dir
+    from marscli.rollout import run_rollout
 
     root = tree / "rollout"
     prompts = inputs(root)
@@ -82,7 +83,7 @@ def test_rollout_writes_only_inside_its_output_folder(tiny_model, tree):
 
 def test_eval_writes_only_inside_its_output_folder(tiny_model, tree):
     from marscli.evaluate import run_eval
-    from marscli.rollout import media_dir
+    from marscli.generate import media_dir
 
     root = tree / "eval"
     bench = inputs(root)

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from marscli.protocol import (Answer, FormatError, ToolCall, last_answer, parse_turn,
-                              system_prompt, tools_block)
+from marscli.protocol import (
+    Answer,
+    FormatError,
+    ToolCall,
+    last_answer,
+    parse_turn,
+    system_prompt,
+    tools_block,
+)
 
-CALL = '<tool_call>{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [1, 2, 3, 4]}}</tool_call>'
+CALL = ('<tool_call>{"name": "image_zoom_in_tool", '
+        '"arguments": {"bbox_2d": [1, 2, 3, 4]}}</tool_call>')
 
 
 @pytest.mark.parametrize("text,kind,detail", [

@@ -53,10 +53,9 @@ def test_get_field_types():
 def test_atomic_output_keeps_old_file_on_failure(tmp_path):
     out = tmp_path / "out.jsonl"
     out.write_text("old\n")
-    with pytest.raises(RuntimeError):
-        with AtomicJsonl(str(out)) as w:
-            w.write({"v": 1, "id": "x"})
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError), AtomicJsonl(str(out)) as w:
+        w.write({"v": 1, "id": "x"})
+        raise RuntimeError("boom")
     assert out.read_text() == "old\n" and list(tmp_path.iterdir()) == [out]
     with AtomicJsonl(str(out)) as w:
         w.write({"v": 1, "id": "x", "n": float("1.5")})
@@ -76,7 +75,8 @@ def test_sidecar_redacts_secrets(tmp_path, monkeypatch):
     monkeypatch.setenv("SERPER_API_KEY", "SENTINEL-123")
     out = tmp_path / "o.jsonl"
     out.write_text("")
-    write_sidecar(str(out), stage="t", config={"api_key": "SENTINEL-123", "url": "x?k=SENTINEL-123"},
+    write_sidecar(str(out), stage="t",
+                  config={"api_key": "SENTINEL-123", "url": "x?k=SENTINEL-123"},
                   inputs=[str(out)], stats={"n": 1})
     meta = (tmp_path / "o.jsonl.meta.json").read_text()
     assert "SENTINEL" not in meta and '"stage": "t"' in meta and "sha256" not in meta
@@ -93,9 +93,11 @@ def test_prompts_marscli_and_mars_style(tmp_path):
     ]
     p = write(tmp_path / "p.jsonl", "".join(orjson.dumps(r).decode() + "\n" for r in rows))
     a, b = load_prompts(p)
-    assert (a.id, a.answer, a.choices, a.category, a.extra) == ("q1", ["x", "y"], ["A. x", "B. y"], "c", {"extra_field": 7})
+    assert (a.id, a.answer, a.choices, a.category, a.extra) == (
+        "q1", ["x", "y"], ["A. x", "B. y"], "c", {"extra_field": 7})
     assert a.image_paths() == [tmp_path / "a.jpg"]
-    assert (b.id, b.question, b.images, b.answer) == ("12", "Who made it?", ["b.jpg"], ["Kelo", "K."])
+    assert (b.id, b.question, b.images, b.answer) == (
+        "12", "Who made it?", ["b.jpg"], ["Kelo", "K."])
     assert b.image_search == [{"title": "t1", "thumbnail": "th/1.jpg"}]
 
 
@@ -104,7 +106,8 @@ def test_prompts_marscli_and_mars_style(tmp_path):
     ({"v": 1, "id": "a", "image": "a.jpg"}, ":1: question: missing required field"),
     ({"v": 1, "id": "a", "question": "Q"}, ":1: image: missing required field"),
     ({"v": 1, "id": "a", "question": "Q", "image": 3}, ":1: image: expected a string or a list"),
-    ({"v": 1, "id": "a", "question": "Q", "image": "x", "choices": "AB"}, ":1: choices: expected a list"),
+    ({"v": 1, "id": "a", "question": "Q", "image": "x", "choices": "AB"},
+     ":1: choices: expected a list"),
 ])
 def test_prompt_field_errors(tmp_path, row, msg):
     p = write(tmp_path / "p.jsonl", orjson.dumps(row).decode() + "\n")
@@ -125,7 +128,8 @@ def test_segments_validation():
     with pytest.raises(BadInput, match="f:1: segments: no model segment"):
         parse_segments({"segments": [{"role": "prompt", "tokens": [1]}]}, "f", 1)
     with pytest.raises(BadInput, match=r"segments\[1\]\.logprobs: expected one number per token"):
-        parse_segments({"segments": [ok["segments"][0], {"role": "model", "tokens": [5], "logprobs": []}]}, "f", 1)
+        parse_segments({"segments": [ok["segments"][0],
+                                     {"role": "model", "tokens": [5], "logprobs": []}]}, "f", 1)
     with pytest.raises(BadInput, match=r"segments\[0\]\.role"):
         parse_segments({"segments": [{"role": "user", "tokens": []}]}, "f", 1)
 

@@ -11,7 +11,7 @@ from marscli import __version__
 def _version(mod: str) -> str:
     try:
         return getattr(importlib.import_module(mod), "__version__", "installed")
-    except Exception as e:  # noqa: BLE001 - any import failure is worth reporting as such
+    except Exception as e:  # any import failure is worth reporting as such
         return f"not available ({type(e).__name__})"
 
 
@@ -25,6 +25,6 @@ def describe() -> dict[str, str]:
 
         info["cuda"] = (f"{torch.version.cuda} ({torch.cuda.device_count()} devices)"
                         if torch.cuda.is_available() else "not available")
-    except Exception:  # noqa: BLE001
+    except Exception:
         info["cuda"] = "unknown"
     return info

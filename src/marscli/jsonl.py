@@ -20,8 +20,9 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import orjson
 
@@ -97,7 +98,8 @@ def get_field(row: dict, dotted: str, types: type | tuple[type, ...], src: str, 
     if isinstance(cur, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
         raise BadInput(f"{src}:{line}: {dotted}: expected {_tname(types)}, got bool")
     if not isinstance(cur, types):
-        raise BadInput(f"{src}:{line}: {dotted}: expected {_tname(types)}, got {type(cur).__name__}")
+        raise BadInput(f"{src}:{line}: {dotted}: expected {_tname(types)}, "
+                       f"got {type(cur).__name__}")
     return cur
 
 
@@ -174,7 +176,7 @@ class AtomicJsonl:
         self.path = path
         self.count = 0
 
-    def __enter__(self) -> "AtomicJsonl":
+    def __enter__(self) -> AtomicJsonl:
         self._buf: list[bytes] | None = [] if self.path == "-" else None
         if self._buf is None:
             self._atomic = AtomicFile(self.path)
@@ -217,7 +219,7 @@ class AppendJsonl:
         self.ids: set[str] = set()
         self.count = 0
 
-    def __enter__(self) -> "AppendJsonl":
+    def __enter__(self) -> AppendJsonl:
         check_writable(self.path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -241,8 +243,9 @@ class AppendJsonl:
                 try:
                     self.ids.add(orjson.loads(line)[self.key])
                 except (orjson.JSONDecodeError, KeyError, TypeError):
-                    raise BadInput(f"{self.path}:{n}: {self.key}: existing output is not a "
-                                   f"record of this stage — move it away or pick another -o") from None
+                    raise BadInput(
+                        f"{self.path}:{n}: {self.key}: existing output is not a "
+                        "record of this stage — move it away or pick another -o") from None
 
     def write(self, row: dict) -> None:
         self._fh.write(dumps(row))
@@ -301,4 +304,5 @@ def write_sidecar(out: str, *, stage: str, seed: int | None = None, config: dict
         "stats": stats or {},
     }
     with AtomicFile(f"{out}.meta.json") as fh:
-        fh.write(orjson.dumps(redact(meta), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+        fh.write(orjson.dumps(redact(meta),
+                              option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))

@@ -7,9 +7,12 @@ answer is then the option letter). Formats (`--format`, `auto` detects):
 
 | format | files | module |
 |---|---|---|
-| mars | the release's `data/eval/NAME/` folders (`data.jsonl` + images; MARS rows with precomputed image-search results), or any marscli/MARS prompt JSONL | `mars.py` |
-| mmsearch, hr-mmsearch, fvqa | parquet (HF `datasets` layout: image columns as `{bytes, path}` structs, raw bytes or paths) | `parquet.py` |
-| simplevqa, livevqa | parquet or JSONL with the generic column names (unverified layouts) | `parquet.py`, `jsonl.py` |
+| mars | the release's `data/eval/NAME/` folders (`data.jsonl` + images; MARS rows with \
+precomputed image-search results), or any marscli/MARS prompt JSONL | `mars.py` |
+| mmsearch, hr-mmsearch, fvqa | parquet (HF `datasets` layout: image columns as \
+`{bytes, path}` structs, raw bytes or paths) | `parquet.py` |
+| simplevqa, livevqa | parquet or JSONL with the generic column names (unverified layouts) \
+| `parquet.py`, `jsonl.py` |
 | vstar, infoseek | JSONL + an image folder | `jsonl.py` |
 | hrbench, mme-realworld | VLMEvalKit TSV with base64 images | `tsv.py` |
 
@@ -25,7 +28,7 @@ from pathlib import Path
 
 import orjson
 
-from marscli.benchmarks.common import Loaded, LoadContext
+from marscli.benchmarks.common import LoadContext, Loaded
 from marscli.errors import BadInput, unknown_name
 from marscli.registry import Registry
 

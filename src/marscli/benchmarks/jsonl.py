@@ -30,8 +30,17 @@ from pathlib import Path
 from typing import Any
 
 from marscli.benchmarks import FORMATS
-from marscli.benchmarks.common import (Loaded, LoadContext, answers_of, find_image, gold_letter,
-                                       is_missing, jsonable, mcq_question, split_options)
+from marscli.benchmarks.common import (
+    LoadContext,
+    Loaded,
+    answers_of,
+    find_image,
+    gold_letter,
+    is_missing,
+    jsonable,
+    mcq_question,
+    split_options,
+)
 from marscli.errors import BadInput
 from marscli.jsonl import read_rows
 from marscli.records import Prompt

@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from marscli.benchmarks import FORMATS, benchmark_info, guess_name
-from marscli.benchmarks.common import Loaded, LoadContext, split_options
+from marscli.benchmarks.common import LoadContext, Loaded, split_options
 from marscli.errors import BadInput
 from marscli.jsonl import read_rows
 from marscli.records import parse_prompt

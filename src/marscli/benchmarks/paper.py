@@ -74,7 +74,7 @@ MODELS = ("SenseNova-MARS-8B", "SenseNova-MARS-32B")
 def reported(bench: str, mode: str) -> dict:
     """The paper's numbers for `bench` in `mode` (agent | direct): the two MARS models (None
     where unreported) and the Qwen3-VL baselines."""
-    mars = {m: None for m in MODELS}
+    mars = dict.fromkeys(MODELS)
     if mode == "agent":
         for m in MODELS:
             mars[m] = _MARS_SEARCH[m].get(bench, _MARS_HIGHRES[m].get(bench))

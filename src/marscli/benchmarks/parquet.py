@@ -27,14 +27,21 @@ Other JSON-able columns ride along into the records unchanged.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Iterator
 from typing import Any
 
 from marscli.benchmarks import FORMATS
-from marscli.benchmarks.common import (Loaded, LoadContext, answers_of, cache_image, find_image,
-                                       is_missing, jsonable)
+from marscli.benchmarks.common import (
+    LoadContext,
+    Loaded,
+    answers_of,
+    cache_image,
+    find_image,
+    is_missing,
+    jsonable,
+)
 from marscli.errors import BadInput
 from marscli.records import Prompt, parse_prompt
 
@@ -84,7 +91,7 @@ def parquet_columns(path: Path) -> list[str]:
     pq = _pyarrow()
     try:
         return list(pq.read_schema(path).names)
-    except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad file
+    except Exception as e:
         raise BadInput(f"{path}: not a readable parquet file ({type(e).__name__}: {e})") from None
 
 
@@ -94,7 +101,7 @@ def iter_parquet(path: Path, columns: list[str]) -> Iterator[dict]:
         pf = pq.ParquetFile(path)
         for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=columns):
             yield from batch.to_pylist()
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         raise BadInput(f"{path}: cannot read parquet ({type(e).__name__}: {e})") from None
 
 

@@ -26,8 +26,17 @@ import sys
 from pathlib import Path
 
 from marscli.benchmarks import FORMATS, guess_name
-from marscli.benchmarks.common import (LETTERS, Loaded, LoadContext, cache_image, find_image,
-                                       gold_letter, is_missing, jsonable, mcq_question)
+from marscli.benchmarks.common import (
+    LETTERS,
+    LoadContext,
+    Loaded,
+    cache_image,
+    find_image,
+    gold_letter,
+    is_missing,
+    jsonable,
+    mcq_question,
+)
 from marscli.errors import BadInput
 from marscli.records import Prompt
 
