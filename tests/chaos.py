@@ -1,6 +1,5 @@
-"""A small, seeded chaos HTTP server on 127.0.0.1 for fault-injection and secret-leak tests.
-
-One `ThreadingHTTPServer` in a daemon thread answers three protocols by path:
+"""A small, seeded chaos server on 127.0.0.1 (a `fakes.FakeServer`) for fault-injection and
+secret-leak tests. It answers three protocols by path:
 
   POST .../chat/completions   OpenAI-compatible chat: the rollout/eval engine (`--engine openai
                               --base-url URL`) and the judge (`--judge openai:MODEL@URL`)
@@ -24,15 +23,13 @@ reference.
 from __future__ import annotations
 
 import hashlib
-import json
 import random
-import threading
-import time
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Self
+
+from fakes import FakeServer, Reply, chat_reply, current, retrieve_reply, serper_reply
 
 FAULTS = ("http500", "timeout", "malformed", "slow")
+CREDENTIALS = ("authorization", "x-api-key")
 
 
 def _reference(text: str, key: str) -> str:
@@ -52,85 +49,43 @@ def chat_script(body: dict) -> dict:
     if "Reference answer:" in text:  # the judge
         gold = _reference(text, "Reference answer:").lower()
         cand = _reference(text, "Candidate answer:").lower()
-        reply = "<judge>Yes</judge>" if gold and gold in cand else "<judge>No</judge>"
-    else:  # the agent
-        seed = body.get("seed", 0)
-        turn = sum(m.get("role") == "assistant" for m in msgs)
-        reply = [
-            ('<thinking>Search.</thinking><tool_call>{"name": "text_search_tool", "arguments": '
-            f'{{"query": "chaos query {seed}"}}}}</tool_call>'),
-            ('<thinking>Zoom.</thinking><tool_call>{"name": "image_zoom_in_tool", "arguments": '
-            '{"bbox_2d": [0, 0, 500, 500]}}</tool_call>'),
-            f"<thinking>Done.</thinking><answer>red {seed}</answer>",
-        ][min(turn, 2)]
-    return {"id": "chaos", "object": "chat.completion",
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": reply}}],
-            "usage": {"prompt_tokens": 50, "completion_tokens": 12}}
+        return chat_reply("<judge>Yes</judge>" if gold and gold in cand else "<judge>No</judge>")
+    seed = body.get("seed", 0)  # the agent
+    turn = sum(m.get("role") == "assistant" for m in msgs)
+    return chat_reply([
+        ('<thinking>Search.</thinking><tool_call>{"name": "text_search_tool", "arguments": '
+         f'{{"query": "chaos query {seed}"}}}}</tool_call>'),
+        ('<thinking>Zoom.</thinking><tool_call>{"name": "image_zoom_in_tool", "arguments": '
+         '{"bbox_2d": [0, 0, 500, 500]}}</tool_call>'),
+        f"<thinking>Done.</thinking><answer>red {seed}</answer>",
+    ][min(turn, 2)])
 
 
-def retriever_script(body: dict) -> dict:
-    q = (body.get("queries") or [""])[0]
-    return {"result": [[{"document": {"contents": f'"Doc {i}"\nA passage about {q}.'},
-                         "score": 1.0 / (i + 1)} for i in range(int(body.get("topk", 3)))]]}
+SCRIPTS = {
+    "/chat/completions": chat_script,
+    "/retrieve": lambda body: retrieve_reply(*(
+        (f"Doc {i}", f"A passage about {(body.get('queries') or [''])[0]}.")
+        for i in range(int(body.get("topk", 3))))),
+    "/search": lambda body: serper_reply(*(
+        (f"Result {i}", f"http://127.0.0.1:9/page{i}", f"About {body.get('q', '')}.")
+        for i in range(3))),
+}
 
 
-def serper_script(body: dict) -> dict:
-    q = body.get("q", "")
-    return {"organic": [{"title": f"Result {i}", "snippet": f"About {q}.",
-                         "link": f"http://127.0.0.1:9/page{i}"} for i in range(3)]}
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 128  # the default backlog (5) refuses connections under a burst
-
-
-class ChaosServer:
+class ChaosServer(FakeServer):
     def __init__(self, *, seed: int = 0, fail_rate: float = 0.3, timeout_s: float = 1.0,
                  slow_s: float = 0.2) -> None:
         self.seed, self.fail_rate = seed, fail_rate
         self.timeout_s, self.slow_s = timeout_s, slow_s
-        self.attempts: Counter = Counter()  # (path, body sha256) -> requests received
         self.faults: Counter = Counter()  # fault kind -> times injected
-        self.headers_seen: list[dict] = []  # credentials the requests carried
-        self.lock = threading.Lock()
-        server = self
+        super().__init__(self.reply)
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args) -> None:  # keep pytest output clean
-                pass
-
-            def do_POST(self) -> None:
-                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                status, data, delay = server.handle(self.path, raw, dict(self.headers))
-                time.sleep(delay)
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):  # the client timed out
-                    pass
-
-        self.httpd = _Server(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,),
-                                        daemon=True)
-        self._thread.start()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-    # ------------------------------------------------------------------ faults
+    @property
+    def headers_seen(self) -> list[dict]:
+        """The credentials each request carried."""
+        with self.lock:
+            return [{k.lower(): v for k, v in r["headers"].items() if k.lower() in CREDENTIALS}
+                    for r in self.log]
 
     def fault(self, path: str, digest: str, attempt: int) -> str | None:
         """The fault for this attempt at this request, or None; independent of arrival order."""
@@ -140,49 +95,21 @@ class ChaosServer:
             return None
         return FAULTS[min(len(FAULTS) - 1, int(u / self.fail_rate * len(FAULTS)))]
 
-    def handle(self, path: str, raw: bytes, headers: dict) -> tuple[int, bytes, float]:
-        # A failure's text (with this server's port in it) can travel back in a later
-        # request; the port is left out of the digest so that runs repeat their faults.
-        port = str(self.httpd.server_address[1]).encode()
-        digest = hashlib.sha256(raw.replace(port, b"PORT")).hexdigest()
-        creds = {k.lower(): v for k, v in headers.items()
-                 if k.lower() in ("authorization", "x-api-key")}
-        with self.lock:
-            self.attempts[(path, digest)] += 1
-            attempt = self.attempts[(path, digest)]
-            self.headers_seen.append(creds)
-        kind = self.fault(path, digest, attempt)
+    def reply(self, path: str, body, attempt: int) -> Reply:
+        req = current()
+        kind = self.fault(path, req["digest"], attempt)
         if kind:
             with self.lock:
                 self.faults[kind] += 1
         if kind == "http500":
-            return 500, json.dumps({"error": f"internal error; you sent {creds}"}).encode(), 0.0
+            creds = {k.lower(): v for k, v in req["headers"].items() if k.lower() in CREDENTIALS}
+            return 500, {"error": f"internal error; you sent {creds}"}
         if kind == "malformed":
-            return 200, b'{"choices": [{"message": ', 0.0
-        delay = (self.timeout_s + 0.5 if kind == "timeout"
-                 else self.slow_s if kind == "slow" else 0.0)
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            return 400, b'{"error": "bad json"}', delay
-        if path.endswith("/chat/completions"):
-            reply = chat_script(body)
-        elif path.endswith("/retrieve"):
-            reply = retriever_script(body)
-        elif path.endswith("/search"):
-            reply = serper_script(body)
-        else:
-            return 404, b'{"error": "no such path"}', delay
-        return 200, json.dumps(reply).encode(), delay
-
-    # ------------------------------------------------------------------ counts
-
-    def max_attempts(self, suffix: str = "") -> int:
-        """Most attempts the server saw at any one distinct request (under a path suffix)."""
-        with self.lock:
-            return max((n for (p, _), n in self.attempts.items() if p.endswith(suffix)),
-                       default=0)
-
-    def requests(self, suffix: str = "") -> int:
-        with self.lock:
-            return sum(n for (p, _), n in self.attempts.items() if p.endswith(suffix))
+            return 200, b'{"choices": [{"message": '
+        delay = {"timeout": self.timeout_s + 0.5, "slow": self.slow_s}.get(kind, 0.0)
+        if not isinstance(body, dict):
+            return 400, {"error": "bad json"}, delay
+        script = next((s for p, s in SCRIPTS.items() if path.endswith(p)), None)
+        if script is None:
+            return 404, {"error": "no such path"}, delay
+        return 200, script(body), delay

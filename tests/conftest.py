@@ -39,3 +39,19 @@ def processor(tiny_model):
     from marscli.policy import load_processor
 
     return load_processor(str(tiny_model))
+
+
+@pytest.fixture
+def fake_server():
+    """A factory of `fakes.FakeServer`s (its constructor's arguments), all stopped at teardown."""
+    from fakes import FakeServer
+
+    servers: list[FakeServer] = []
+
+    def start(*args, **kw) -> FakeServer:
+        servers.append(FakeServer(*args, **kw))
+        return servers[-1]
+
+    yield start
+    for s in servers:
+        s.close()

@@ -11,8 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import orjson
@@ -23,86 +21,22 @@ from marscli.errors import BadInput, RuntimeFailure
 from marscli.judge import JudgeOptions, VerdictCache, make_judge
 from marscli.rewards import main
 
+from fakes import always, chat_reply, sequence
+
 SENTINEL = "sk-SENTINEL-9f8e7d6c5b4a"
 
-# a script maps (request number from 1, request body) to (HTTP status, reply content, delay s)
-Script = Callable[[int, dict], tuple[int, str, float]]
-
-
-def chat(content: str) -> str:
-    return orjson.dumps({"choices": [{"message": {"role": "assistant", "content": content}}]}).decode()
-
-
-YES, NO = chat("<judge>Yes</judge>"), chat("The answer matches.\n<judge>No</judge>")
-
-
-class FakeJudge:
-    """An OpenAI chat endpoint on 127.0.0.1 that counts what it is asked."""
-
-    def __init__(self, script: Script) -> None:
-        self.script, self.bodies, self.headers = script, [], []
-        self.lock = threading.Lock()
-        self.in_flight = self.max_in_flight = 0
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = orjson.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with fake.lock:
-                    fake.bodies.append(body)
-                    fake.headers.append(dict(self.headers))
-                    n = len(fake.bodies)
-                    fake.in_flight += 1
-                    fake.max_in_flight = max(fake.max_in_flight, fake.in_flight)
-                try:
-                    status, content, delay = fake.script(n, body)
-                    time.sleep(delay)
-                    data = content.encode()
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except OSError:
-                    pass  # the client timed out and went away
-                finally:
-                    with fake.lock:
-                        fake.in_flight -= 1
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.httpd.server_port}/v1"
-        self.spec = f"openai:judge-model@{self.url}"
-
-    @property
-    def count(self) -> int:
-        return len(self.bodies)
+YES, NO = chat_reply("<judge>Yes</judge>"), chat_reply("The answer matches.\n<judge>No</judge>")
 
 
 @pytest.fixture
-def serve():
-    servers: list[FakeJudge] = []
+def serve(fake_server):
+    """A fake judge: `serve(script)` answers every path by `script`."""
+    def start(script):
+        srv = fake_server(script)
+        srv.spec = f"openai:judge-model@{srv.url}/v1"
+        return srv
 
-    def start(script: Script) -> FakeJudge:
-        servers.append(FakeJudge(script))
-        return servers[-1]
-
-    yield start
-    for s in servers:
-        s.httpd.shutdown()
-        s.httpd.server_close()
-
-
-def always(status: int, content: str = "", delay: float = 0.0) -> Script:
-    return lambda n, body: (status, content, delay)
-
-
-def sequence(*replies: tuple[int, str]) -> Script:
-    return lambda n, body: (*replies[min(n, len(replies)) - 1], 0.0)
+    return start
 
 
 @pytest.fixture
@@ -143,14 +77,14 @@ def test_yes_scores_one_and_request_is_openai_shaped(serve, data, monkeypatch):
     rows, stats = score(data(), srv.spec)
     assert rows[0]["reward"] == {"total": 1.5, "accuracy": 1.0, "format": 0.5,
                                  "judge": "openai:judge-model"}
-    body = srv.bodies[0]
+    body = srv.log[0]["body"]
     assert body["model"] == "judge-model" and body["temperature"] == 0 and body["max_tokens"] > 0
     image, text = body["messages"][0]["content"]
     assert "Which city is this?" in text["text"] and "Paris, France" in text["text"]
     head, b64 = image["image_url"]["url"].split(",", 1)
     assert head == "data:image/jpeg;base64"
     assert max(Image.open(io.BytesIO(base64.b64decode(b64))).size) == 512  # 1200x800 downscaled
-    assert srv.headers[0]["Authorization"] == f"Bearer {SENTINEL}"
+    assert srv.log[0]["headers"]["Authorization"] == f"Bearer {SENTINEL}"
     assert stats["judge_calls"] == 1 and stats["judge_requests"] == 1
 
 
@@ -163,48 +97,49 @@ def test_no_is_a_real_zero_not_a_failure(serve, data):
 
 
 def test_one_question_per_gold_answer_any_yes_wins(serve, data):
-    srv = serve(lambda n, body: (200, YES if "Reference answer: Lutetia" in
+    srv = serve(lambda path, body, n: (200, YES if "Reference answer: Lutetia" in
                                  body["messages"][0]["content"][-1]["text"] else NO, 0))
     rows, _ = score(data(answers=("the French capital",), gold=("Lyon", "Lutetia")), srv.spec)
-    assert rows[0]["reward"]["accuracy"] == 1.0 and srv.count == 2
+    assert rows[0]["reward"]["accuracy"] == 1.0 and srv.requests() == 2
 
 
 def test_exact_match_and_missing_answer_ask_nobody(serve, data):
     srv = serve(always(200, YES))
     path = data(answers=("paris",))
     rows, _ = score(path, srv.spec)
-    assert rows[0]["reward"]["accuracy"] == 1.0 and srv.count == 0
+    assert rows[0]["reward"]["accuracy"] == 1.0 and srv.requests() == 0
 
 
 def test_judge_api_key_fallback(serve, data, monkeypatch):
     monkeypatch.setenv("JUDGE_API_KEY", SENTINEL)
     srv = serve(always(200, YES))
     score(data(), srv.spec)
-    assert srv.headers[0]["Authorization"] == f"Bearer {SENTINEL}"
+    assert srv.log[0]["headers"]["Authorization"] == f"Bearer {SENTINEL}"
 
 
-@pytest.mark.parametrize("bad", [chat("Yes"), chat("<judge>maybe</judge>"), "{not json",
+@pytest.mark.parametrize("bad", [chat_reply("Yes"), chat_reply("<judge>maybe</judge>"), "{not json",
                                  '{"choices": []}'])
 def test_malformed_reply_is_retried(serve, data, bad):
     srv = serve(sequence((200, bad), (200, YES)))
     rows, stats = score(data(), srv.spec)
     assert rows[0]["reward"]["accuracy"] == 1.0
-    assert srv.count == 2 and stats["judge_retries"] == 1
+    assert srv.requests() == 2 and stats["judge_retries"] == 1
 
 
 def test_http_500_then_success_counts_the_retry(serve, data):
     srv = serve(sequence((500, "oops"), (200, YES)))
     rows, stats = score(data(), srv.spec)
     assert rows[0]["reward"]["total"] == 1.5
-    assert stats["judge_requests"] == 2 and stats["judge_retries"] == 1 and stats["judge_calls"] == 1
+    assert stats["judge_requests"] == 2 and stats["judge_retries"] == 1
+    assert stats["judge_calls"] == 1
 
 
 def test_permanent_malformed_leaves_row_unscored(serve, data):
-    srv = serve(always(200, chat("no tag at all")))
+    srv = serve(always(200, chat_reply("no tag at all")))
     rows, _ = score(data(), srv.spec, max_unscored=1.0)
     rw = rows[0]["reward"]
     assert rw["status"] == "unscored" and "total" not in rw and "accuracy" not in rw
-    assert "malformed" in rw["error"] and srv.count == 3
+    assert "malformed" in rw["error"] and srv.requests() == 3
 
 
 @pytest.mark.parametrize("retries", [0, 1, 3])
@@ -212,14 +147,14 @@ def test_attempts_never_exceed_the_bound(serve, data, retries):
     srv = serve(always(503, "busy"))
     _, stats = score(data(answers=("x", "y")), srv.spec, judge_retries=retries,
                      max_unscored=1.0)
-    assert srv.count == 2 * (retries + 1)  # two rows, one gold answer each
-    assert stats["unscored"] == 2 and stats["judge_requests"] == srv.count
+    assert srv.requests() == 2 * (retries + 1)  # two rows, one gold answer each
+    assert stats["unscored"] == 2 and stats["judge_requests"] == srv.requests()
 
 
 def test_client_error_is_not_retried(serve, data):
     srv = serve(always(400, '{"error": "unknown model"}'))
     rows, _ = score(data(), srv.spec, max_unscored=1.0)
-    assert srv.count == 1 and "HTTP 400" in rows[0]["reward"]["error"]
+    assert srv.requests() == 1 and "HTTP 400" in rows[0]["reward"]["error"]
 
 
 def test_slow_judge_times_out(serve, data):
@@ -227,7 +162,7 @@ def test_slow_judge_times_out(serve, data):
     t0 = time.time()
     rows, _ = score(data(), srv.spec, judge_timeout=0.2, judge_retries=1, max_unscored=1.0)
     assert rows[0]["reward"]["status"] == "unscored" and "timed out" in rows[0]["reward"]["error"]
-    assert srv.count == 2 and time.time() - t0 < 3.0
+    assert srv.requests() == 2 and time.time() - t0 < 3.0
 
 
 def test_permanent_500_writes_output_then_exits_1(serve, data):
@@ -240,11 +175,11 @@ def test_permanent_500_writes_output_then_exits_1(serve, data):
     assert [r["reward"].get("status") for r in rows] == ["unscored", "unscored", None, "unscored"]
     assert rows[2]["reward"]["total"] == 1.5  # the exact match is kept
     meta = orjson.loads(out.with_name("scored.jsonl.meta.json").read_bytes())
-    assert meta["stats"]["unscored"] == 3 and srv.count == 9
+    assert meta["stats"]["unscored"] == 3 and srv.requests() == 9
 
 
 def test_few_unscored_rows_under_the_threshold_pass(serve, data):
-    srv = serve(lambda n, body: (500, "", 0) if "Marseille" in str(body) else (200, YES, 0))
+    srv = serve(lambda path, body, n: (500, "", 0) if "Marseille" in str(body) else (200, YES, 0))
     rows, stats = score(data(answers=("Marseille", "b", "c", "d")), srv.spec, max_unscored=0.25)
     assert stats["unscored"] == 1 and rows[1]["reward"]["accuracy"] == 1.0
 
@@ -253,16 +188,16 @@ def test_rerun_hits_the_cache_and_failures_are_not_cached(serve, data):
     srv = serve(always(200, YES))
     path = data(answers=("x", "y", "z"))
     score(path, srv.spec)
-    assert srv.count == 3
+    assert srv.requests() == 3
     rows, stats = score(path, srv.spec)
-    assert srv.count == 3 and stats["cache_hits"] == 3 and stats["judge_calls"] == 0
+    assert srv.requests() == 3 and stats["cache_hits"] == 3 and stats["judge_calls"] == 0
     assert all(r["reward"]["accuracy"] == 1.0 for r in rows)
 
     down = serve(always(500, ""))
     score(path, down.spec.replace("judge-model", "other"), judge_retries=0, max_unscored=1.0)
     up = serve(always(200, NO))
     rows, stats = score(path, up.spec.replace("judge-model", "other"))
-    assert up.count == 3 and stats["cache_hits"] == 0  # the failures left nothing behind
+    assert up.requests() == 3 and stats["cache_hits"] == 0  # the failures left nothing behind
 
 
 def test_cache_path_option_and_shared_file(tmp_path, serve, data):
@@ -281,7 +216,7 @@ def test_cache_path_option_and_shared_file(tmp_path, serve, data):
 def test_concurrency_is_bounded(serve, data):
     srv = serve(always(200, YES, delay=0.15))
     score(data(answers=tuple(f"a{i}" for i in range(8))), srv.spec, judge_concurrency=2)
-    assert srv.count == 8 and srv.max_in_flight == 2
+    assert srv.requests() == 8 and srv.max_in_flight == 2
 
 
 def test_judge_semaphore_bounds_callers_that_bring_their_own_threads(serve, tmp_path):
@@ -294,7 +229,7 @@ def test_judge_semaphore_bounds_callers_that_bring_their_own_threads(serve, tmp_
     for t in threads:
         t.join()
     judge.close()
-    assert srv.count == 6 and srv.max_in_flight == 2
+    assert srv.requests() == 6 and srv.max_in_flight == 2
 
 
 def test_missing_image_is_bad_input_before_any_call(serve, data, tmp_path):
@@ -303,7 +238,7 @@ def test_missing_image_is_bad_input_before_any_call(serve, data, tmp_path):
     (tmp_path / "images" / "q.png").unlink()
     with pytest.raises(BadInput, match=r"traj\.jsonl:1: images\[0\]\.path: "):
         score(path, srv.spec)
-    assert srv.count == 0 and not (tmp_path / "scored.jsonl").exists()
+    assert srv.requests() == 0 and not (tmp_path / "scored.jsonl").exists()
 
 
 @pytest.mark.parametrize("spec,msg", [
@@ -337,9 +272,10 @@ def test_api_key_never_leaks_cli(serve, data, tmp_path):
                         "-o", str(out)], env=env, text=True, capture_output=True, timeout=60,
                        check=False)
     assert p.returncode == 1, p.stderr
-    assert srv.headers[0]["Authorization"] == f"Bearer {SENTINEL}"  # it was sent, to the judge
-    assert srv.count == 2  # 401: no retries
-    texts = [p.stdout, p.stderr, out.read_text(), out.with_name("scored.jsonl.meta.json").read_text()]
+    assert srv.log[0]["headers"]["Authorization"] == f"Bearer {SENTINEL}"  # sent, to the judge
+    assert srv.requests() == 2  # 401: no retries
+    texts = [p.stdout, p.stderr, out.read_text(),
+             out.with_name("scored.jsonl.meta.json").read_text()]
     assert all(SENTINEL not in t for t in texts)
     assert "<redacted>" in out.read_text()
     err = p.stderr.strip().splitlines()
@@ -353,6 +289,6 @@ def test_cli_judge_options(serve, data, tmp_path):
                         "--judge-retries", "0", "--judge-timeout", "5", "--judge-cache",
                         str(tmp_path / "c.sqlite"), "--max-unscored", "0", "-o", str(out)],
                        text=True, capture_output=True, timeout=60, check=False)
-    assert p.returncode == 1 and srv.count == 1, p.stderr
+    assert p.returncode == 1 and srv.requests() == 1, p.stderr
     assert orjson.loads(out.read_bytes())["reward"]["status"] == "unscored"
     assert (tmp_path / "c.sqlite").exists()

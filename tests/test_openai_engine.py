@@ -6,14 +6,9 @@ transient failures are retried, a permanent one ends only its trajectory (`engin
 from __future__ import annotations
 
 import base64
-import json
 import os
 import subprocess
 import sys
-import threading
-import time
-from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import orjson
@@ -23,7 +18,9 @@ from PIL import Image
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.rollout import run_rollout
 from marscli.tokens import assemble, special_ids
-from test_rollout import scene
+
+from fakes import FakeServer, chat_reply, current
+from helpers import scene
 
 ZOOM = ('<thinking>Too small.</thinking><tool_call>{"name": "image_zoom_in_tool", "arguments": '
         '{"bbox_2d": [500, 500, 1000, 1000], "label": "corner"}}</tool_call>')
@@ -32,82 +29,38 @@ CUT = "<thinking>The corner is"  # a reply that ran out of tokens
 SENTINEL = "sk-sentinel-7f3a9c"
 
 
-class ScriptedServer:
-    """Chat completions by script: turn 0 zooms, later turns answer (with `cut`, turn 0 runs
-    out of tokens first; with `reasoner`, the thinking comes apart in `reasoning_content`). The
-    question picks a misbehaviour: `flaky` (500 once per request), `garbled` (bad JSON once),
-    `slow` (first attempt outlasts the client's timeout), `broken` (500 always, echoing the
-    auth header)."""
+def question(body: dict) -> str:
+    return next(p["text"] for p in body["messages"][1]["content"] if p["type"] == "text")
 
-    def __init__(self) -> None:
-        self.requests: list[dict] = []
-        self.auth: list[str | None] = []
-        self.attempts: Counter = Counter()
-        self.lock = threading.Lock()
-        server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args) -> None:  # keep pytest output clean
-                pass
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                status, payload, delay = server.reply(body, self.headers.get("Authorization"))
-                time.sleep(delay)
-                data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):  # the client timed out
-                    pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
-
-    def reply(self, body: dict, auth: str | None) -> tuple[int, dict | bytes, float]:
-        msgs = body["messages"]
-        question = next(p["text"] for p in msgs[1]["content"] if p["type"] == "text")
-        turn = sum(m["role"] == "assistant" for m in msgs)
-        key = (question, turn, body.get("seed"))
-        with self.lock:
-            self.requests.append(body)
-            self.auth.append(auth)
-            self.attempts[key] += 1
-            first = self.attempts[key] == 1
-        if "broken" in question:
-            return 500, {"error": f"internal error; you sent {auth}"}, 0.0
-        if "flaky" in question and first:
-            return 503, {"error": "overloaded"}, 0.0
-        if "garbled" in question and first:
-            return 200, b"{not json", 0.0
-        delay = 3.0 if "slow" in question and first else 0.0
-        script = [(CUT, "length")] if "cut" in question else []
-        script += [(ZOOM, "stop"), (ANSWER, "stop")]
-        text, finish = script[min(turn, len(script) - 1)]
-        message = {"role": "assistant", "content": text}
-        if "reasoner" in question:
-            thinking, _, message["content"] = text.removeprefix("<thinking>").partition(
-                "</thinking>")
-            message["reasoning_content"] = thinking
-        return 200, {"id": "x", "object": "chat.completion",
-                     "choices": [{"index": 0, "finish_reason": finish, "message": message}],
-                     "usage": {"prompt_tokens": 100, "completion_tokens": 9}}, delay
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+def script(path: str, body: dict, attempt: int) -> tuple:
+    """Chat completions: turn 0 zooms, later turns answer (with `cut`, turn 0 runs out of
+    tokens first; with `reasoner`, the thinking comes apart in `reasoning_content`). The question
+    picks a misbehaviour: `flaky` (503 once per request), `garbled` (bad JSON once), `slow`
+    (first attempt outlasts the client's timeout), `broken` (500 always, echoing the auth
+    header)."""
+    q, first = question(body), attempt == 1
+    if "broken" in q:
+        auth = current()["headers"].get("Authorization")
+        return 500, {"error": f"internal error; you sent {auth}"}
+    if "flaky" in q and first:
+        return 503, {"error": "overloaded"}
+    if "garbled" in q and first:
+        return 200, b"{not json"
+    turns = [(CUT, "length")] if "cut" in q else []
+    turns += [(ZOOM, "stop"), (ANSWER, "stop")]
+    turn = sum(m["role"] == "assistant" for m in body["messages"])
+    text, finish = turns[min(turn, len(turns) - 1)]
+    extra = {}
+    if "reasoner" in q:
+        thinking, _, text = text.removeprefix("<thinking>").partition("</thinking>")
+        extra["reasoning_content"] = thinking
+    return 200, chat_reply(text, finish, (100, 9), **extra), 3.0 if "slow" in q and first else 0.0
 
 
 @pytest.fixture
-def server():
-    s = ScriptedServer()
-    yield s
-    s.close()
+def server(fake_server):
+    return fake_server(script)
 
 
 def write_prompts(tmp: Path, questions: list[str]) -> Path:
@@ -123,8 +76,8 @@ def read(path: Path) -> list[dict]:
     return [orjson.loads(line) for line in path.read_bytes().splitlines()]
 
 
-def opts(server: ScriptedServer, **kw) -> dict:
-    return {"base_url": server.url, "model": "teacher", "backoff": 0.01, **kw}
+def opts(server: FakeServer, **kw) -> dict:
+    return {"base_url": f"{server.url}/v1", "model": "teacher", "backoff": 0.01, **kw}
 
 
 def test_messages_images_retries(server, tmp_path):
@@ -153,9 +106,10 @@ def test_messages_images_retries(server, tmp_path):
     # each failing first attempt was retried once, and only once
     assert max(server.attempts.values()) == 2
     assert sorted(server.attempts.values()) == [2] * 12  # 3 prompts x 2 samples x 2 turns
-    assert stats["trajectories"] == 6 and stats["engine"]["requests"] == len(server.requests)
+    assert stats["trajectories"] == 6 and stats["engine"]["requests"] == server.requests()
     # what went over the wire: data URLs of the very files, sampling options, distinct seeds
-    last = next(b for b in server.requests if len(b["messages"]) == 4)
+    bodies = [r["body"] for r in server.log]
+    last = next(b for b in bodies if len(b["messages"]) == 4)
     urls = [p["image_url"]["url"] for msg in last["messages"] if isinstance(msg["content"], list)
             for p in msg["content"] if p["type"] == "image_url"]
     assert len(urls) == 2 and urls[0].startswith("data:image/png;base64,")
@@ -164,7 +118,7 @@ def test_messages_images_retries(server, tmp_path):
     assert base64.b64decode(urls[1].split(",", 1)[1]) in {
         (out.parent / im["path"]).read_bytes() for r in recs for im in r["images"][1:]}
     assert last["model"] == "teacher" and last["max_tokens"] == 77 and last["temperature"] == 1.0
-    seeds = {(b["messages"][1]["content"][1]["text"], b["seed"]) for b in server.requests}
+    seeds = {(b["messages"][1]["content"][1]["text"], b["seed"]) for b in bodies}
     assert len(seeds) == 12  # 3 prompts x 2 samples x 2 turns, all different
     assert rec["messages"][3]["content"][1] == {"type": "image", "image": 1}
 
@@ -181,7 +135,7 @@ def test_permanent_failure_ends_only_that_trajectory(server, tmp_path):
     assert "HTTP 500" in bad["error"] and "after 3 attempts" in bad["error"]
     assert [s["role"] for s in bad["segments"]] == ["prompt"]
     assert stats["stop"] == {"answer": 1, "engine_error": 1}
-    assert [v for k, v in server.attempts.items() if "broken" in k[0]] == [3]
+    assert [question(r["body"]) for r in server.log].count("What colour? broken") == 3
 
 
 def test_all_failed_is_a_runtime_failure(server, tmp_path):
@@ -253,11 +207,12 @@ def test_cli_never_writes_the_api_key(server, tmp_path):
     env = {**os.environ, "OPENAI_API_KEY": SENTINEL, "COLUMNS": "200"}
     res = subprocess.run(
         [sys.executable, "-m", "marscli", "rollout", str(prompts), "-o", str(out), "-n", "2",
-         "--engine", "openai", "--base-url", server.url, "--model", "teacher",
+         "--engine", "openai", "--base-url", f"{server.url}/v1", "--model", "teacher",
          "--retries", "0", "--concurrency", "2"],
         capture_output=True, text=True, env=env, timeout=120, check=False)
     assert res.returncode == 0, res.stderr
-    assert set(server.auth) == {f"Bearer {SENTINEL}"}  # it was sent...
+    auth = {r["headers"].get("Authorization") for r in server.log}
+    assert auth == {f"Bearer {SENTINEL}"}  # it was sent...
     recs = read(out)
     assert sorted(r["stop"] for r in recs) == ["answer", "answer", "engine_error", "engine_error"]
     assert all("<redacted>" in r["error"] for r in recs if r["stop"] == "engine_error")

@@ -7,91 +7,29 @@ import io
 import os
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
 
-import orjson
 import pytest
 from PIL import Image
 
+import marscli.http
 from marscli.errors import BadInput
 from marscli.http import HttpClient, HttpError
 from marscli.search import SearchOptions, check_text_spec
 from marscli.tools import ConvImage, ToolContext
 from marscli.tools.search import ImageSearchTool, TextSearchTool, tool_failed
 
+from fakes import chat_reply, retrieve_reply, serper_reply
+
 SENTINEL = "SENTINEL-KEY-7f3a9c"
 FAST = {"timeout": 2.0, "backoff": 0.01, "cache": None}
 
 
-class Fake:
-    """A scripted server: per path, a list of replies used in order (the last one repeats)."""
-
-    def __init__(self) -> None:
-        self.script: dict[str, list[tuple[int, bytes, float]]] = {}
-        self.log: list[dict] = []
-        self.in_flight = self.max_in_flight = 0
-        self.lock = threading.Lock()
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def _serve(self) -> None:
-                n = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(n) if n else b""
-                path = self.path.split("?")[0]
-                with fake.lock:
-                    fake.log.append({"path": path, "headers": dict(self.headers),
-                                     "body": orjson.loads(body) if body else None})
-                    replies = fake.script.get(path) or [(404, b"{}", 0.0)]
-                    status, data, delay = replies.pop(0) if len(replies) > 1 else replies[0]
-                    fake.in_flight += 1
-                    fake.max_in_flight = max(fake.max_in_flight, fake.in_flight)
-                try:
-                    time.sleep(delay)
-                    self.send_response(status)
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client timed out and hung up
-                finally:
-                    with fake.lock:
-                        fake.in_flight -= 1
-
-            do_GET = do_POST = _serve
-
-            def log_message(self, *a) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_port}"
-        threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True).start()
-
-    def on(self, path: str, *replies) -> None:
-        """Each reply: a JSON-able object (200), or (status, body[, delay])."""
-        out = []
-        for r in replies:
-            if isinstance(r, tuple):
-                status, body, *delay = r
-                data = body if isinstance(body, bytes) else orjson.dumps(body)
-                out.append((status, data, delay[0] if delay else 0.0))
-            else:
-                out.append((200, orjson.dumps(r), 0.0))
-        self.script[path] = out
-
-    def count(self, path: str) -> int:
-        return sum(1 for r in self.log if r["path"] == path)
-
-
 @pytest.fixture
-def fake():
-    f = Fake()
-    yield f
-    f.server.shutdown()
-    f.server.server_close()
+def fake(fake_server):
+    return fake_server()
 
 
 @pytest.fixture(autouse=True)
@@ -99,11 +37,6 @@ def _env(tmp_path, monkeypatch):
     monkeypatch.setenv("MARSCLI_CACHE_DIR", str(tmp_path / "cache"))
     for k in ("SERPER_API_KEY", "SERPER_BASE_URL", "OPENAI_API_KEY", "SUMMARIZER_API_KEY"):
         monkeypatch.delenv(k, raising=False)
-
-
-def retriever_reply(*titles):
-    return {"result": [[{"document": {"id": str(i), "contents": f'"{t}"\n{t} is a thing.'},
-                         "score": 10.0 - i} for i, t in enumerate(titles)]]}
 
 
 def png(size=(40, 30), color=(200, 30, 30)) -> bytes:
@@ -117,16 +50,16 @@ def png(size=(40, 30), color=(200, 30, 30)) -> bytes:
 
 @pytest.mark.parametrize("suffix", ["", "/retrieve", "/"])
 def test_retriever_protocol(fake, suffix):
-    fake.on("/retrieve", retriever_reply("Alpha", "Beta"))
+    fake.on("/retrieve", retrieve_reply("Alpha", "Beta"))
     res = TextSearchTool(f"retriever:{fake.url}{suffix}", k=2, **FAST)({"query": "q?"}, None)
     assert res.ok and res.text == "[1] Alpha\nAlpha is a thing.\n\n[2] Beta\nBeta is a thing."
     assert fake.log[0]["body"] == {"queries": ["q?"], "topk": 2, "return_scores": True}
 
 
 def test_500_then_success_is_retried(fake):
-    fake.on("/retrieve", (500, b"oops"), (503, b"busy"), retriever_reply("Alpha"))
+    fake.on("/retrieve", (500, b"oops"), (503, b"busy"), retrieve_reply("Alpha"))
     res = TextSearchTool(f"retriever:{fake.url}", **FAST)({"query": "q"}, None)
-    assert res.ok and "Alpha" in res.text and fake.count("/retrieve") == 3
+    assert res.ok and "Alpha" in res.text and fake.requests("/retrieve") == 3
 
 
 def test_permanent_500_is_an_observation_after_bounded_attempts(fake):
@@ -135,42 +68,42 @@ def test_permanent_500_is_an_observation_after_bounded_attempts(fake):
     res = tool({"query": "q"}, None)
     assert not res.ok and res.text.startswith("search failed:") and tool_failed(res)
     assert "HTTP 500" in res.text and "3 attempts" in res.text
-    assert fake.count("/retrieve") == 3 and tool.stats()["attempts"] == 3
+    assert fake.requests("/retrieve") == 3 and tool.stats()["attempts"] == 3
     assert tool.stats()["failures"] == 1
 
 
 def test_429_is_retried_and_400_is_not(fake):
-    fake.on("/retrieve", (429, b"slow down"), retriever_reply("Alpha"))
+    fake.on("/retrieve", (429, b"slow down"), retrieve_reply("Alpha"))
     assert TextSearchTool(f"retriever:{fake.url}", **FAST)({"query": "q"}, None).ok
     fake.log.clear()
     fake.on("/retrieve", (400, b"bad request"))
     res = TextSearchTool(f"retriever:{fake.url}", attempts=5, **FAST)({"query": "q"}, None)
-    assert tool_failed(res) and "HTTP 400" in res.text and fake.count("/retrieve") == 1
+    assert tool_failed(res) and "HTTP 400" in res.text and fake.requests("/retrieve") == 1
 
 
 def test_slow_replies_time_out_within_the_bound(fake):
     # The reply would take 5 s; two 0.2 s attempts must give up long before (a wide margin, so
     # that a loaded machine's scheduling delays cannot fail the test).
-    fake.on("/retrieve", (200, orjson.dumps(retriever_reply("Late")), 5.0))
+    fake.on("/retrieve", (200, retrieve_reply("Late"), 5.0))
     t0 = time.time()
     res = TextSearchTool(f"retriever:{fake.url}", timeout=0.2, attempts=2, backoff=0.01,
                          cache=None)({"query": "q"}, None)
     assert tool_failed(res) and "Timeout" in res.text
-    assert fake.count("/retrieve") == 2 and time.time() - t0 < 3.0
+    assert fake.requests("/retrieve") == 2 and time.time() - t0 < 3.0
 
 
 def test_malformed_json_is_retried_then_fails(fake):
-    fake.on("/retrieve", (200, b"{not json"), retriever_reply("Alpha"))
+    fake.on("/retrieve", (200, b"{not json"), retrieve_reply("Alpha"))
     assert TextSearchTool(f"retriever:{fake.url}", **FAST)({"query": "q"}, None).ok
-    assert fake.count("/retrieve") == 2
+    assert fake.requests("/retrieve") == 2
     fake.log.clear()
     fake.on("/retrieve", (200, b"<html>proxy error</html>"))
     res = TextSearchTool(f"retriever:{fake.url}", **FAST)({"query": "q"}, None)
-    assert tool_failed(res) and "malformed JSON" in res.text and fake.count("/retrieve") == 3
+    assert tool_failed(res) and "malformed JSON" in res.text and fake.requests("/retrieve") == 3
     fake.on("/retrieve", {"unexpected": True})  # JSON of the wrong shape: not retried
     fake.log.clear()
     res = TextSearchTool(f"retriever:{fake.url}", **FAST)({"query": "q"}, None)
-    assert tool_failed(res) and "shape" in res.text and fake.count("/retrieve") == 1
+    assert tool_failed(res) and "shape" in res.text and fake.requests("/retrieve") == 1
 
 
 def test_unreachable_server_is_an_observation():
@@ -179,25 +112,25 @@ def test_unreachable_server_is_an_observation():
 
 
 def test_cache_hit_sends_no_second_request(fake, tmp_path):
-    fake.on("/retrieve", retriever_reply("Alpha"))
+    fake.on("/retrieve", retrieve_reply("Alpha"))
     opts = {"timeout": 2.0, "backoff": 0.01, "cache": str(tmp_path / "c")}
     first = TextSearchTool(f"retriever:{fake.url}", **opts)({"query": "q"}, None)
     again = TextSearchTool(f"retriever:{fake.url}", **opts)({"query": "q"}, None)
-    assert first.text == again.text and fake.count("/retrieve") == 1
+    assert first.text == again.text and fake.requests("/retrieve") == 1
     TextSearchTool(f"retriever:{fake.url}", k=3, **opts)({"query": "q"}, None)  # k is in the key
-    assert fake.count("/retrieve") == 2
+    assert fake.requests("/retrieve") == 2
 
 
 def test_failures_are_not_cached(fake, tmp_path):
     opts = {"timeout": 2.0, "backoff": 0.01, "attempts": 1, "cache": str(tmp_path / "c")}
-    fake.on("/retrieve", (500, b"down"), retriever_reply("Alpha"))
+    fake.on("/retrieve", (500, b"down"), retrieve_reply("Alpha"))
     tool = TextSearchTool(f"retriever:{fake.url}", **opts)
     assert tool_failed(tool({"query": "q"}, None))
-    assert tool({"query": "q"}, None).ok and fake.count("/retrieve") == 2
+    assert tool({"query": "q"}, None).ok and fake.requests("/retrieve") == 2
 
 
 def test_concurrency_limit_per_backend(fake):
-    fake.on("/retrieve", (200, orjson.dumps(retriever_reply("A")), 0.15))
+    fake.on("/retrieve", (200, retrieve_reply("A"), 0.15))
     client = HttpClient(timeout=5, concurrency=2)
     with ThreadPoolExecutor(6) as pool:
         list(pool.map(lambda _: client.post_json(fake.url + "/retrieve", {}), range(6)))
@@ -210,7 +143,7 @@ def test_download_size_limit(fake):
     assert len(client.get_bytes(fake.url + "/big", max_bytes=20_000)) == 10_000
     with pytest.raises(HttpError, match="byte limit"):
         client.get_bytes(fake.url + "/big", max_bytes=1000)
-    assert fake.count("/big") == 2  # too large: not retried
+    assert fake.requests("/big") == 2  # too large: not retried
 
 
 def test_validator_rejection_is_retried_and_sent_credentials_never_show(fake):
@@ -225,15 +158,27 @@ def test_validator_rejection_is_retried_and_sent_credentials_never_show(fake):
     assert "tok-4b9e1" not in str(e.value) + e.value.reason and not e.value.transient
 
 
+def test_retry_after_is_honoured_up_to_a_minute(fake, monkeypatch):
+    waits: list[float] = []
+    monkeypatch.setattr(marscli.http, "time", SimpleNamespace(sleep=waits.append))
+    fake.on("/r", *((code, "busy", 0, {"Retry-After": wait}) for code, wait in
+                    [(503, "2.5"), (429, "3600"), (500, "soon"), (400, "7")]))
+    client = HttpClient(timeout=2, attempts=5, backoff=0.01)
+    with pytest.raises(HttpError, match="HTTP 400"):
+        client.post_json(fake.url + "/r", {})
+    # the server's wait, capped at a minute; unparseable: the jittered backoff (0.01 * 2^2 * U)
+    assert waits[:2] == [2.5, 60.0] and 0 <= waits[2] < 0.04 and len(waits) == 3
+    assert fake.requests("/r") == 4  # a 400 ends the call, whatever its Retry-After
+
+
 # ---------------------------------------------------------------------------- serper
 
 
 def test_serper_search_and_key_header(fake, monkeypatch):
     monkeypatch.setenv("SERPER_API_KEY", SENTINEL)
     monkeypatch.setenv("SERPER_BASE_URL", fake.url)
-    fake.on("/search", {"organic": [
-        {"title": "One", "link": "https://a.example/1", "snippet": "first snippet"},
-        {"title": "Two", "link": "https://a.example/2", "snippet": "second snippet"}]})
+    fake.on("/search", serper_reply(("One", "https://a.example/1", "first snippet"),
+                                    ("Two", "https://a.example/2", "second snippet")))
     res = TextSearchTool("serper", k=1, **FAST)({"query": "what is one"}, None)
     assert res.ok and res.text == "[1] One\nfirst snippet"
     assert fake.log[0]["body"] == {"q": "what is one"}
@@ -260,9 +205,8 @@ def test_serper_key_never_leaks(fake, monkeypatch):
 def test_serper_fetch_pages_reads_pages_without_the_key(fake, monkeypatch):
     monkeypatch.setenv("SERPER_API_KEY", SENTINEL)
     monkeypatch.setenv("SERPER_BASE_URL", fake.url)
-    fake.on("/search", {"organic": [
-        {"title": "P1", "link": fake.url + "/p1", "snippet": "google snippet 1"},
-        {"title": "P2", "link": fake.url + "/p2", "snippet": "google snippet 2"}]})
+    fake.on("/search", serper_reply(("P1", fake.url + "/p1", "google snippet 1"),
+                                    ("P2", fake.url + "/p2", "google snippet 2")))
     fake.on("/p1", (200, b"<html><script>x()</script><p>The bridge opened in 1932.</p></html>"))
     fake.on("/p2", (404, b"gone"))
     res = TextSearchTool("serper", k=2, fetch_pages=True, **FAST)({"query": "bridge"}, None)
@@ -272,7 +216,7 @@ def test_serper_fetch_pages_reads_pages_without_the_key(fake, monkeypatch):
 
 
 def test_serper_cli_never_prints_the_key(fake, tmp_path):
-    fake.on("/search", {"organic": [{"title": "One", "link": "l", "snippet": "s"}]})
+    fake.on("/search", serper_reply(("One", "l", "s")))
     env = {**os.environ, "SERPER_API_KEY": SENTINEL, "SERPER_BASE_URL": fake.url,
            "MARSCLI_CACHE_DIR": str(tmp_path / "c")}
     ok = subprocess.run([sys.executable, "-m", "marscli", "search", "q", "--text-search",
@@ -294,13 +238,11 @@ def test_serper_cli_never_prints_the_key(fake, tmp_path):
 
 def test_llm_summariser_condenses_pages_then_summaries(fake, monkeypatch):
     monkeypatch.setenv("SUMMARIZER_API_KEY", "sum-secret")
-    fake.on("/retrieve", retriever_reply("Alpha", "Beta"))
+    fake.on("/retrieve", retrieve_reply("Alpha", "Beta"))
 
-    def chat(content):
-        return {"choices": [{"message": {"content": f"<think>hmm</think>{content}"}}]}
-
-    fake.on("/v1/chat/completions", chat("page summary"), chat("page summary"),
-            chat("Alpha was built in 1900 [1]."))
+    page, final = (chat_reply(f"<think>hmm</think>{c}")
+                   for c in ("page summary", "Alpha was built in 1900 [1]."))
+    fake.on("/v1/chat/completions", page, page, final)
     tool = TextSearchTool(f"retriever:{fake.url}", k=2, summarizer=fake.url + "/v1",
                           summarizer_model="qwen3-32b", **FAST)
     res = tool({"query": "when was alpha built"}, None)
@@ -315,7 +257,7 @@ def test_llm_summariser_condenses_pages_then_summaries(fake, monkeypatch):
 
 
 def test_summariser_failure_is_a_search_failure(fake):
-    fake.on("/retrieve", retriever_reply("Alpha"))
+    fake.on("/retrieve", retrieve_reply("Alpha"))
     fake.on("/v1/chat/completions", (500, b"llm down"))
     res = TextSearchTool(f"retriever:{fake.url}", summarizer=fake.url + "/v1",
                          summarizer_model="m", **FAST)({"query": "q"}, None)
@@ -368,7 +310,7 @@ def test_serper_lens_failure_and_cache(fake, monkeypatch, tmp_path):
     assert tool_failed(ImageSearchTool("serper-lens", **opts)({}, ctx))
     for _ in range(2):
         assert "[1] T" in ImageSearchTool("serper-lens", **opts)({}, ctx).text
-    assert fake.count("/lens") == 2
+    assert fake.requests("/lens") == 2
 
 
 def test_options_are_shared_by_both_tools(fake):
