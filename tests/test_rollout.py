@@ -17,7 +17,8 @@ import pytest
 from PIL import Image, ImageDraw
 
 from marscli.errors import BadInput, RuntimeFailure
-from marscli.rollout import media_dir, parse_shard, run_rollout, shard_of
+from marscli.generate import media_dir, parse_shard, shard_of
+from marscli.rollout import run_rollout
 from marscli.tokens import assemble, expand, special_ids
 from test_agent import REPLIES, messages_of
 

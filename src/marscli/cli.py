@@ -7,13 +7,16 @@ stderr line and an exit code (2 bad input, 1 runtime failure). Nothing heavy is 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Callable, Iterator
 from typing import Annotated
 
 import typer
 
-from marscli.errors import BadInput, MarsError
+from marscli.errors import BadInput, MarsError, check_range
+from marscli import options as opt
 
 app = typer.Typer(
     name="marscli",
@@ -44,32 +47,16 @@ def main() -> None:
         sys.exit(e.exit_code)
 
 
-class _Guard:
-    """`with guard():` around a command body maps MarsError to exit codes."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        if exc_type is not None and issubclass(exc_type, MarsError) and not os.environ.get(
-            "MARSCLI_DEBUG"
-        ):
-            fail(exc)
-        return False
-
-
-guard = _Guard
-
-
-def check_range(name: str, value: float | None, lo: float | None = None,
-                hi: float | None = None, *, lo_open: bool = False) -> None:
-    """Reject an option outside its range with `BadInput` naming the option."""
-    if value is None:
-        return
-    if lo is not None and (value <= lo if lo_open else value < lo):
-        raise BadInput(f"{name}: {value} is out of range — must be {'>' if lo_open else '>='} {lo}")
-    if hi is not None and value > hi:
-        raise BadInput(f"{name}: {value} is out of range — must be <= {hi}")
+@contextlib.contextmanager
+def guard() -> Iterator[None]:
+    """`with guard():` around a command body maps MarsError to one stderr line and its exit
+    code (`MARSCLI_DEBUG=1`: the traceback instead)."""
+    try:
+        yield
+    except MarsError as e:
+        if os.environ.get("MARSCLI_DEBUG"):
+            raise
+        fail(e)
 
 
 # ---------------------------------------------------------------------------------- commands
@@ -109,29 +96,21 @@ def advantages(
 def reward(
     traj: Annotated[str, typer.Argument(
         metavar="TRAJ.jsonl", help="Trajectory rows (JSONL; - for stdin).")],
-    judge: Annotated[str, typer.Option(
-        help="exact (no judge: non-exact answers score 0) or openai:MODEL@URL "
-             "(an OpenAI-compatible chat API; key from OPENAI_API_KEY or JUDGE_API_KEY).")] = "exact",
+    judge: opt.Judge = opt.JUDGE,
     format_weight: Annotated[float, typer.Option(
         help="Format reward for a clean trajectory ending in an answer.")] = 0.5,
-    max_unscored: Annotated[float, typer.Option(
-        help="Exit 1 when more than this fraction of rows could not be judged.")] = 0.05,
-    judge_timeout: Annotated[float, typer.Option(help="Seconds per judge request.")] = 60.0,
-    judge_retries: Annotated[int, typer.Option(
-        help="Retries after a failed judge request (0: one attempt).")] = 2,
-    judge_concurrency: Annotated[int, typer.Option(help="Judge requests in flight.")] = 8,
-    judge_cache: Annotated[str | None, typer.Option(
-        metavar="PATH", help="SQLite verdict cache (default: $MARSCLI_CACHE_DIR/judge.sqlite "
-                             "or ~/.cache/marscli/judge.sqlite).")] = None,
+    max_unscored: opt.MaxUnscored = opt.MAX_UNSCORED,
+    judge_timeout: opt.JudgeTimeout = opt.JUDGE_TIMEOUT,
+    judge_retries: opt.JudgeRetries = opt.JUDGE_RETRIES,
+    judge_concurrency: opt.JudgeConcurrency = opt.JUDGE_CONCURRENCY,
+    judge_cache: opt.JudgeCache = None,
     output: Annotated[str, typer.Option("-o", "--output", help="Output JSONL (- for stdout).")] = "-",
 ) -> None:
     """Add `reward` (accuracy + format) to trajectory rows; torch-free with --judge exact."""
     with guard():
         check_range("--format-weight", format_weight, 0)
         check_range("--max-unscored", max_unscored, 0, 1)
-        check_range("--judge-timeout", judge_timeout, 0, lo_open=True)
-        check_range("--judge-retries", judge_retries, 0)
-        check_range("--judge-concurrency", judge_concurrency, 1)
+        opt.check_judge_options(judge_timeout, judge_retries, judge_concurrency)
         from marscli.rewards import main as reward_main
 
         reward_main(traj, output, judge, format_weight, max_unscored, judge_timeout,
@@ -142,29 +121,30 @@ def reward(
 def ask(
     image: Annotated[str, typer.Argument(help="Image file (any size; the zoom tool crops it).")],
     question: Annotated[str, typer.Argument(help="The question.")],
-    policy: Annotated[str, typer.Option(help="Checkpoint folder or hub id.")] = "sensenova/SenseNova-MARS-8B",
+    policy: opt.Policy = opt.DEFAULT_POLICY,
     json_out: Annotated[bool, typer.Option("--json", help="Print the trajectory record to stdout.")] = False,
-    max_turns: Annotated[int, typer.Option(help="Assistant turns at most.")] = 10,
-    max_new_tokens: Annotated[int, typer.Option(help="Tokens per reply at most.")] = 2048,
-    temperature: Annotated[float, typer.Option(help="0: greedy.")] = 0.0,
-    seed: Annotated[int, typer.Option()] = 0,
-    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
-    crops_dir: Annotated[str | None, typer.Option(help="Where crops are saved (default: a new temp folder).")] = None,
-    system_prompt: Annotated[str | None, typer.Option(help="File replacing the system prompt.")] = None,
-    text_search: Annotated[str | None, typer.Option(help="Text search backend: local:PATH, retriever:URL, serper.")] = None,
-    image_search: Annotated[str | None, typer.Option(help="Image search backend: data, local:PATH, serper-lens.")] = None,
+    max_turns: opt.MaxTurns = opt.GEN.max_turns,
+    max_turn_tokens: opt.MaxTurnTokens = opt.GEN.max_turn_tokens,
+    max_new_tokens: Annotated[int | None, typer.Option(
+        hidden=True, help="Deprecated: --max-turn-tokens.")] = None,
+    temperature: opt.Temperature = 0.0,
+    seed: opt.Seed = opt.GEN.seed,
+    device: opt.Device = opt.GEN.device,
+    crops_dir: Annotated[str | None, typer.Option(
+        help="Where crops are saved (default: a new temp folder).")] = None,
+    system_prompt: opt.SystemPrompt = None,
+    text_search: opt.TextSearch = None,
+    image_search: opt.ImageSearch = None,
 ) -> None:
     """Ask the agent about an image: the live trace on stderr, the answer on stdout."""
+    gen = opt.generation_options({**locals(), "batch_size": 1})
     with guard():
-        check_range("--max-turns", max_turns, 1)
-        check_range("--max-new-tokens", max_new_tokens, 1)
-        check_range("--temperature", temperature, 0)
+        if max_new_tokens is not None:  # the old name of --max-turn-tokens, kept working
+            check_range("--max-new-tokens", max_new_tokens, 1)
+            gen.max_turn_tokens = max_new_tokens
         from marscli.ask import ask as run_ask
 
-        rec = run_ask(image, question, policy=policy, device=device, max_turns=max_turns,
-                      max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                      crops_dir=crops_dir, system_prompt_file=system_prompt,
-                      text_search=text_search, image_search=image_search, live=not json_out)
+        rec = run_ask(image, question, gen, crops_dir=crops_dir, live=not json_out)
         if json_out:
             from marscli.jsonl import dumps
 
@@ -173,48 +153,48 @@ def ask(
             print(rec["final_answer"] if rec["final_answer"] is not None else "")
 
 
+IndexOutput = Annotated[str, typer.Option("-o", "--output", help="Index file to write (SQLite).")]
+
+
 @index_app.command("text")
 def index_text(
     corpus: Annotated[str, typer.Argument(
         metavar="CORPUS.jsonl", help="Rows {id, title, text} (or Search-R1's {id, contents}).")],
-    output: Annotated[str, typer.Option("-o", "--output", help="Index file to write (SQLite).")],
+    output: IndexOutput,
 ) -> None:
     """Build a SQLite FTS5 (BM25) index for `--text-search local:INDEX`."""
     with guard():
-        import time
-
-        from marscli.jsonl import write_sidecar
         from marscli.search.text_index import build_text_index
 
-        if output == "-":
-            raise BadInput("-o -: an index is a SQLite file, not a stream — name a file")
-        t0 = time.time()
-        n = build_text_index(corpus, output)
-        write_sidecar(output, stage="index text", inputs=[corpus], stats={"documents": n},
-                      started=t0)
-        print(f"indexed {n:,} documents into {output}", file=sys.stderr)
+        _index("index text", build_text_index, corpus, output, "documents")
 
 
 @index_app.command("images")
 def index_images(
     source: Annotated[str, typer.Argument(
         metavar="FOLDER_OR_JSONL", help="A folder of images, or JSONL rows {path, title}.")],
-    output: Annotated[str, typer.Option("-o", "--output", help="Index file to write (SQLite).")],
+    output: IndexOutput,
 ) -> None:
     """Build a perceptual-hash index for `--image-search local:INDEX`."""
     with guard():
-        import time
-
-        from marscli.jsonl import write_sidecar
         from marscli.search.image_index import build_image_index
 
-        if output == "-":
-            raise BadInput("-o -: an index is a SQLite file, not a stream — name a file")
-        t0 = time.time()
-        n = build_image_index(source, output)
-        write_sidecar(output, stage="index images", inputs=[source], stats={"images": n},
-                      started=t0)
-        print(f"indexed {n:,} images into {output}", file=sys.stderr)
+        _index("index images", build_image_index, source, output, "images")
+
+
+def _index(stage: str, build: Callable[[str, str], int], source: str, output: str,
+           unit: str) -> None:
+    """Build one index file, then its sidecar; `unit`: what the index counts."""
+    import time
+
+    from marscli.jsonl import write_sidecar
+
+    if output == "-":
+        raise BadInput("-o -: an index is a SQLite file, not a stream — name a file")
+    t0 = time.time()
+    n = build(source, output)
+    write_sidecar(output, stage=stage, inputs=[source], stats={unit: n}, started=t0)
+    print(f"indexed {n:,} {unit} into {output}", file=sys.stderr)
 
 
 @app.command()
@@ -302,84 +282,41 @@ def rollout(
     output: Annotated[str, typer.Option(
         "-o", "--output", help="Trajectory JSONL, appended to and resumed; crops go to "
                                "OUT.media/ beside it.")],
-    policy: Annotated[str | None, typer.Option(
-        help="Checkpoint folder or hub id (hf, vllm, replay engines).")] = None,
+    policy: opt.Policy = None,
     n: Annotated[int, typer.Option("-n", help="Samples per prompt (G); ids PROMPTID#k.")] = 8,
-    engine: Annotated[str, typer.Option(help="hf, vllm, openai or replay.")] = "hf",
-    shard: Annotated[str | None, typer.Option(
-        metavar="i/N", help="Only the prompts whose id hashes to shard i of N (0-based): "
-                            "the N shards together give one run's ids.")] = None,
-    temperature: Annotated[float, typer.Option(help="0: greedy.")] = 1.0,
-    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass.")] = 1.0,
-    top_k: Annotated[int, typer.Option(help="Top-k sampling; 0: off.")] = 0,
-    max_turns: Annotated[int, typer.Option(help="Assistant turns at most.")] = 10,
-    max_response_tokens: Annotated[int, typer.Option(
-        help="Model + tool tokens after the prompt, at most.")] = 16_384,
-    max_turn_tokens: Annotated[int, typer.Option(help="Tokens per reply at most.")] = 2_048,
-    batch_size: Annotated[int, typer.Option(help="Trajectories advanced together.")] = 32,
-    seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
-    text_search: Annotated[str | None, typer.Option(
-        metavar="SPEC", help="Text search backend: local:INDEX, retriever:URL or serper.")] = None,
-    image_search: Annotated[str | None, typer.Option(
-        metavar="SPEC", help="Image search backend: data, local:INDEX or serper-lens.")] = None,
-    system_prompt: Annotated[str | None, typer.Option(
-        metavar="FILE", help="File replacing the system prompt.")] = None,
-    device: Annotated[str, typer.Option(help="cpu or cuda (hf, vllm).")] = "cpu",
-    base_url: Annotated[str | None, typer.Option(
-        metavar="URL", help="openai: the server's base URL, e.g. http://127.0.0.1:8000/v1.")] = None,
-    model: Annotated[str | None, typer.Option(help="openai: the served model's name.")] = None,
-    api_key_env: Annotated[str | None, typer.Option(
-        metavar="VAR", help="openai: environment variable holding the API key "
-                            "(default OPENAI_API_KEY).")] = None,
-    tokenize_with: Annotated[str | None, typer.Option(
-        metavar="CKPT", help="openai: processor checkpoint for token-exact segments "
-                             "(without it, segments carry text only).")] = None,
-    timeout: Annotated[float | None, typer.Option(
-        help="openai: seconds per request (default 300).")] = None,
-    retries: Annotated[int | None, typer.Option(
-        help="openai: retries after a failed request (default 3).")] = None,
-    concurrency: Annotated[int | None, typer.Option(
-        help="openai: requests in flight (default 8).")] = None,
-    tensor_parallel: Annotated[int | None, typer.Option(
-        help="vllm: GPUs per model (tensor parallelism).")] = None,
-    image_dir: Annotated[str | None, typer.Option(
-        metavar="DIR", help="Folder the rows' image paths are relative to (default: the "
-                            "prompts file's folder).")] = None,
-    search_timeout: Annotated[float, typer.Option(
-        help="Seconds per search request (text and image backends).")] = 30.0,
-    search_retries: Annotated[int, typer.Option(
-        help="Retries after a failed search request (0: one attempt).")] = 2,
+    engine: opt.Engine = opt.GEN.engine,
+    shard: opt.Shard = None,
+    temperature: opt.Temperature = opt.GEN.temperature,
+    top_p: opt.TopP = opt.GEN.top_p,
+    top_k: opt.TopK = opt.GEN.top_k,
+    max_turns: opt.MaxTurns = opt.GEN.max_turns,
+    max_response_tokens: opt.MaxResponseTokens = opt.GEN.max_response_tokens,
+    max_turn_tokens: opt.MaxTurnTokens = opt.GEN.max_turn_tokens,
+    batch_size: opt.BatchSize = opt.GEN.batch_size,
+    seed: opt.Seed = opt.GEN.seed,
+    text_search: opt.TextSearch = None,
+    image_search: opt.ImageSearch = None,
+    system_prompt: opt.SystemPrompt = None,
+    device: opt.Device = opt.GEN.device,
+    base_url: opt.BaseUrl = None,
+    model: opt.Model = None,
+    api_key_env: opt.ApiKeyEnv = None,
+    tokenize_with: opt.TokenizeWith = None,
+    timeout: opt.Timeout = None,
+    retries: opt.Retries = None,
+    concurrency: opt.Concurrency = None,
+    tensor_parallel: opt.TensorParallel = None,
+    image_dir: opt.ImageDir = None,
+    search_timeout: opt.SearchTimeout = opt.GEN.search_timeout,
+    search_retries: opt.SearchRetries = opt.GEN.search_retries,
 ) -> None:
     """Sample N trajectories per prompt with the agent; resumable, shardable."""
+    gen = opt.generation_options(locals())
     with guard():
-        check_range("--search-timeout", search_timeout, 0, lo_open=True)
-        check_range("--search-retries", search_retries, 0)
-        check_range("-n", n, 1)
-        check_range("--temperature", temperature, 0)
-        check_range("--top-p", top_p, 0, 1, lo_open=True)
-        check_range("--top-k", top_k, 0)
-        check_range("--max-turns", max_turns, 1)
-        check_range("--max-response-tokens", max_response_tokens, 1)
-        check_range("--max-turn-tokens", max_turn_tokens, 1)
-        check_range("--batch-size", batch_size, 1)
-        check_range("--timeout", timeout, 0, lo_open=True)
-        check_range("--retries", retries, 0)
-        check_range("--concurrency", concurrency, 1)
-        check_range("--tensor-parallel", tensor_parallel, 1)
-        from marscli.rollout import parse_shard, run_rollout
+        from marscli.generate import parse_shard
+        from marscli.rollout import run_rollout
 
-        run_rollout(prompts, output, policy=policy, n=n, engine=engine, shard=parse_shard(shard),
-                    temperature=temperature, top_p=top_p, top_k=top_k, max_turns=max_turns,
-                    max_response_tokens=max_response_tokens, max_turn_tokens=max_turn_tokens,
-                    batch_size=batch_size, seed=seed, text_search=text_search,
-                    image_search=image_search, system_prompt_file=system_prompt, device=device,
-                    engine_opts={"base_url": base_url, "model": model,
-                                 "api_key_env": api_key_env, "tokenize_with": tokenize_with,
-                                 "timeout": timeout, "retries": retries,
-                                 "concurrency": concurrency,
-                                 "tensor_parallel": tensor_parallel},
-                    image_dir=image_dir,
-                    search_opts={"timeout": search_timeout, "attempts": search_retries + 1})
+        run_rollout(prompts, output, gen, n=n, shard=parse_shard(shard), image_dir=image_dir)
 
 
 @app.command("toy-world")
@@ -550,99 +487,60 @@ def eval_cmd(
     fmt: Annotated[str, typer.Option(
         "--format", help="auto, mars, mmsearch, hr-mmsearch, fvqa, infoseek, simplevqa, "
                          "livevqa, vstar, hrbench or mme-realworld.")] = "auto",
-    policy: Annotated[str | None, typer.Option(
-        help="Checkpoint folder or hub id (hf, vllm, replay engines).")] = None,
+    policy: opt.Policy = None,
     mode: Annotated[str, typer.Option(
         help="agent (the tool loop) or direct (no tools, one answer turn).")] = "agent",
     samples: Annotated[int, typer.Option(
         help="Samples per item, averaged (the paper uses 8 for V* and HR-Bench).")] = 1,
-    engine: Annotated[str, typer.Option(help="hf, vllm, openai or replay.")] = "hf",
-    judge: Annotated[str, typer.Option(
-        help="exact (no judge) or openai:MODEL@URL (key from OPENAI_API_KEY or "
-             "JUDGE_API_KEY); the release judges with GPT-4o.")] = "exact",
+    engine: opt.Engine = opt.GEN.engine,
+    judge: opt.Judge = opt.JUDGE,
     protocol: Annotated[str | None, typer.Option(
         help="mars (the release's scoring; default) or official (each benchmark's own: "
              "MMSearch token F1, HR-Bench rotations, InfoSeek ranges + split harmonic "
              "mean).")] = None,
-    shard: Annotated[str | None, typer.Option(
-        metavar="i/N", help="Only the items whose id hashes to shard i of N (0-based).")] = None,
-    text_search: Annotated[str | None, typer.Option(
-        metavar="SPEC", help="Text search backend: local:INDEX, retriever:URL or serper.")] = None,
-    image_search: Annotated[str | None, typer.Option(
-        metavar="SPEC", help="Image search backend: data, local:INDEX or serper-lens.")] = None,
-    max_turns: Annotated[int | None, typer.Option(
-        help="Assistant turns at most (agent: default 10; direct: 1).")] = None,
-    max_turn_tokens: Annotated[int, typer.Option(help="Tokens per reply at most.")] = 2_048,
-    max_response_tokens: Annotated[int, typer.Option(
-        help="Model + tool tokens after the prompt, at most.")] = 16_384,
-    temperature: Annotated[float, typer.Option(help="0: greedy.")] = 0.0,
-    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass.")] = 1.0,
-    top_k: Annotated[int, typer.Option(help="Top-k sampling; 0: off.")] = 0,
-    seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
-    batch_size: Annotated[int, typer.Option(help="Trajectories advanced together.")] = 32,
+    shard: opt.Shard = None,
+    text_search: opt.TextSearch = None,
+    image_search: opt.ImageSearch = None,
+    max_turns: opt.MaxTurns = None,
+    max_turn_tokens: opt.MaxTurnTokens = opt.GEN.max_turn_tokens,
+    max_response_tokens: opt.MaxResponseTokens = opt.GEN.max_response_tokens,
+    temperature: opt.Temperature = 0.0,
+    top_p: opt.TopP = opt.GEN.top_p,
+    top_k: opt.TopK = opt.GEN.top_k,
+    seed: opt.Seed = opt.GEN.seed,
+    batch_size: opt.BatchSize = opt.GEN.batch_size,
     benchmark: Annotated[str | None, typer.Option(
         help="Benchmark name to record (default: inferred from the format or file name).")] = None,
-    image_dir: Annotated[str | None, typer.Option(
-        metavar="DIR", help="Folder the rows' image names are relative to.")] = None,
-    system_prompt: Annotated[str | None, typer.Option(
-        metavar="FILE", help="File replacing the system prompt.")] = None,
-    device: Annotated[str, typer.Option(help="cpu or cuda (hf, vllm).")] = "cpu",
-    max_unscored: Annotated[float, typer.Option(
-        help="Exit 1 when more than this fraction of trajectories is unscored.")] = 0.05,
+    image_dir: opt.ImageDir = None,
+    system_prompt: opt.SystemPrompt = None,
+    device: opt.Device = opt.GEN.device,
+    max_unscored: opt.MaxUnscored = opt.MAX_UNSCORED,
     summarize: Annotated[str | None, typer.Option(
         "--summarize", "--summary-only", metavar="RESULTS.jsonl",
         help="Recompute RESULTS.summary.json from a results file; no generation.")] = None,
     rescore: Annotated[bool, typer.Option(
         "--rescore", help="With --summarize: re-score every record first (under --protocol, "
                           "with --judge) and rewrite the file.")] = False,
-    judge_timeout: Annotated[float, typer.Option(help="Seconds per judge request.")] = 60.0,
-    judge_retries: Annotated[int, typer.Option(
-        help="Retries after a failed judge request (0: one attempt).")] = 2,
-    judge_concurrency: Annotated[int, typer.Option(help="Judge requests in flight.")] = 8,
-    judge_cache: Annotated[str | None, typer.Option(
-        metavar="PATH", help="SQLite verdict cache (default: $MARSCLI_CACHE_DIR/judge.sqlite "
-                             "or ~/.cache/marscli/judge.sqlite).")] = None,
-    base_url: Annotated[str | None, typer.Option(
-        metavar="URL", help="openai: the server's base URL, e.g. http://127.0.0.1:8000/v1.")] = None,
-    model: Annotated[str | None, typer.Option(help="openai: the served model's name.")] = None,
-    api_key_env: Annotated[str | None, typer.Option(
-        metavar="VAR", help="openai: environment variable holding the API key.")] = None,
-    tokenize_with: Annotated[str | None, typer.Option(
-        metavar="CKPT", help="openai: processor checkpoint for token-exact segments.")] = None,
-    timeout: Annotated[float | None, typer.Option(
-        help="openai: seconds per request (default 300).")] = None,
-    retries: Annotated[int | None, typer.Option(
-        help="openai: retries after a failed request (default 3).")] = None,
-    concurrency: Annotated[int | None, typer.Option(
-        help="openai: requests in flight (default 8).")] = None,
-    tensor_parallel: Annotated[int | None, typer.Option(
-        help="vllm: GPUs per model (tensor parallelism).")] = None,
-    search_timeout: Annotated[float, typer.Option(
-        help="Seconds per search request (text and image backends).")] = 30.0,
-    search_retries: Annotated[int, typer.Option(
-        help="Retries after a failed search request (0: one attempt).")] = 2,
+    judge_timeout: opt.JudgeTimeout = opt.JUDGE_TIMEOUT,
+    judge_retries: opt.JudgeRetries = opt.JUDGE_RETRIES,
+    judge_concurrency: opt.JudgeConcurrency = opt.JUDGE_CONCURRENCY,
+    judge_cache: opt.JudgeCache = None,
+    base_url: opt.BaseUrl = None,
+    model: opt.Model = None,
+    api_key_env: opt.ApiKeyEnv = None,
+    tokenize_with: opt.TokenizeWith = None,
+    timeout: opt.Timeout = None,
+    retries: opt.Retries = None,
+    concurrency: opt.Concurrency = None,
+    tensor_parallel: opt.TensorParallel = None,
+    search_timeout: opt.SearchTimeout = opt.GEN.search_timeout,
+    search_retries: opt.SearchRetries = opt.GEN.search_retries,
 ) -> None:
     """Evaluate a policy on a benchmark (agent or direct); resumable, shardable; summary
     beside the paper's numbers."""
+    gen = opt.generation_options(locals())
     with guard():
-        check_range("--search-timeout", search_timeout, 0, lo_open=True)
-        check_range("--search-retries", search_retries, 0)
-        check_range("--samples", samples, 1)
-        check_range("--max-turns", max_turns, 1)
-        check_range("--max-turn-tokens", max_turn_tokens, 1)
-        check_range("--max-response-tokens", max_response_tokens, 1)
-        check_range("--temperature", temperature, 0)
-        check_range("--top-p", top_p, 0, 1, lo_open=True)
-        check_range("--top-k", top_k, 0)
-        check_range("--batch-size", batch_size, 1)
-        check_range("--max-unscored", max_unscored, 0, 1)
-        check_range("--judge-timeout", judge_timeout, 0, lo_open=True)
-        check_range("--judge-retries", judge_retries, 0)
-        check_range("--judge-concurrency", judge_concurrency, 1)
-        check_range("--timeout", timeout, 0, lo_open=True)
-        check_range("--retries", retries, 0)
-        check_range("--concurrency", concurrency, 1)
-        check_range("--tensor-parallel", tensor_parallel, 1)
+        opt.check_judge_options(judge_timeout, judge_retries, judge_concurrency)
         from marscli.judge import JudgeOptions
 
         jopts = JudgeOptions(timeout_s=judge_timeout, attempts=judge_retries + 1,
@@ -663,21 +561,11 @@ def eval_cmd(
         if rescore:
             raise BadInput("--rescore: only with --summarize RESULTS.jsonl")
         from marscli.evaluate import run_eval
-        from marscli.rollout import parse_shard
+        from marscli.generate import parse_shard
 
-        run_eval(bench, output, fmt=fmt, policy=policy, mode=mode, samples=samples,
-                 engine=engine, judge_spec=judge, protocol=protocol or "mars",
-                 shard=parse_shard(shard), text_search=text_search, image_search=image_search,
-                 max_turns=max_turns, max_turn_tokens=max_turn_tokens,
-                 max_response_tokens=max_response_tokens, temperature=temperature,
-                 top_p=top_p, top_k=top_k, seed=seed, batch_size=batch_size,
-                 system_prompt_file=system_prompt, device=device, benchmark=benchmark,
-                 image_dir=image_dir, max_unscored=max_unscored, judge_opts=jopts,
-                 engine_opts={"base_url": base_url, "model": model, "api_key_env": api_key_env,
-                              "tokenize_with": tokenize_with, "timeout": timeout,
-                              "retries": retries, "concurrency": concurrency,
-                              "tensor_parallel": tensor_parallel},
-                 search_opts={"timeout": search_timeout, "attempts": search_retries + 1})
+        run_eval(bench, output, gen, fmt=fmt, mode=mode, samples=samples, judge_spec=judge,
+                 protocol=protocol or "mars", shard=parse_shard(shard), benchmark=benchmark,
+                 image_dir=image_dir, max_unscored=max_unscored, judge_opts=jopts)
 
 
 @app.command()
@@ -742,13 +630,7 @@ def sft(
     """Supervised fine-tuning (cold start) on trajectories or conversations; loss on the
     model's turns only. Data-parallel / ZeRO: launch as `update` (torchrun, deepspeed, srun)."""
     with guard():
-        check_range("--lr", lr, 0)
-        check_range("--epochs", epochs, 1)
-        check_range("--batch-size", batch_size, 1)
-        check_range("--warmup-ratio", warmup_ratio, 0, 1)
-        check_range("--max-tokens", max_tokens, 2)
-        check_range("--micro-batch-tokens", micro_batch_tokens, 1)
-        from marscli.sft import SftConfig, run_sft
+        from marscli.sft import SftConfig, run_sft  # validates the options before torch loads
 
         cfg = SftConfig(
             epochs=epochs, lr=lr, warmup_ratio=warmup_ratio, schedule=schedule,

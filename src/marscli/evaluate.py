@@ -10,8 +10,8 @@ trajectory, and summarise per benchmark and category beside the paper's numbers.
   for `<answer>`.
 - `--samples K`: K trajectories per item, ids `ITEM#k` (k = 0..K-1); an item's accuracy is
   the mean over its scored samples.
-- Resumable and shardable like `rollout`: records are appended one at a time
-  (`jsonl.AppendJsonl`), a re-run skips the ids already there, `--shard i/N` keeps the items
+- Resumable and shardable like `rollout`, through the same loop (`generate`): records are
+  appended one at a time, a re-run skips the ids already there, `--shard i/N` keeps the items
   whose id hashes to i. Each record is the agent's trajectory record plus `benchmark`,
   `category`, `mode` and `score` (`benchmarks/protocols.py`).
 - The summary is computed from the whole results file at the end (so it is right after a
@@ -30,11 +30,11 @@ system prompts are its own (`--system-prompt FILE` replaces them).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import sys
 import time
 from collections import Counter, defaultdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -43,13 +43,11 @@ import orjson
 from marscli.benchmarks import LoadContext, format_names, load_benchmark
 from marscli.benchmarks.paper import reported
 from marscli.benchmarks.protocols import ScoreContext, make_protocol
-from marscli.errors import BadInput, RuntimeFailure, unknown_name
-from marscli.images import open_image
-from marscli.jsonl import AppendJsonl, AtomicFile, AtomicJsonl, iter_rows, write_sidecar
+from marscli.errors import BadInput, RuntimeFailure, check_range, unknown_name
+from marscli.generate import GenerationOptions, check_images, generate, in_shard
+from marscli.jsonl import AtomicFile, AtomicJsonl, iter_rows, write_sidecar
 from marscli.judge import JudgeOptions, make_judge
 from marscli.protocol import read_system_prompt
-from marscli.records import Prompt
-from marscli.rollout import CHECK_PIXELS, OPENAI_OPTIONS, _engine_args, media_dir, shard_of
 
 MODES = ("agent", "direct")
 TOOL_NAMES = ("image_zoom_in_tool", "text_search_tool", "image_search_tool")
@@ -70,21 +68,20 @@ def image_cache(results: str | Path) -> Path:
     return Path(results).parent / "eval-images"
 
 
-def run_eval(bench: str, output: str, *, fmt: str = "auto", policy: str | None = None,
-             mode: str = "agent", samples: int = 1, engine: str = "hf",
+def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
+             fmt: str = "auto", mode: str = "agent", samples: int = 1,
              judge_spec: str = "exact", protocol: str = "mars",
-             shard: tuple[int, int] = (0, 1), text_search: str | None = None,
-             image_search: str | None = None, max_turns: int | None = None,
-             max_turn_tokens: int = 2_048, max_response_tokens: int = 16_384,
-             temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
-             batch_size: int = 32, system_prompt_file: str | None = None,
-             device: str = "cpu", engine_opts: dict | None = None,
-             benchmark: str | None = None, image_dir: str | None = None,
-             max_unscored: float = 0.05, judge_opts: JudgeOptions | None = None,
-             progress: bool = True, search_opts: dict | None = None) -> dict:
+             shard: tuple[int, int] = (0, 1), benchmark: str | None = None,
+             image_dir: str | None = None, max_unscored: float = 0.05,
+             judge_opts: JudgeOptions | None = None, progress: bool = True,
+             **fields: Any) -> dict:
     """Generate and score the missing trajectories of BENCH (this shard) into `output`, then
-    write the summary; return it. Options are assumed in range (the CLI checks them)."""
+    write the summary; return it. `fields`: `GenerationOptions` fields, set over `gen`
+    (default: greedy, and the turns `--mode` implies)."""
     started = time.time()
+    gen = replace(gen or GenerationOptions(temperature=0.0, max_turns=None), **fields)
+    check_range("--samples", samples, 1)
+    check_range("--max-unscored", max_unscored, 0, 1)
     if output == "-":
         raise BadInput("-o -: eval appends to a file so that it can resume — name one, "
                        "e.g. -o results.jsonl")
@@ -93,73 +90,55 @@ def run_eval(bench: str, output: str, *, fmt: str = "auto", policy: str | None =
     if fmt not in format_names():
         raise unknown_name("--format", fmt, format_names())
     proto = make_protocol(protocol)
-    if mode == "direct":
-        for opt, val in (("--text-search", text_search), ("--image-search", image_search)):
-            if val:
-                raise BadInput(f"{opt}: not used with --mode direct (no tools) — drop it, "
-                               "or use --mode agent")
-        if max_turns not in (None, 1):
-            raise BadInput(f"--max-turns {max_turns}: --mode direct answers in one turn")
-        max_turns = 1
-    max_turns = max_turns or 10
-    engine_opts = {k: v for k, v in (engine_opts or {}).items() if v is not None}
-    eng_kwargs, policy_name = _engine_args(engine, policy, engine_opts, device, batch_size)
-    base_prompt = read_system_prompt(system_prompt_file) or (DIRECT_PROMPT if mode == "direct"
-                                                             else None)
+    gen = _for_mode(gen, mode)
+    gen.check()
+    base_prompt = read_system_prompt(gen.system_prompt) or (DIRECT_PROMPT if mode == "direct"
+                                                            else None)
     judge = make_judge(judge_spec, judge_opts)  # a bad spec fails before anything is read
     try:
         ctx = LoadContext(source=bench, cache_dir=image_cache(output),
                           image_dir=Path(image_dir) if image_dir else None, benchmark=benchmark,
-                          keep=lambda pid: shard_of(pid, shard[1]) == shard[0])
+                          keep=lambda pid: in_shard(pid, shard))
         loaded = load_benchmark(bench, fmt, ctx)
-        rows = [(line, p) for line, p in loaded.prompts if shard_of(p.id, shard[1]) == shard[0]]
+        rows = [(line, p) for line, p in loaded.prompts if in_shard(p.id, shard)]
         if not rows and not loaded.rows:
             raise BadInput(f"{bench}: no items")
-        _check_images(bench, loaded.unit, rows)
+        check_images(bench, rows, loaded.unit)
         _report_loaded(loaded, len(rows), shard)
-        if samples > 1 and temperature == 0:
+        if samples > 1 and gen.temperature == 0:
             print(f"warning: --samples {samples} with --temperature 0: the samples of an item "
                   "will be identical (greedy) — set a temperature to average real samples",
                   file=sys.stderr)
-        from marscli.tools import build_tools
+        sctx = ScoreContext(judge=judge, base=Path(output).parent)
 
-        tools = build_tools(text_search=text_search, image_search=image_search,
-                            **(search_opts or {})) if mode == "agent" else []
-        run = _generate(rows, output, samples=samples, engine=engine, policy=policy,
-                        eng_kwargs=eng_kwargs, policy_name=policy_name, tools=tools,
-                        mode=mode, proto=proto, judge=judge, progress=progress,
-                        agent_cfg={"max_turns": max_turns,
-                                   "max_response_tokens": max_response_tokens,
-                                   "max_turn_tokens": max_turn_tokens,
-                                   "system_prompt": base_prompt, "batch_size": batch_size},
-                        sampling={"temperature": temperature, "top_p": top_p, "top_k": top_k,
-                                  "max_new_tokens": max_turn_tokens, "seed": seed})
+        def score(rec: dict) -> None:
+            rec["mode"] = mode
+            rec["score"] = proto.score(rec, sctx)
+
+        res = generate([(p, k) for _, p in rows for k in range(samples)], gen,
+                       gen.tools() if mode == "agent" else [], output=output,
+                       system_prompt=base_prompt, label=f"eval ({mode})", on_record=score,
+                       progress=progress)
     finally:
         judge.close()
+    run = res.stats
     speed = f" in {run['generate_s']:.1f} s" if run["new"] else ""
     print(f"eval: {run['new']} new, {run['skipped']} already in {output}{speed}",
           file=sys.stderr)
     summary = summarize(output, max_unscored=max_unscored)
     write_summary(summary, output)
     print_summary(summary)
-    config = {"bench": bench, "format": loaded.fmt, "benchmark": loaded.benchmark, "mode": mode,
-              "protocol": protocol, "judge": judge.config(), "samples": samples,
-              "engine": engine, "policy": policy_name, "shard": f"{shard[0]}/{shard[1]}",
-              "temperature": temperature, "top_p": top_p, "top_k": top_k,
-              "max_turns": max_turns, "max_response_tokens": max_response_tokens,
-              "max_turn_tokens": max_turn_tokens, "batch_size": batch_size,
-              "text_search": text_search, "image_search": image_search,
-              "search_options": search_opts or {},
-              "system_prompt": system_prompt_file, "device": device,
-              "max_unscored": max_unscored,
-              "engine_options": {k: v for k, v in engine_opts.items() if k in OPENAI_OPTIONS}}
-    stats = {"items_loaded": len(rows), "rows_read": loaded.rows, "skipped": loaded.skipped,
+    config = {**gen.sidecar(res.engine), "bench": bench, "format": loaded.fmt,
+              "benchmark": loaded.benchmark, "mode": mode, "protocol": protocol,
+              "judge": judge.config(), "samples": samples, "shard": f"{shard[0]}/{shard[1]}",
+              "max_unscored": max_unscored}
+    stats = {"items_loaded": len(rows), "rows_read": loaded.rows, "rows_skipped": loaded.skipped,
              **run, "trajectories": summary["trajectories"], "unscored": summary["unscored"]}
     inputs = [bench] if Path(bench).is_file() else []
-    write_sidecar(output, stage="eval", seed=seed, config=config,
-                  inputs=inputs + ([system_prompt_file] if system_prompt_file else []),
+    write_sidecar(output, stage="eval", seed=gen.seed, config=config,
+                  inputs=inputs + ([gen.system_prompt] if gen.system_prompt else []),
                   stats=stats, started=started)
-    if run["new"] and run["new_engine_errors"] == run["new"]:
+    if res.all_failed:
         raise RuntimeFailure(f"every trajectory of this run failed at the engine (first: "
                              f"{run['first_error']}) — they are recorded unscored; fix the "
                              "engine, drop them (jq -c 'select(.stop != \"engine_error\")') "
@@ -168,19 +147,18 @@ def run_eval(bench: str, output: str, *, fmt: str = "auto", policy: str | None =
     return summary
 
 
-def _check_images(src: str, unit: str, rows: list[tuple[int, Prompt]]) -> None:
-    """Every image must exist and decode, before any generation (each file checked once)."""
-    checked: set[Path] = set()
-    for line, p in rows:
-        for path in p.image_paths():
-            if path in checked:
-                continue
-            try:
-                open_image(path, max_pixels=CHECK_PIXELS)
-            except BadInput as e:
-                where = f"{src}:{line}" if unit == "line" else f"{src}: {unit} {line}"
-                raise BadInput(f"{where}: image: {e}") from None
-            checked.add(path)
+def _for_mode(gen: GenerationOptions, mode: str) -> GenerationOptions:
+    """`--mode direct`: no tools, one turn (refusing options that say otherwise); `agent`: the
+    tool loop, 10 turns unless told."""
+    if mode == "agent":
+        return replace(gen, max_turns=10 if gen.max_turns is None else gen.max_turns)
+    for opt, val in (("--text-search", gen.text_search), ("--image-search", gen.image_search)):
+        if val:
+            raise BadInput(f"{opt}: not used with --mode direct (no tools) — drop it, "
+                           "or use --mode agent")
+    if gen.max_turns not in (None, 1):
+        raise BadInput(f"--max-turns {gen.max_turns}: --mode direct answers in one turn")
+    return replace(gen, max_turns=1)
 
 
 def _report_loaded(loaded: Any, n: int, shard: tuple[int, int]) -> None:
@@ -192,58 +170,6 @@ def _report_loaded(loaded: Any, n: int, shard: tuple[int, int]) -> None:
           file=sys.stderr)
     for note in loaded.notes:
         print(f"note: {note}", file=sys.stderr)
-
-
-def _generate(rows: list[tuple[int, Prompt]], output: str, *, samples: int, engine: str,
-              policy: str | None, eng_kwargs: dict, policy_name: str, tools: list, mode: str,
-              proto: Any, judge: Any, progress: bool, agent_cfg: dict,
-              sampling: dict) -> dict:
-    """Run the agent over the missing (item, sample) pairs; append each record, scored."""
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeElapsedColumn, TimeRemainingColumn)
-
-    from marscli.agent import Agent, AgentConfig
-    from marscli.engines import SamplingParams, make_engine
-    from marscli.trace import stderr_console
-
-    jobs = [(p, k) for _, p in rows for k in range(samples)]
-    run = {"new": 0, "skipped": 0, "new_engine_errors": 0, "first_error": None,
-           "generated_tokens": 0}
-    t0 = time.perf_counter()
-    with contextlib.ExitStack() as stack:
-        # An existing output is opened first (cutting a torn tail), so a finished run re-run
-        # loads no model; a new one is created only once the engine has loaded.
-        out = stack.enter_context(AppendJsonl(output)) if Path(output).exists() else None
-        pending = [(p, k) for p, k in jobs if out is None or f"{p.id}#{k}" not in out.ids]
-        run["skipped"] = len(jobs) - len(pending)
-        eng = make_engine(engine, policy, **eng_kwargs) if pending else None
-        if out is None:
-            out = stack.enter_context(AppendJsonl(output))
-        if not pending:
-            run["generate_s"] = 0.0
-            return run
-        cfg = AgentConfig(**agent_cfg, sampling=SamplingParams(**sampling))
-        console = stderr_console()
-        bar = Progress(TextColumn(f"eval ({mode})"), BarColumn(), MofNCompleteColumn(),
-                       TimeElapsedColumn(), TimeRemainingColumn(), console=console,
-                       disable=not (progress and console.is_terminal))
-        task = bar.add_task("eval", total=len(pending))
-        agent = Agent(eng, tools, cfg, media_dir=media_dir(output), rel_to=Path(output).parent,
-                      policy_name=policy_name)
-        sctx = ScoreContext(judge=judge, base=Path(output).parent)
-        with bar:
-            for rec in agent.run(pending):
-                rec["mode"] = mode
-                rec["score"] = proto.score(rec, sctx)
-                out.write(rec)
-                bar.advance(task)
-                run["new"] += 1
-                run["generated_tokens"] += rec.get("generated_tokens", 0)
-                if rec["stop"] == "engine_error":
-                    run["new_engine_errors"] += 1
-                    run["first_error"] = run["first_error"] or rec.get("error")
-    run["generate_s"] = round(time.perf_counter() - t0, 3)
-    return run
 
 
 # ----------------------------------------------------------------------------- summary
@@ -409,6 +335,7 @@ def run_summarize(results: str, *, rescore: bool = False, protocol: str | None =
                   max_unscored: float = 0.05) -> dict:
     """`marscli eval --summarize RESULTS.jsonl [--rescore]`: no generation."""
     started = time.time()
+    check_range("--max-unscored", max_unscored, 0, 1)
     if results == "-":
         raise BadInput("--summarize -: name the results file (the summary goes beside it)")
     if not Path(results).is_file():

@@ -42,7 +42,7 @@ class Panel:
     series: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)
 
 
-def _metric_sort(keys: set[str]) -> list[str]:
+def metric_sort(keys: set[str]) -> list[str]:
     first = [k for k in METRIC_ORDER if k in keys]
     return first + sorted(keys - set(first))
 
@@ -66,7 +66,7 @@ def run_panels(stats: list[IterStats]) -> list[Panel]:
                         {k.removeprefix("tool_calls."): _series(stats, "traj", k) for k in tools}))
     panels.append(Panel("groups with equal rewards", x,
                         {"zero_std_groups": _series(stats, "traj", "zero_std_groups")}))
-    for k in _metric_sort({k for s in stats for k in s.metrics}):
+    for k in metric_sort({k for s in stats for k in s.metrics}):
         panels.append(Panel(k, x, {k: _series(stats, "metrics", k)}))
     for k in sorted({k for s in stats for k in s.eval}):
         panels.append(Panel(f"eval {k}", x, {k: _series(stats, "eval", k)}))
@@ -87,7 +87,7 @@ def metrics_panels(path: str) -> list[Panel]:
             xs.append(x)
             ys.append(y)
     xlabel = "step"
-    return [Panel(k, xlabel, {k: cols[k]}) for k in _metric_sort(set(cols))]
+    return [Panel(k, xlabel, {k: cols[k]}) for k in metric_sort(set(cols))]
 
 
 def panels_for(path: str) -> tuple[str, list[Panel]]:

@@ -226,12 +226,12 @@ TABLE_FIRST = ("trajectories", "reward", "accuracy", "format", "unscored", "answ
 
 
 def stats_table(stats: list[IterStats]) -> str:
-    from marscli.plot import _metric_sort
+    from marscli.plot import metric_sort
 
     traj_keys = {k for s in stats for k in s.traj}
     cols = [("traj", k) for k in TABLE_FIRST if k in traj_keys]
     cols += [("traj", k) for k in sorted(traj_keys - set(TABLE_FIRST))]
-    cols += [("metrics", k) for k in _metric_sort({k for s in stats for k in s.metrics})]
+    cols += [("metrics", k) for k in metric_sort({k for s in stats for k in s.metrics})]
     cols += [("eval", k) for k in sorted({k for s in stats for k in s.eval})]
     if not cols:
         return ""

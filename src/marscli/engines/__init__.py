@@ -1,7 +1,10 @@
 """Generation engines, registered by name: `hf` (transformers, in-process), `vllm`, `openai`
 (any OpenAI-compatible server) and `replay` (scripted replies).
 
-One signature: `generate(requests, params) -> list[Generation]`. Token-level engines (hf, vllm,
+One signature: `generate(requests, params) -> list[Generation]`. Each engine class also says,
+before anything loads, which engine-specific options it takes (`options`, keys of
+`GenerationOptions.engine_opts`, named as the CLI's options) and checks them with its own rules
+(`check_options(engine, policy, opts)`); `check_engine` runs both. Token-level engines (hf, vllm,
 replay) take token ids and return token ids with their own per-token log-probs. A
 message-level engine (`message_level = True`: openai) takes the conversation as chat messages
 and returns text; the agent tokenises it when the engine has a processor (`--tokenize-with`),
@@ -14,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from marscli.errors import RuntimeFailure
+from marscli.errors import BadInput, RuntimeFailure
 from marscli.registry import Registry
 
 
@@ -54,6 +57,10 @@ class Generation:
 class Engine(Protocol):
     processor: Any  # None only for a message-level engine without a tokenizer
     message_level: bool  # optional; False when absent
+    options: tuple[str, ...]  # the engine-specific options it takes (class attribute)
+
+    @staticmethod
+    def check_options(engine: str, policy: str | None, opts: dict) -> None: ...
 
     def generate(self, requests: list[GenRequest], params: SamplingParams) -> list[Generation]: ...
 
@@ -81,3 +88,31 @@ def make_engine(name: str, policy: str | None, **opts: Any) -> Engine:
             raise RuntimeFailure(str(e)) from None
         hint = _INSTALL_HINT.get(name, f"--engine {name}: cannot be loaded")
         raise RuntimeFailure(f"{hint} ({type(e).__name__}: {e})") from None
+
+
+def check_engine(name: str, policy: str | None, opts: dict) -> None:
+    """Before anything is read or loaded: the engine exists, takes every option given, and
+    its own rules pass (BadInput naming the option)."""
+    cls = ENGINES.get(name)
+    for key in opts:
+        if key not in cls.options:
+            owners = [n for n in ENGINES.names() if key in ENGINES.get(n).options]
+            flag = f"--{key.replace('_', '-')}"
+            raise BadInput(f"{flag}: only for --engine {' or '.join(owners)}" if owners
+                           else f"{flag}: not an option of any engine")
+    cls.check_options(name, policy, opts)
+
+
+def check_policy(engine: str, policy: str | None, opts: dict) -> None:
+    """The rule of engines that load a checkpoint themselves: --policy is required."""
+    if policy is None:
+        raise BadInput(f"--policy: required for --engine {engine} — a checkpoint folder or hub id")
+
+
+def resolve_device(device: str) -> str:
+    """`auto` → cuda when torch sees a GPU, else cpu; any other device as given."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -11,22 +11,31 @@ from __future__ import annotations
 
 from typing import Any
 
-from marscli.engines import ENGINES, GenRequest, Generation, SamplingParams
+from marscli.engines import (ENGINES, GenRequest, Generation, SamplingParams, check_policy,
+                             resolve_device)
 from marscli.policy import check_checkpoint, load_model, load_processor
 from marscli.tokens import expand, special_ids
 
 
 @ENGINES.register("hf")
 class HFEngine:
-    def __init__(self, policy: str, device: str = "cpu", dtype: str | None = None,
+    options: tuple[str, ...] = ()  # no options of its own
+    check_options = staticmethod(check_policy)
+
+    def __init__(self, policy: str, device: str = "auto", dtype: str | None = None,
                  max_batch: int = 32, **_: Any) -> None:
         path = check_checkpoint(policy)
         self.processor = load_processor(path)
-        self.model = load_model(path, device=device, dtype=dtype)
-        self.device = device
+        self.device = resolve_device(device)
+        self.model = load_model(path, device=self.device, dtype=dtype)
         self.ids = special_ids(self.processor.tokenizer)
         self.max_batch = max_batch
         self._calls = 0
+
+    def config(self) -> dict:
+        """The engine's settings, for the stage's sidecar (`auto` resolved)."""
+        return {"device": self.device, "dtype": str(self.model.dtype).removeprefix("torch."),
+                "max_batch": self.max_batch}
 
     def generate(self, requests: list[GenRequest], params: SamplingParams) -> list[Generation]:
         out: list[Generation] = []

@@ -8,12 +8,12 @@ with base64 data URLs, and the reply comes back as text, cut by the server befor
 token. With `tokenize_with=CKPT` the engine carries that checkpoint's processor, and the agent
 tokenises the conversation into the same token-exact segments as the hf engine's.
 
-Failures: connection errors, timeouts, 429, 5xx and malformed replies are retried (bounded,
-exponential backoff with full jitter, `Retry-After` honoured up to a minute); other 4xx fail at
-once. A request that keeps failing becomes `Generation(finish="error", error=...)` — the agent
-ends that trajectory with `stop: "engine_error"` — never an exception for the whole run, never
-an empty answer. The API key comes from an environment variable and goes only into the
-`Authorization` header: error texts are scrubbed of it.
+Failures: `marscli.http` retries connection errors, timeouts, 429, 5xx and malformed replies
+(bounded, exponential backoff with full jitter, `Retry-After` honoured up to a minute); other
+4xx fail at once. A request that keeps failing becomes `Generation(finish="error",
+error=...)` — the agent ends that trajectory with `stop: "engine_error"` — never an exception
+for the whole run, never an empty answer. The API key comes from an environment variable and
+goes only into the `Authorization` header: error texts are scrubbed of it.
 
 Departures from token-level engines: no log-probs (the server's tokens need not be the
 canonical encoding of its text, so they would not align with the re-tokenised segments), and
@@ -28,31 +28,18 @@ import hashlib
 import io
 import mimetypes
 import os
-import random
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import orjson
-import requests
 
 from marscli.engines import ENGINES, Generation, GenRequest, SamplingParams
-from marscli.errors import BadInput
-from marscli.jsonl import redact
+from marscli.errors import BadInput, check_range
+from marscli.http import HttpClient, HttpError
 
 _SENT_AS_IS = {"image/jpeg", "image/png", "image/webp", "image/gif"}
-MAX_BACKOFF_S = 30.0
-
-
-class RequestFailed(Exception):
-    """One attempt failed; `retry` says whether another attempt may help."""
-
-    def __init__(self, message: str, retry: bool, wait: float | None = None) -> None:
-        super().__init__(message)
-        self.retry, self.wait = retry, wait
 
 
 @lru_cache(maxsize=64)
@@ -81,6 +68,18 @@ def request_seed(seed: int, key: str, turn: int) -> int:
 @ENGINES.register("openai")
 class OpenAIEngine:
     message_level = True
+    options = ("base_url", "model", "api_key_env", "tokenize_with", "timeout", "retries",
+               "concurrency", "backoff")
+
+    @staticmethod
+    def check_options(engine: str, policy: str | None, opts: dict) -> None:
+        """Before anything is read: the server holds the model, so --policy has no use."""
+        if policy is not None:
+            raise BadInput("--policy: not used by --engine openai (the server holds the model) — "
+                           "give --model NAME, and --tokenize-with CKPT for token-exact segments")
+        check_range("--timeout", opts.get("timeout"), 0, lo_open=True)
+        check_range("--retries", opts.get("retries"), 0)
+        check_range("--concurrency", opts.get("concurrency"), 1)
 
     def __init__(self, policy: str | None = None, *, base_url: str | None = None,
                  model: str | None = None, api_key_env: str | None = "OPENAI_API_KEY",
@@ -96,18 +95,18 @@ class OpenAIEngine:
         url = base_url.rstrip("/")
         self.url = url if url.endswith("/chat/completions") else f"{url}/chat/completions"
         self.model = model
-        self.timeout, self.retries, self.backoff = timeout, retries, backoff
+        self.timeout, self.retries = timeout, retries
         self.concurrency = max(1, concurrency)
         self._key_env = api_key_env
-        self._key = os.environ.get(api_key_env) if api_key_env else None
+        key = os.environ.get(api_key_env) if api_key_env else None
+        self.http = HttpClient(timeout=timeout, attempts=retries + 1, backoff=backoff,
+                               concurrency=self.concurrency, auth_hint=f"check ${api_key_env}",
+                               headers={"Authorization": f"Bearer {key}"} if key else {})
         self.processor = None
         if tokenize_with:
             from marscli.policy import check_checkpoint, load_processor
 
             self.processor = load_processor(check_checkpoint(tokenize_with, "--tokenize-with"))
-        self._local = threading.local()  # one requests.Session per thread
-        self._lock = threading.Lock()
-        self.attempts = self.failures = 0  # for the sidecar
 
     def config(self) -> dict:
         """What the sidecar records (never the key itself)."""
@@ -116,7 +115,7 @@ class OpenAIEngine:
                 "concurrency": self.concurrency}
 
     def stats(self) -> dict:
-        return {"requests": self.attempts, "failed_requests": self.failures}
+        return {"requests": self.http.attempts, "failed_requests": self.http.failures}
 
     # ------------------------------------------------------------------ generation
 
@@ -129,12 +128,12 @@ class OpenAIEngine:
 
     def _one(self, r: GenRequest, params: SamplingParams) -> Generation:
         try:
-            body = self.body(r, params)
-            reply = self._post(body)
-        except RequestFailed as e:
-            return Generation([], [], "error", error=self._scrub(str(e)))
+            data = orjson.dumps(self.body(r, params))  # faster than json on base64 images
+            reply = self.http.post_json(self.url, data, validate=_check_reply)
+        except HttpError as e:  # scrubbed of the key already
+            return Generation([], [], "error", error=str(e))
         except OSError as e:  # an image file vanished between turns
-            return Generation([], [], "error", error=self._scrub(f"{type(e).__name__}: {e}"))
+            return Generation([], [], "error", error=self.http.scrub(f"{type(e).__name__}: {e}"))
         msg = reply["choices"][0]
         text = msg["message"]["content"]
         reasoning = msg["message"].get("reasoning_content") or msg["message"].get("reasoning")
@@ -175,74 +174,9 @@ class OpenAIEngine:
                 parts.append(p)
         return {"role": m["role"], "content": parts}
 
-    # ------------------------------------------------------------------ HTTP
 
-    def _session(self) -> requests.Session:
-        s = getattr(self._local, "session", None)
-        if s is None:
-            s = self._local.session = requests.Session()
-        return s
-
-    def _count(self, name: str) -> None:
-        with self._lock:
-            setattr(self, name, getattr(self, name) + 1)
-
-    def _post(self, body: dict) -> dict:
-        """POST with bounded retries; the parsed reply, or RequestFailed after the last try."""
-        headers = {"Content-Type": "application/json"}
-        if self._key:
-            headers["Authorization"] = f"Bearer {self._key}"
-        data = orjson.dumps(body)
-        err = RequestFailed("no attempt made", retry=False)
-        for attempt in range(self.retries + 1):
-            if attempt:
-                cap = min(MAX_BACKOFF_S, self.backoff * 2 ** (attempt - 1))
-                time.sleep(min(60.0, err.wait) if err.wait else random.uniform(0, cap))
-            self._count("attempts")
-            try:
-                return self._attempt(data, headers)
-            except RequestFailed as e:
-                err = e
-                if not e.retry:
-                    break
-        self._count("failures")
-        tries = f"{attempt + 1} attempt{'s' if attempt else ''}"
-        raise RequestFailed(f"POST {self.url}: {err} (after {tries})", retry=False)
-
-    def _attempt(self, data: bytes, headers: dict) -> dict:
-        try:
-            r = self._session().post(self.url, data=data, headers=headers, timeout=self.timeout)
-        except requests.Timeout:
-            raise RequestFailed(f"timed out after {self.timeout:g} s", retry=True) from None
-        except requests.ConnectionError as e:
-            raise RequestFailed(f"connection failed ({type(e).__name__})", retry=True) from None
-        except requests.RequestException as e:
-            raise RequestFailed(f"{type(e).__name__}: {e}", retry=False) from None
-        if r.status_code >= 400:
-            snippet = r.content[:300].decode("utf-8", "replace")
-            hint = (f" — check ${self._key_env}" if r.status_code in (401, 403) else "")
-            retry = r.status_code == 429 or r.status_code >= 500
-            raise RequestFailed(f"HTTP {r.status_code}: {snippet}{hint}", retry=retry,
-                                wait=_retry_after(r) if retry else None)
-        try:
-            reply = orjson.loads(r.content)
-            choice = reply["choices"][0]
-            if not isinstance(choice["message"]["content"], str):
-                raise TypeError("message.content is not a string")
-        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError) as e:
-            snippet = r.content[:200].decode("utf-8", "replace")
-            raise RequestFailed(f"malformed reply ({type(e).__name__}: {e}): {snippet!r}",
-                                retry=True) from None
-        return reply
-
-    def _scrub(self, msg: str) -> str:
-        msg = redact(msg)
-        return msg.replace(self._key, "<redacted>") if self._key else msg
-
-
-def _retry_after(r: requests.Response) -> float | None:
-    v = r.headers.get("Retry-After", "")
-    try:
-        return max(0.0, float(v))
-    except ValueError:
-        return None
+def _check_reply(reply: dict) -> dict:
+    """The validator: a chat completion with a text message, else retried as malformed."""
+    if not isinstance(reply["choices"][0]["message"]["content"], str):
+        raise TypeError("message.content is not a string")
+    return reply

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from marscli.engines import ENGINES, GenRequest, Generation, SamplingParams
+from marscli.engines import ENGINES, GenRequest, Generation, SamplingParams, check_policy
 from marscli.errors import BadInput
 from marscli.policy import check_checkpoint, load_processor
 from marscli.tokens import special_ids
@@ -18,6 +18,9 @@ from marscli.tokens import special_ids
 
 @ENGINES.register("replay")
 class ReplayEngine:
+    options: tuple[str, ...] = ()  # no options of its own
+    check_options = staticmethod(check_policy)
+
     def __init__(self, policy: str, **_: Any) -> None:
         self.processor = load_processor(check_checkpoint(policy))
         self.ids = special_ids(self.processor.tokenizer)

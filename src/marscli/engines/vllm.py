@@ -37,8 +37,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from marscli.engines import ENGINES, Generation, GenRequest, SamplingParams
-from marscli.errors import BadInput, RuntimeFailure
+from marscli.engines import (ENGINES, Generation, GenRequest, SamplingParams, check_policy,
+                             resolve_device)
+from marscli.errors import BadInput, RuntimeFailure, check_range
 from marscli.policy import check_checkpoint, load_processor
 from marscli.tokens import expand, special_ids
 
@@ -79,10 +80,18 @@ def _model_max_len(path: str) -> int | None:
 
 @ENGINES.register("vllm")
 class VLLMEngine:
-    def __init__(self, policy: str, device: str = "cpu", tensor_parallel: int = 1,
+    options = ("tensor_parallel",)
+
+    @staticmethod
+    def check_options(engine: str, policy: str | None, opts: dict) -> None:
+        check_policy(engine, policy, opts)
+        check_range("--tensor-parallel", opts.get("tensor_parallel"), 1)
+
+    def __init__(self, policy: str, device: str = "auto", tensor_parallel: int = 1,
                  max_model_len: int | None = None, gpu_memory_utilization: float = 0.85,
                  dtype: str | None = None, max_batch: int = 256, max_images: int = 16,
                  kv_cache_gib: float | None = None, seed: int = 0, **_: Any) -> None:
+        device = resolve_device(device)  # before the import: it decides in-process or not
         on_cpu = not device.startswith("cuda")
         vllm = _import_vllm(in_process=on_cpu and tensor_parallel == 1)
         from vllm.platforms import current_platform

@@ -1,0 +1,107 @@
+"""The CLI's shared options, each declared once as a typer `Annotated` type.
+
+A command names the type and gives the default (`temperature: opt.Temperature =
+opt.GEN.temperature`): the defaults come from `GenerationOptions` except where a stage chooses
+its own (eval and ask are greedy; ask's --policy is the released model). The parameter names
+are `GenerationOptions` field names, so `generation_options(locals())` builds one from a
+command's parameters. Only light modules are imported here: `marscli --help` reads these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Annotated, Any
+
+import typer
+
+from marscli.errors import check_range
+from marscli.generate import GenerationOptions
+from marscli.policy import DEFAULT_POLICY  # noqa: F401 - ask's default, re-exported
+
+GEN = GenerationOptions()  # the shared defaults
+
+# engine
+Policy = Annotated[str | None, typer.Option(
+    help="Checkpoint folder or hub id (hf, vllm, replay engines).")]
+Engine = Annotated[str, typer.Option(help="hf, vllm, openai or replay.")]
+Device = Annotated[str, typer.Option(
+    help="auto (cuda when available, else cpu), cpu or cuda (hf, vllm).")]
+BaseUrl = Annotated[str | None, typer.Option(
+    metavar="URL", help="openai: the server's base URL, e.g. http://127.0.0.1:8000/v1.")]
+Model = Annotated[str | None, typer.Option(help="openai: the served model's name.")]
+ApiKeyEnv = Annotated[str | None, typer.Option(
+    metavar="VAR", help="openai: environment variable holding the API key "
+                        "(default OPENAI_API_KEY).")]
+TokenizeWith = Annotated[str | None, typer.Option(
+    metavar="CKPT", help="openai: processor checkpoint for token-exact segments "
+                         "(without it, segments carry text only).")]
+Timeout = Annotated[float | None, typer.Option(help="openai: seconds per request (default 300).")]
+Retries = Annotated[int | None, typer.Option(
+    help="openai: retries after a failed request (default 3).")]
+Concurrency = Annotated[int | None, typer.Option(help="openai: requests in flight (default 8).")]
+TensorParallel = Annotated[int | None, typer.Option(
+    help="vllm: GPUs per model (tensor parallelism).")]
+# The parameters above that go to the engine as `GenerationOptions.engine_opts`.
+ENGINE_OPTIONS = ("base_url", "model", "api_key_env", "tokenize_with", "timeout", "retries",
+                  "concurrency", "tensor_parallel")
+
+# sampling and limits
+Temperature = Annotated[float, typer.Option(help="Sampling temperature; 0: greedy.")]
+TopP = Annotated[float, typer.Option(help="Nucleus sampling mass.")]
+TopK = Annotated[int, typer.Option(help="Top-k sampling; 0: off.")]
+Seed = Annotated[int, typer.Option(help="Sampling seed.")]
+MaxTurns = Annotated[int | None, typer.Option(
+    help="Assistant turns at most (eval: 10 with --mode agent, 1 with direct).")]
+MaxTurnTokens = Annotated[int, typer.Option(help="Tokens per reply at most.")]
+MaxResponseTokens = Annotated[int, typer.Option(
+    help="Model + tool tokens after the prompt, at most.")]
+BatchSize = Annotated[int, typer.Option(help="Trajectories advanced together.")]
+
+# inputs, tools and search
+Shard = Annotated[str | None, typer.Option(
+    metavar="i/N", help="Only the rows whose id hashes to shard i of N (0-based): the N shards "
+                        "together give one run's ids.")]
+ImageDir = Annotated[str | None, typer.Option(
+    metavar="DIR", help="Folder the rows' image paths are relative to (default: the rows' "
+                        "own folder).")]
+SystemPrompt = Annotated[str | None, typer.Option(
+    metavar="FILE", help="File replacing the system prompt.")]
+TextSearch = Annotated[str | None, typer.Option(
+    metavar="SPEC", help="Text search backend: local:INDEX, retriever:URL or serper.")]
+ImageSearch = Annotated[str | None, typer.Option(
+    metavar="SPEC", help="Image search backend: data, local:INDEX or serper-lens.")]
+SearchTimeout = Annotated[float, typer.Option(
+    help="Seconds per search request (text and image backends).")]
+SearchRetries = Annotated[int, typer.Option(
+    help="Retries after a failed search request (0: one attempt).")]
+
+# judging (reward and eval); the defaults are judge.JudgeOptions' (not imported: it loads
+# an HTTP client), --judge-retries counting the attempts after the first
+JUDGE, MAX_UNSCORED, JUDGE_TIMEOUT, JUDGE_RETRIES, JUDGE_CONCURRENCY = "exact", 0.05, 60.0, 2, 8
+Judge = Annotated[str, typer.Option(
+    help="exact (no judge: non-exact answers score 0) or openai:MODEL@URL (an OpenAI-compatible "
+         "chat API; key from OPENAI_API_KEY or JUDGE_API_KEY); the release judges with GPT-4o.")]
+MaxUnscored = Annotated[float, typer.Option(
+    help="Exit 1 when more than this fraction of rows is unscored (judge or engine failures).")]
+JudgeTimeout = Annotated[float, typer.Option(help="Seconds per judge request.")]
+JudgeRetries = Annotated[int, typer.Option(
+    help="Retries after a failed judge request (0: one attempt).")]
+JudgeConcurrency = Annotated[int, typer.Option(help="Judge requests in flight.")]
+JudgeCache = Annotated[str | None, typer.Option(
+    metavar="PATH", help="SQLite verdict cache (default: $MARSCLI_CACHE_DIR/judge.sqlite or "
+                         "~/.cache/marscli/judge.sqlite).")]
+
+
+def generation_options(params: dict[str, Any]) -> GenerationOptions:
+    """A command's parameters (its `locals()`) as `GenerationOptions`: the fields by name, the
+    engine options given (not None) as `engine_opts`. Checked where it is used."""
+    names = {f.name for f in fields(GenerationOptions)} - {"engine_opts", "search_opts"}
+    return GenerationOptions(**{k: v for k, v in params.items() if k in names},
+                             engine_opts={k: params.get(k) for k in ENGINE_OPTIONS})
+
+
+def check_judge_options(timeout: float, retries: int, concurrency: int) -> None:
+    """The judge options reward and eval share, in range (BadInput naming the option)."""
+    check_range("--judge-timeout", timeout, 0, lo_open=True)
+    check_range("--judge-retries", retries, 0)
+    check_range("--judge-concurrency", concurrency, 1)
