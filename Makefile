@@ -58,22 +58,66 @@ IT := $(RUN)/iter-$(ITER)
 NEXT := $(shell echo $$(( $(ITER) + 1 )))
 export MARSCLI := $(abspath $(MARSCLI))
 
+# Launch shape of the training stages (update, sft), read by stages/_common.sh: NPROC
+# processes (torchrun --nproc_per_node) on each of NNODES nodes; GPUS_PER_NODE is NPROC's
+# default there and the GPU count the GPU recipes ask Slurm for. Exported, so that every stage
+# script sees them, also through sbatch (which passes the environment on); TRAIN_ENV spells
+# them out on the training commands as well, so that `make -n` and make's own log show them.
+NPROC ?= 1
+NNODES ?= 1
+export NPROC NNODES
+# These two only when set: torch would read an empty MASTER_PORT in the environment as a port.
+ifneq ($(GPUS_PER_NODE),)
+export GPUS_PER_NODE
+endif
+ifneq ($(MASTER_PORT),)
+export MASTER_PORT
+endif
+TRAIN_ENV = NPROC=$(NPROC) NNODES=$(NNODES)
+
+# sbatch options (SLURM=1). SBATCH_OPTS goes to every job (partition, account, time limit);
+# SBATCH_<STAGE> to that stage's jobs, after SBATCH_OPTS (the later option wins). Recipes set
+# the per-stage ones (GPUs, nodes, CPUs); the environment or the command line replaces any:
+#   make rl-iter SLURM=1 SBATCH_OPTS="--partition=gpu --account=proj --time=12:00:00"
+# These defaults are the CPU demo's: one CPU a task; a training job asks for NNODES nodes,
+# one task per node (it starts torchrun on each, see stages/_common.sh) and a CPU per process.
+SBATCH_OPTS ?=
+SBATCH_ROLLOUT ?= --cpus-per-task=1
+SBATCH_REWARD ?= --cpus-per-task=1
+SBATCH_ADVANTAGES ?= --cpus-per-task=1
+SBATCH_UPDATE ?= --nodes=$(NNODES) --ntasks-per-node=1 --cpus-per-task=$(NPROC)
+SBATCH_SFT ?= --nodes=$(NNODES) --ntasks-per-node=1 --cpus-per-task=$(NPROC)
+SBATCH_EVAL ?= --cpus-per-task=1
+
+# $(call sharded,STAGE,SCRIPT,OUT,ARGS): the stage over all prompts; under Slurm an array job
+#   over --shard, then merge.
+# $(call single,STAGE,SCRIPT,ARGS[,ENV]): one run of the stage, with ENV (VAR=value ...) set.
+# STAGE names the SBATCH_<STAGE> options. sbatch --wait, so that make sees the job's exit status.
 ifeq ($(SLURM),1)
-SUBMIT = sbatch --wait --quiet --cpus-per-task=1 -o $(RUN)/logs/%x-%A_%a.out
+submit = sbatch --wait --quiet -o $(RUN)/logs/%x-%A_%a.out $(SBATCH_OPTS) $(SBATCH_$(1))
 SHARD_FILES = $(foreach i,$(shell seq 0 $$(( $(SHARDS) - 1 ))),$(1).shard-$(i))
-# $(call sharded,SCRIPT,OUT,ARGS...): an array job over --shard, then merge
-sharded = mkdir -p $(RUN)/logs && $(SUBMIT) --array=0-$$(( $(SHARDS) - 1 )) $(1) $(3) && \
-  $(MARSCLI) merge $(2) $(call SHARD_FILES,$(2))
-single = mkdir -p $(RUN)/logs && $(SUBMIT) $(1) $(2)
+sharded = mkdir -p $(RUN)/logs && $(call submit,$(1)) --array=0-$$(( $(SHARDS) - 1 )) $(2) $(4) && \
+  $(MARSCLI) merge $(3) $(call SHARD_FILES,$(3))
+single = mkdir -p $(RUN)/logs && $(4) $(call submit,$(1)) $(2) $(3)
 else
-sharded = $(1) $(3)
-single = $(1) $(2)
+sharded = $(2) $(4)
+single = $(4) $(2) $(3)
 endif
 
 .PHONY: rl-iter rl rl-eval demo ablation
 
+# ckpt-0, the policy RL starts from: the cold-start SFT model (the paper's pipeline), or with
+# COLD_START=none the base model itself, linked (the release's script starts RL from
+# Qwen3-VL-8B-Instruct); BASE must then be a local folder.
+COLD_START ?= sft
+ifeq ($(COLD_START),none)
+$(RUN)/ckpt-0/config.json:
+	@test -f $(BASE)/config.json || { echo "BASE=$(BASE): no config.json there; COLD_START=none needs BASE=/path/to/a/local/checkpoint" >&2; exit 2; }
+	mkdir -p $(RUN) && ln -sfn $(abspath $(BASE)) $(RUN)/ckpt-0
+else
 $(RUN)/ckpt-0/config.json: $(SFT_DATA).meta.json
-	$(call single,stages/sft.sh,$(SFT_DATA) $(BASE) $(RUN)/ckpt-0 $(SFT_OPTS) --force --metrics $(RUN)/sft/metrics.jsonl)
+	$(call single,SFT,stages/sft.sh,$(SFT_DATA) $(BASE) $(RUN)/ckpt-0 $(SFT_OPTS) --force --metrics $(RUN)/sft/metrics.jsonl,$(TRAIN_ENV))
+endif
 
 # This iteration's prompts: PROMPTS_PER_ITER consecutive rows, cycling through the file.
 $(IT)/prompts.jsonl: $(PROMPTS) $(RECIPE_INPUTS)
@@ -82,16 +126,16 @@ $(IT)/prompts.jsonl: $(PROMPTS) $(RECIPE_INPUTS)
 	  awk -v a=$$a -v p=$(PROMPTS_PER_ITER) -v t=$$n 'NF && ((NR - 1 - a + t) % t) < p' $(PROMPTS) > $@.tmp && mv $@.tmp $@
 
 $(IT)/rollouts.jsonl.meta.json: $(IT)/prompts.jsonl $(RUN)/ckpt-$(ITER)/config.json
-	$(call sharded,stages/rollout.sh,$(IT)/rollouts.jsonl,$(IT)/prompts.jsonl $(RUN)/ckpt-$(ITER) $(IT)/rollouts.jsonl $(ROLLOUT_OPTS) --seed $(RL_SEED) --image-dir $(dir $(PROMPTS)))
+	$(call sharded,ROLLOUT,stages/rollout.sh,$(IT)/rollouts.jsonl,$(IT)/prompts.jsonl $(RUN)/ckpt-$(ITER) $(IT)/rollouts.jsonl $(ROLLOUT_OPTS) --seed $(RL_SEED) --image-dir $(dir $(PROMPTS)))
 
 $(IT)/scored.jsonl: $(IT)/rollouts.jsonl.meta.json
-	$(call single,stages/reward.sh,$(IT)/rollouts.jsonl $@ $(REWARD_OPTS))
+	$(call single,REWARD,stages/reward.sh,$(IT)/rollouts.jsonl $@ $(REWARD_OPTS))
 
 $(IT)/advantages.jsonl: $(IT)/scored.jsonl
-	$(call single,stages/advantages.sh,$< $@ $(ADV_OPTS) --seed $(RL_SEED))
+	$(call single,ADVANTAGES,stages/advantages.sh,$< $@ $(ADV_OPTS) --seed $(RL_SEED))
 
 $(RUN)/ckpt-$(NEXT)/config.json: $(IT)/advantages.jsonl $(RUN)/ckpt-$(ITER)/config.json
-	$(call single,stages/update.sh,$< $(RUN)/ckpt-$(ITER) $(RUN)/ckpt-$(NEXT) $(UPDATE_OPTS) --seed $(RL_SEED) --force --metrics $(IT)/metrics.jsonl)
+	$(call single,UPDATE,stages/update.sh,$< $(RUN)/ckpt-$(ITER) $(RUN)/ckpt-$(NEXT) $(UPDATE_OPTS) --seed $(RL_SEED) --force --metrics $(IT)/metrics.jsonl,$(TRAIN_ENV))
 
 rl-iter: setup $(RUN)/ckpt-$(NEXT)/config.json
 
@@ -101,7 +145,7 @@ rl: setup
 # Test-split evaluation of every checkpoint 0..ITERS, then the per-iteration table.
 $(RUN)/eval/ckpt-%.summary.json: $(RUN)/ckpt-%/config.json $(TEST)
 	mkdir -p $(RUN)/eval
-	$(call sharded,stages/eval.sh,$(RUN)/eval/ckpt-$*.jsonl,$(TEST) $(RUN)/ckpt-$* $(RUN)/eval/ckpt-$*.jsonl $(EVAL_OPTS))
+	$(call sharded,EVAL,stages/eval.sh,$(RUN)/eval/ckpt-$*.jsonl,$(TEST) $(RUN)/ckpt-$* $(RUN)/eval/ckpt-$*.jsonl $(EVAL_OPTS))
 	test -f $@ || $(MARSCLI) eval --summarize $(RUN)/eval/ckpt-$*.jsonl
 
 rl-eval: rl

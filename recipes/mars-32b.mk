@@ -1,8 +1,16 @@
-# recipes/mars-32b.mk — the paper's RL settings for Qwen3-VL-32B (SenseNova-MARS-32B): everything
-# as in mars-8b.mk (read its departures from the paper), with vLLM tensor parallelism 4 for
-# rollouts and ZeRO-3 across 8 GPUs for the update.
+# recipes/mars-32b.mk — the paper's RL settings for Qwen3-VL-32B (SenseNova-MARS-32B): every
+# value as in recipes/mars-8b.mk, with its sources and departures, except:
+#   BASE        Qwen3-VL-32B-Instruct                                                  [paper]
+#   TP          4: vLLM tensor parallelism for rollout and eval, 2 engines per 8-GPU node:
+#               a 32B model in bf16 (~64 GB of weights) leaves room for the KV cache of
+#               16k-token trajectories                                                [marscli]
+#   NNODES      2 for update and sft: ZeRO-3 over 16 GPUs, so that the fp32 masters and AdamW
+#               moments of 32B parameters (~16 bytes each, ~512 GB) take ~32 GB a GPU    [marscli]
+# The release has no 32B training script (its train_multi_node.sh is for 8B), so there is no
+# mars-32b-release.mk: recipes/mars-8b-release.mk with BASE=...32B and TP=4 is the nearest.
 
 NAME ?= mars-32b
 BASE ?= Qwen/Qwen3-VL-32B-Instruct
 TP ?= 4
+NNODES ?= 2
 include recipes/mars-8b.mk

@@ -1,17 +1,35 @@
-# recipes/mars-8b.mk — the paper's RL settings for Qwen3-VL-8B (SenseNova-MARS-8B).
+# recipes/mars-8b.mk — the paper's RL settings for Qwen3-VL-8B (SenseNova-MARS-8B, arXiv
+# 2512.24330). recipes/mars-8b-release.mk has what the released training script runs instead;
+# the two differ in lr, KL, the estimator and more (its header lists how).
 #
-# Paper settings kept: 128 prompts a batch, 8 samples a prompt, lr 1e-6, KL 1e-4 to the
-# cold-start model, clip 0.2/0.28 (GSPO's own paper used 3e-4/4e-4: set CLIP_LOW/CLIP_HIGH),
-# 10 turns, 16k response tokens, BN-GSPO advantages, GSPO loss, bf16.
+# Sources, as tags after each value: [paper] the paper; [release] the released
+# train_multi_node.sh (OpenSenseNova/SenseNova-MARS); [marscli] this recipe's choice.
+#   pipeline      cold-start SFT on ~3,000 trajectories, then RL                     [paper]
+#   batch         128 prompts x 8 samples an iteration                               [paper]
+#   optimiser     AdamW lr 1e-6, constant; grad clip 1.0            [paper; clip: verl's default]
+#   KL            1e-4 (k3) to the cold-start model                                  [paper]
+#   clip          0.2 / 0.28 (GSPO's own paper: 3e-4 / 4e-4: set CLIP_LOW, CLIP_HIGH) [paper]
+#   advantages    BN-GSPO: group, then batch normalisation                           [paper]
+#   loss          GSPO, sequence-mean of token means                                 [paper]
+#   agent         10 assistant turns, 16,384 response tokens                         [paper]
+#   per turn      at most 4,096 tokens                                             [marscli]
+#   reward        accuracy (exact match, else the judge) + 0.5 format             [release]
+#   precision     bf16 compute (DeepSpeed "auto" on GPU)                            [paper]
 # Departures:
-#  1. The judge and search endpoints are variables (JUDGE, TEXT_SEARCH, IMAGE_SEARCH): the paper
-#     used GPT-4o / Serper with an LLM summariser at eval and a local Wikipedia retriever in training.
-#  2. Every update starts a fresh AdamW (each `update` is its own process); the paper's trainer
-#     keeps optimiser state across steps. `update --keep-optimizer` carries it, but only without
-#     DeepSpeed (ZeRO shards the state), and ZeRO-3 is what fits an 8B model here.
-#  3. Checkpoints are saved in float32 between iterations so that 1e-6 steps are not rounded away.
-# You provide: BASE (Qwen3-VL-8B-Instruct folder or hub id), SFT_DATA (cold-start trajectories,
-# e.g. from `rollout --engine openai --tokenize-with BASE` + `reward` + a jq filter), PROMPTS, TEST.
+#  1. The judge and search endpoints are variables (JUDGE, TEXT_SEARCH, IMAGE_SEARCH): the
+#     paper used GPT-4o / Serper with an LLM summariser at eval and a local Wikipedia retriever
+#     in training.
+#  2. The trainer is DeepSpeed ZeRO-3 over torchrun, a process boundary per iteration
+#     [marscli]; the paper's (verl's) trainer is one long-lived FSDP process. What a long-lived
+#     trainer keeps crosses that boundary in OUT/train_state/: the fp32 master weights and,
+#     with --keep-optimizer (KEEP_OPTIMIZER), AdamW's moments and step. OUT/ itself is the HF
+#     export that vLLM and transformers load; the next `update` starts from train_state, not
+#     from the export, so 1e-6 steps are not lost to a 16-bit round trip.
+#  3. Old log-probs are recomputed by `update` with the input policy (as verl does by default).
+#  4. The vision tower trains in RL (nothing in the paper's RL settings says otherwise) and is
+#     frozen in SFT [marscli]; the release freezes it in RL too.
+# You provide BASE, PROMPTS, TEST, SFT_DATA (see recipes/_gpu.mk); launch shape and Slurm
+# requests are in recipes/_gpu.mk (GPUS_PER_NODE=8, NNODES=1, NPROC=GPUS_PER_NODE, TP=1).
 
 NAME ?= mars-8b
 RUN ?= runs/$(NAME)
@@ -23,12 +41,10 @@ JUDGE ?= openai:gpt-4o@https://api.openai.com/v1
 TEXT_SEARCH ?= retriever:http://127.0.0.1:8000/retrieve
 IMAGE_SEARCH ?= data
 SEARCH_OPTS ?= --text-search $(TEXT_SEARCH) --image-search $(IMAGE_SEARCH)
-SHARDS ?= 8
-DEVICE ?= cuda
-ENGINE ?= vllm
-TP ?= 1
 CLIP_LOW ?= 0.2
 CLIP_HIGH ?= 0.28
+KEEP_OPTIMIZER ?= --keep-optimizer
+include recipes/_gpu.mk
 
 PROMPTS_PER_ITER ?= 128
 N ?= 8
@@ -40,16 +56,10 @@ REWARD_OPTS ?= --judge $(JUDGE) --format-weight 0.5
 ESTIMATOR ?= bn-gspo
 ADV_OPTS ?= --estimator $(ESTIMATOR)
 LOSS ?= gspo
-NPROC ?= 8
 UPDATE_OPTS ?= --loss $(LOSS) --lr 1e-6 --kl 1e-4 --ref $(RUN)/ckpt-0 --clip-low $(CLIP_LOW) \
-  --clip-high $(CLIP_HIGH) --grad-clip 1.0 --deepspeed recipes/ds_zero3.json \
+  --clip-high $(CLIP_HIGH) --grad-clip 1.0 --deepspeed recipes/ds_zero3.json $(KEEP_OPTIMIZER) \
   --gradient-checkpointing --micro-batch-tokens 32768 --device cuda
 SFT_OPTS ?= --epochs 3 --lr 1e-5 --freeze-vision --deepspeed recipes/ds_zero3.json \
   --save-every-epoch --device cuda
-EVAL_OPTS ?= --mode agent --engine $(ENGINE) --device $(DEVICE) --judge $(JUDGE) $(SEARCH_OPTS)
-
-$(SFT_DATA).meta.json:
-	@test -f $(SFT_DATA) || { echo "SFT_DATA=$(SFT_DATA) not found: make cold-start trajectories first" >&2; exit 2; }
-	@touch $@
-
-RECIPE_INPUTS =
+EVAL_OPTS ?= --mode agent --engine $(ENGINE) --device $(DEVICE) --judge $(JUDGE) \
+  --tensor-parallel $(TP) $(SEARCH_OPTS)

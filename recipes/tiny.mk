@@ -57,8 +57,13 @@ REWARD_OPTS ?= --judge exact --format-weight 0.2
 ESTIMATOR ?= bn-gspo
 ADV_OPTS ?= --estimator $(ESTIMATOR) --minibatches 4
 LOSS ?= gspo
+# The demo trains with plain torch on one process. DEEPSPEED=recipes/ds_zero2_bf16.json NPROC=2
+# runs the same update under DeepSpeed ZeRO-2 with bf16 on 2 ranks (CI runs one iteration so;
+# its numbers are not the demo's).
+KEEP_OPTIMIZER ?= --keep-optimizer
+DEEPSPEED ?=
 UPDATE_OPTS ?= --loss $(LOSS) --lr 1e-4 --clip-low 0.2 --clip-high 0.28 --grad-clip 1.0 \
-  --keep-optimizer
+  $(KEEP_OPTIMIZER) $(if $(DEEPSPEED),--deepspeed $(DEEPSPEED))
 SFT_DATA ?= $(RUN)/sft/trajectories.jsonl
 SFT_OPTS ?= --epochs 8 --lr 2e-3 --batch-size 4 --schedule cosine
 EVAL_OPTS ?= --mode agent --temperature 0 --max-turns $(MAX_TURNS) \

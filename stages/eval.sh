@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
 #SBATCH --job-name=marscli-eval
-#SBATCH --cpus-per-task=1
 # Evaluate a policy on a benchmark. Resumable and shardable like rollout.
 # usage: stages/eval.sh BENCH POLICY OUT [marscli eval options...]
 # Slurm: sbatch --array=0-3 stages/eval.sh ...   (then: marscli merge OUT OUT.shard-*; marscli eval --summarize OUT)

@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
 #SBATCH --job-name=marscli-rollout
-#SBATCH --cpus-per-task=1
 # Sample G trajectories per prompt with tools. Resumable: re-running skips ids already written.
 # usage: stages/rollout.sh PROMPTS POLICY OUT [marscli rollout options...]
 # Slurm: sbatch --array=0-3 stages/rollout.sh ...   (then: marscli merge OUT OUT.shard-*)

@@ -1,0 +1,46 @@
+# recipes/_gpu.mk — what the GPU recipes (mars-8b.mk, mars-8b-release.mk, mars-32b.mk) share:
+# how many GPUs, processes and nodes each stage gets, the Slurm requests that say so, and the
+# files you provide. Included by them after their own settings (everything here is `?=`).
+# Every value is marscli's choice for nodes of 8 GPUs unless it says otherwise; override any on
+# the command line or in the environment.
+
+# --- Launch shape (stages/_common.sh reads NPROC, NNODES, GPUS_PER_NODE, MASTER_PORT) --------
+# 8 GPUs a node, as the release's train_multi_node.sh (trainer.n_gpus_per_node=8).
+GPUS_PER_NODE ?= 8
+# Nodes for update and sft: one srun task per node, each a torchrun agent of NPROC ranks, with
+# the rendezvous on the first node. The release runs on NNODES nodes the user chooses.
+NNODES ?= 1
+NPROC ?= $(GPUS_PER_NODE)
+# Rollout and eval: SHARDS array tasks, each one vLLM engine over TP GPUs: as many GPUs as the
+# update uses.
+TP ?= 1
+SHARDS ?= $(shell echo $$(( $(GPUS_PER_NODE) * $(NNODES) / $(TP) )))
+DEVICE ?= cuda
+ENGINE ?= vllm
+
+# --- Slurm (SLURM=1): per-stage sbatch options; SBATCH_OPTS (partition, account, --time) is
+# yours. CPUs: CPUS_PER_GPU per GPU for the GPU stages (marscli's choice: image decoding and the
+# tools run on the CPU); the judge's requests wait on the network.
+CPUS_PER_GPU ?= 8
+SBATCH_ROLLOUT ?= --gres=gpu:$(TP) --cpus-per-gpu=$(CPUS_PER_GPU)
+SBATCH_EVAL ?= --gres=gpu:$(TP) --cpus-per-gpu=$(CPUS_PER_GPU)
+SBATCH_REWARD ?= --cpus-per-task=4
+SBATCH_ADVANTAGES ?= --cpus-per-task=1
+SBATCH_UPDATE ?= --nodes=$(NNODES) --ntasks-per-node=1 --gres=gpu:$(GPUS_PER_NODE) \
+  --cpus-per-gpu=$(CPUS_PER_GPU)
+# SFT asks for what update asks for (so SBATCH_UPDATE=... sets both, unless SBATCH_SFT is set).
+SBATCH_SFT ?= $(SBATCH_UPDATE)
+
+# --- What you provide: BASE (a local Qwen3-VL folder, BASE=/models/Qwen3-VL-8B-Instruct; the
+# Makefile sets HF_HUB_OFFLINE=1, so a hub id works only if it is in your HF cache), PROMPTS and
+# TEST as JSONL (MARS-style rows are read as they are), and, for COLD_START=sft, SFT_DATA:
+# cold-start trajectories, e.g. from `rollout --engine openai --tokenize-with BASE` + `reward`
+# + a jq filter on the reward.
+$(PROMPTS) $(TEST):
+	@echo "$@ not found: set PROMPTS= and TEST= to your JSONL files (see $(RECIPE))" >&2; exit 2
+
+$(SFT_DATA).meta.json:
+	@test -f $(SFT_DATA) || { echo "SFT_DATA=$(SFT_DATA) not found: make cold-start trajectories first" >&2; exit 2; }
+	@touch $@
+
+RECIPE_INPUTS =

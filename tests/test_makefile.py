@@ -1,0 +1,172 @@
+"""The Makefile and recipes by dry run (`make -n`, nothing executed): the launch shape (NPROC,
+NNODES, GPUs) reaches the training stages, the per-stage sbatch options reach their jobs, the
+tiny recipe keeps its CPU defaults, the release recipe says what the release runs, and every
+option a recipe passes to a stage exists in that stage's `--help`."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import shlex
+import subprocess
+from functools import cache
+
+import pytest
+
+from helpers import MARSCLI, ROOT
+
+STAGES = ("rollout", "reward", "advantages", "update", "sft", "eval")
+RECIPES = ("tiny", "mars-8b", "mars-8b-release", "mars-32b")
+# Variables a developer's shell may hold that would change what the recipes expand to.
+CLEAN = ("NPROC", "NNODES", "GPUS_PER_NODE", "MASTER_PORT", "SLURM", "SHARDS", "TP", "BN_GSPO",
+         "DEEPSPEED", "KEEP_OPTIMIZER", "COLD_START", "RUN", "NAME", "BASE", "MAKEFLAGS")
+
+
+def dry_run(*args: str, env: dict | None = None) -> list[str]:
+    """`make -n ARGS` in the repository: the commands make would run, one logical line each."""
+    e = {k: v for k, v in os.environ.items() if k not in CLEAN and not k.startswith("SBATCH_")}
+    r = subprocess.run(["make", "--no-print-directory", "-n", *args], cwd=ROOT, text=True,
+                       capture_output=True, env={**e, **(env or {})}, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.replace("\\\n", " ").splitlines()
+
+
+def stage_lines(lines: list[str], stage: str) -> list[str]:
+    return [x for x in lines if f"stages/{stage}.sh" in x]
+
+
+def only(lines: list[str], stage: str) -> str:
+    found = stage_lines(lines, stage)
+    assert len(found) == 1, (stage, found)
+    return found[0]
+
+
+def rl_iter(recipe: str, tmp_path, *args: str, env: dict | None = None) -> list[str]:
+    """The commands of iteration 0 from nothing (cold start included), for `recipe`."""
+    return dry_run("rl-iter", f"RECIPE=recipes/{recipe}.mk", f"RUN={tmp_path}/run", *args, env=env)
+
+
+def evaluation(recipe: str, tmp_path, *args: str, env: dict | None = None) -> list[str]:
+    """The commands that evaluate ckpt-0 (cold start included), for `recipe`, on an empty TEST
+    file (tiny's is made with the world, which a dry run does not make)."""
+    (tmp_path / "test.jsonl").touch()
+    return dry_run(f"{tmp_path}/run/eval/ckpt-0.summary.json", f"RECIPE=recipes/{recipe}.mk",
+                   f"RUN={tmp_path}/run", f"TEST={tmp_path}/test.jsonl", *args, env=env)
+
+
+# ----------------------------------------------------------------------------- launch shape
+
+
+def test_mars_8b_counts_reach_every_stage_through_slurm(tmp_path):
+    lines = rl_iter("mars-8b", tmp_path, "SLURM=1")
+    for stage in ("update", "sft"):
+        line = only(lines, stage)
+        assert "NPROC=8 NNODES=1 sbatch" in line
+        assert "--nodes=1 --ntasks-per-node=1 --gres=gpu:8 --cpus-per-gpu=8" in line
+        assert "--deepspeed recipes/ds_zero3.json" in line and "--device cuda" in line
+    rollout = only(lines, "rollout")
+    assert "--gres=gpu:1 --cpus-per-gpu=8 --array=0-$(( 8 - 1 ))" in rollout
+    assert "--tensor-parallel 1" in rollout
+    ev = only(evaluation("mars-8b", tmp_path, "SLURM=1"), "eval")
+    assert "--gres=gpu:1 --cpus-per-gpu=8 --array=0-$(( 8 - 1 ))" in ev
+    assert "--cpus-per-task=4" in only(lines, "reward")
+    assert "--cpus-per-task=1" in only(lines, "advantages")
+
+
+def test_nodes_and_gpus_scale_the_requests(tmp_path):
+    lines = rl_iter("mars-8b", tmp_path, "SLURM=1", "NNODES=2", "GPUS_PER_NODE=4", "TP=2")
+    update = only(lines, "update")
+    assert "NPROC=4 NNODES=2 sbatch" in update and "--nodes=2" in update
+    assert "--gres=gpu:4" in update
+    rollout = only(lines, "rollout")  # 2 nodes x 4 GPUs / TP 2 = 4 engines
+    assert "--gres=gpu:2" in rollout and "--array=0-$(( 4 - 1 ))" in rollout
+    assert "--tensor-parallel 2" in rollout
+
+
+def test_mars_32b_trains_on_two_nodes(tmp_path):
+    lines = rl_iter("mars-32b", tmp_path, "SLURM=1")
+    update = only(lines, "update")
+    assert "NPROC=8 NNODES=2 sbatch" in update and "--nodes=2" in update
+    assert "Qwen3-VL-32B" in only(lines, "sft")
+    assert "--tensor-parallel 4" in only(lines, "rollout")
+
+
+def test_sbatch_options_from_the_environment(tmp_path):
+    env = {"SBATCH_OPTS": "--partition=gpu --account=proj --time=12:00:00",
+           "SBATCH_UPDATE": "--nodes=2 --gres=gpu:4 --exclusive"}
+    lines = rl_iter("mars-8b", tmp_path, "SLURM=1", "NNODES=2", env=env)
+    lines += evaluation("mars-8b", tmp_path, "SLURM=1", "NNODES=2", env=env)
+    sbatch = [x for x in lines if "sbatch " in x]
+    assert len(sbatch) == 7  # sft, rollout, reward, advantages, update; sft, eval
+    assert all(env["SBATCH_OPTS"] in x for x in sbatch)
+    update = only(lines, "update")
+    # the common options first, the stage's after them (sbatch: the later option wins)
+    assert f"{env['SBATCH_OPTS']} {env['SBATCH_UPDATE']} stages/update.sh" in update
+    assert "--cpus-per-gpu" not in update  # the environment replaced the recipe's options
+    assert "--gres=gpu:1 --cpus-per-gpu=8" in only(lines, "rollout")  # ... for that stage only
+
+
+def test_tiny_keeps_its_cpu_defaults(tmp_path):
+    lines = rl_iter("tiny", tmp_path, "SLURM=1") + evaluation("tiny", tmp_path, "SLURM=1")
+    sbatch = [x for x in lines if "sbatch " in x]
+    assert sbatch and all("--cpus-per-task=1" in x and "gres" not in x for x in sbatch)
+    assert "--nodes=1 --ntasks-per-node=1 --cpus-per-task=1" in only(lines, "update")
+    local = rl_iter("tiny", tmp_path)
+    assert not [x for x in local if "sbatch" in x]
+    update = only(local, "update")
+    assert update.startswith("NPROC=1 NNODES=1 stages/update.sh")
+    assert "--keep-optimizer" in update and "--deepspeed" not in update
+
+
+def test_tiny_zero2_bf16_on_two_ranks(tmp_path):
+    update = only(rl_iter("tiny", tmp_path, "NPROC=2", "DEEPSPEED=recipes/ds_zero2_bf16.json",
+                          "KEEP_OPTIMIZER="), "update")
+    assert update.startswith("NPROC=2 NNODES=1 stages/update.sh")
+    assert "--deepspeed recipes/ds_zero2_bf16.json" in update
+    assert "--keep-optimizer" not in update
+
+
+# ----------------------------------------------------------------------------- recipes
+
+
+def test_release_recipe_runs_what_the_release_runs(tmp_path):
+    lines = rl_iter("mars-8b-release", tmp_path)
+    assert any(x.startswith(f"mkdir -p {tmp_path}/run && ln -sfn") for x in lines)  # no SFT
+    assert not stage_lines(lines, "sft")
+    update = shlex.split(only(lines, "update"))
+    opt = {a: b for a, b in itertools.pairwise(update) if a.startswith("--")}
+    assert opt["--loss"] == "grpo" and opt["--agg"] == "token-mean" and opt["--lr"] == "1e-5"
+    assert opt["--clip-low"] == "0.2" and opt["--clip-high"] == "0.28"
+    assert "--kl" not in opt and "--ref" not in opt and "--freeze-vision" in update
+    assert "--estimator grpo --minibatches 1" in only(lines, "advantages")
+    assert "Qwen3-VL-32B-Instruct" in only(lines, "reward")
+    ev = only(evaluation("mars-8b-release", tmp_path), "eval")
+    assert "gpt-4o-2024-11-20" in ev and "--top-k 20" in ev and "--samples 1" in ev
+    rollout = only(lines, "rollout")
+    assert "--max-turns 10" in rollout and "--max-response-tokens 16384" in rollout
+    bn = rl_iter("mars-8b-release", tmp_path, "BN_GSPO=1")
+    assert "--estimator bn-gspo" in only(bn, "advantages")
+    assert "--loss gspo --agg token-mean" in only(bn, "update")
+
+
+@cache
+def stage_help(stage: str) -> str:
+    r = subprocess.run([*MARSCLI, stage, "--help"], capture_output=True, text=True,
+                       env={**os.environ, "COLUMNS": "300", "NO_COLOR": "1"}, timeout=120,
+                       check=False)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_every_option_a_recipe_passes_exists(recipe, tmp_path):
+    lines = [x for args in ((), ("BN_GSPO=1",), ("COLD_START=sft",))
+             for x in rl_iter(recipe, tmp_path, *args) + evaluation(recipe, tmp_path, *args)]
+    for stage in STAGES:
+        for line in stage_lines(lines, stage):
+            args = shlex.split(line.split(f"stages/{stage}.sh", 1)[1].split("&&")[0])
+            known = set(re.findall(r"--[a-z][a-z0-9-]*", stage_help(stage))) | {"-n", "-o"}
+            unknown = {a for a in args if a.startswith("-") and a not in known
+                       and not re.fullmatch(r"-?\d.*", a)}
+            assert not unknown, f"{recipe}: {stage} has no option {sorted(unknown)}"
