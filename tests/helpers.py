@@ -8,8 +8,10 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import orjson
@@ -95,6 +97,15 @@ def big_scene(path: Path) -> Path:
     d.rectangle([800, 600, 1199, 749], fill=(30, 200, 30))
     im.save(path)
     return path
+
+
+def png_header(w: int, h: int) -> bytes:
+    """A PNG whose header claims w x h pixels (and holds almost no data): a decompression bomb."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b""))
 
 
 def picture(path: Path, size: tuple[int, int], seed: int) -> Path:

@@ -4,41 +4,18 @@ assistant mask, token by token — including multi-image turns with crops of dif
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
-from PIL import Image, ImageDraw
+from PIL import Image
 
 from marscli.agent import Agent, AgentConfig
 from marscli.engines import SamplingParams
 from marscli.records import Prompt
 from marscli.tokens import assemble, compact, expand, special_ids
 from marscli.tools import build_tools
+
+from helpers import REPLIES, big_scene, messages_of
 from scripted import ScriptedEngine
-
-ZOOM = '<tool_call>{{"name": "image_zoom_in_tool", "arguments": {args}}}</tool_call>'
-REPLIES = [
-    "<thinking>The sign is small.</thinking>"
-    + ZOOM.format(args='{"bbox_2d": [500, 500, 1000, 1000], "label": "corner"}'),
-    "<think>Closer.</think>"
-    + ZOOM.format(args='{"bbox_2d": [0, 0, 500, 250], "img_idx": 1}'),
-    '<thinking>oops</thinking><tool_call>{"name": "image_zoom_in_tool", "arguments": </tool_call>',
-    '<thinking>x</thinking><tool_call>{"name": "no_such_tool", "arguments": {}}</tool_call>',
-    "<thinking>x</thinking>" + ZOOM.format(args='{"bbox_2d": [600, 10, 300, 20]}'),
-    "<thinking>x</thinking>" + ZOOM.format(args='{"bbox_2d": [0, 0, 10, 10], "img_idx": 9}'),
-    "<thinking>I can read it now.</thinking><answer>1997</answer>",
-]
-
-
-def scene(path: Path) -> Path:
-    """A 1600x1200 picture with a distinct quadrant pattern, so crops are checkable."""
-    im = Image.new("RGB", (1600, 1200), (40, 40, 40))
-    d = ImageDraw.Draw(im)
-    d.rectangle([800, 600, 1599, 1199], fill=(200, 30, 30))
-    d.rectangle([800, 600, 1199, 749], fill=(30, 200, 30))
-    im.save(path)
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +23,7 @@ def scripted_run(tiny_model, tmp_path_factory):
     from marscli.policy import load_processor
 
     tmp = tmp_path_factory.mktemp("agent")
-    img = scene(tmp / "scene.png")
+    big_scene(tmp / "scene.png")
     proc = load_processor(str(tiny_model))
     engine = ScriptedEngine(proc, REPLIES)
     cfg = AgentConfig(max_turns=10, sampling=SamplingParams())
@@ -55,30 +32,6 @@ def scripted_run(tiny_model, tmp_path_factory):
                     answer=["1997"], base=tmp)
     rec = next(agent.run([(prompt, 0)]))
     return rec, proc, tmp
-
-
-def messages_of(rec: dict, proc) -> tuple[list[dict], list[Image.Image]]:
-    """Rebuild the chat messages (and images in order) that the trajectory stands for."""
-    from marscli.protocol import system_prompt
-    from marscli.tools.zoom import SCHEMA
-
-    segs, base = rec["segments"], None
-    images = [Image.open(Path(rec["_base"]) / im["path"]).convert("RGB") for im in rec["images"]]
-    msgs = [{"role": "system", "content": system_prompt([SCHEMA])},
-            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": rec["question"]}]}]
-    for s in segs[1:]:
-        if s["role"] == "model":
-            msgs.append({"role": "assistant", "content": s["text"]})
-        else:
-            parts, pieces = [], ("<tool_response>\n" + s["text"] + "\n</tool_response>").split("<image>")
-            for i, piece in enumerate(pieces):
-                if i:
-                    parts.append({"type": "image"})
-                if piece:
-                    parts.append({"type": "text", "text": piece})
-            msgs.append({"role": "user", "content": parts})
-    del base
-    return msgs, images
 
 
 def test_scripted_trajectory_shape(scripted_run):
@@ -146,7 +99,7 @@ def test_tiny_model_rollout_logprobs_match_forward(tiny_model, tmp_path):
     from marscli.engines import make_engine
     from marscli.tokens import image_features
 
-    img = scene(tmp_path / "scene.png")
+    img = big_scene(tmp_path / "scene.png")
     eng = make_engine("hf", str(tiny_model))
     cfg = AgentConfig(max_turns=2, max_turn_tokens=24, sampling=SamplingParams(seed=3))
     agent = Agent(eng, build_tools(), cfg, media_dir=tmp_path / "crops", rel_to=tmp_path)
@@ -173,4 +126,5 @@ def test_tiny_model_rollout_logprobs_match_forward(tiny_model, tmp_path):
         assert max(abs(a - b) for a, b in zip(got, want)) < 1e-3
         for s in rec["segments"]:
             assert min(s["tokens"]) >= -100_000 and max(s["tokens"]) < len(eng.processor.tokenizer)
-        assert expand(rec["segments"][0]["tokens"], ids.image_pad).count(ids.image_pad) == feats[0].n_tokens
+        prompt_ids = expand(rec["segments"][0]["tokens"], ids.image_pad)
+        assert prompt_ids.count(ids.image_pad) == feats[0].n_tokens

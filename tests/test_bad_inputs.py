@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import struct
 import subprocess
 import sys
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,21 +28,12 @@ from pathlib import Path
 import orjson
 import pytest
 
-from helpers import invoke, prompt, read_jsonl, scene, trajectory, write_jsonl
+from helpers import invoke, png_header, prompt, read_jsonl, scene, trajectory, write_jsonl
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", "COLUMNS": "200"}
 
 
 # ----------------------------------------------------------------------------- fixtures
-
-
-def png_header(w: int, h: int) -> bytes:
-    """A PNG whose header claims w x h pixels (and holds almost no data): a decompression bomb."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return (struct.pack(">I", len(data)) + kind + data
-                + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b""))
 
 
 def scored(i: int, total=1.0) -> dict:

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from helpers import png_header
+
 MARSCLI = [sys.executable, "-m", "marscli"]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
 
@@ -63,7 +65,8 @@ def test_ask_bad_inputs(tmp_path, photo, tiny_model):
     empty = tmp_path / "empty.jpg"
     empty.write_bytes(b"")
     cases = [
-        (["ask", str(tmp_path / "missing.jpg"), "q", "--policy", str(tiny_model)], "image not found"),
+        (["ask", str(tmp_path / "missing.jpg"), "q", "--policy", str(tiny_model)],
+         "image not found"),
         (["ask", str(notimg), "q", "--policy", str(tiny_model)], "cannot be decoded"),
         (["ask", str(empty), "q", "--policy", str(tiny_model)], "cannot be decoded"),
         (["ask", str(tmp_path), "q", "--policy", str(tiny_model)], "is a folder"),
@@ -84,31 +87,34 @@ def test_ask_bad_inputs(tmp_path, photo, tiny_model):
 
 def test_ask_decompression_bomb_refused_before_decoding(tmp_path, tiny_model):
     """A PNG header claiming 50,000 x 50,000 pixels is refused from the header alone."""
-    import struct
-    import zlib
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
     bomb = tmp_path / "bomb.png"
-    bomb.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 50_000, 50_000, 8, 2, 0, 0, 0))
-                     + chunk(b"IDAT", zlib.compress(b"\x00" * 100)) + chunk(b"IEND", b""))
+    bomb.write_bytes(png_header(50_000, 50_000))
     res = run("ask", str(bomb), "q", "--policy", str(tiny_model))
     assert res.returncode == 2 and "decompression bomb" in res.stderr
 
 
-def test_ask_traces_live_and_answers(photo, tiny_model, tmp_path):
-    crops = tmp_path / "crops"
-    res = run("ask", str(photo), "Where is the sign?", "--policy", str(tiny_model),
-              "--max-turns", "2", "--max-new-tokens", "16", "--crops-dir", str(crops))
-    assert res.returncode == 0, res.stderr
-    assert "turn 1" in res.stderr or "format error" in res.stderr  # the live trace
-    assert ("answer" in res.stderr) or ("stopped without an answer" in res.stderr)
+def test_ask_trace_shows_what_the_trajectory_did(photo, tiny_model, tmp_path):
+    """The live trace of a greedy run against the record of the same run (`--json`): one
+    tool-response panel per tool segment, one format-error line per format error, and the
+    answer on stdout (or the stop reason on stderr)."""
+    args = ["ask", str(photo), "Where is the sign?", "--policy", str(tiny_model),
+            "--max-turns", "3", "--max-turn-tokens", "16"]
+    live = run(*args, "--crops-dir", str(tmp_path / "a"))
+    assert live.returncode == 0, live.stderr
+    rec = json.loads(run(*args, "--json", "--crops-dir", str(tmp_path / "b")).stdout)
+    tools = [s for s in rec["segments"] if s["role"] == "tool"]
+    assert live.stderr.count("tool response ·") == len(tools)
+    assert live.stderr.count("format error:") == rec["format_errors"]
+    if rec["final_answer"] is not None:
+        assert live.stdout.strip() == rec["final_answer"].strip()
+    else:
+        assert f"stopped without an answer: {rec['stop']}" in live.stderr
+        assert live.stdout.strip() == ""
 
 
 def test_ask_json_prints_the_trajectory_record(photo, tiny_model, tmp_path):
     res = run("ask", str(photo), "Where?", "--policy", str(tiny_model), "--json",
-              "--max-turns", "1", "--max-new-tokens", "8", "--crops-dir", str(tmp_path / "c"))
+              "--max-turns", "1", "--max-turn-tokens", "8", "--crops-dir", str(tmp_path / "c"))
     assert res.returncode == 0, res.stderr
     rec = json.loads(res.stdout)
     assert rec["v"] == 1 and rec["id"] == "ask#0" and rec["segments"][0]["role"] == "prompt"

@@ -14,48 +14,11 @@ from pathlib import Path
 
 import orjson
 import pytest
-from PIL import Image
 
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.evaluate import run_eval, run_summarize, summarize, summary_path
-from test_rollout import marscli, read, strip_ms
 
-ZOOM = ('<thinking>Closer.</thinking><tool_call>{"name": "image_zoom_in_tool", "arguments": '
-        '{"bbox_2d": [0, 0, 500, 500]}}</tool_call>')
-
-
-def answer(text: str) -> str:
-    return f"<thinking>Done.</thinking><answer>{text}</answer>"
-
-
-# Open questions (fvqa): right, wrong, no <answer> tag. Multiple choice (vstar, options
-# red/blue, gold A): right by letter, zoom then wrong, right by the option's text.
-MIXED = [
-    {"id": "o1", "benchmark": "fvqa", "category": "nature", "question": "What colour?",
-     "answer": ["red"], "replies": [answer("Red.")]},
-    {"id": "o2", "benchmark": "fvqa", "category": "nature", "question": "What colour?",
-     "answer": ["red"], "replies": [answer("blue")]},
-    {"id": "o3", "benchmark": "fvqa", "category": "nature", "question": "What colour?",
-     "answer": ["red"], "replies": ["<thinking>Hmm.</thinking>It is red."]},
-    {"id": "m1", "benchmark": "vstar", "category": "direct_attributes",
-     "question": "Colour?\nOptions:\nA. red\nB. blue", "answer": ["A"],
-     "choices": ["red", "blue"], "replies": [answer("A")]},
-    {"id": "m2", "benchmark": "vstar", "category": "direct_attributes",
-     "question": "Colour?\nOptions:\nA. red\nB. blue", "answer": ["A"],
-     "choices": ["red", "blue"], "replies": [ZOOM, answer("(B)")]},
-    {"id": "m3", "benchmark": "vstar", "category": "relative_position",
-     "question": "Colour?\nOptions:\nA. red\nB. blue", "answer": ["A"],
-     "choices": ["red", "blue"], "replies": [answer("red")]},
-]
-
-
-def write_bench(path: Path, rows: list[dict]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not (path.parent / "red.png").exists():
-        Image.new("RGB", (64, 48), (200, 30, 30)).save(path.parent / "red.png")
-    path.write_bytes(b"".join(orjson.dumps({"v": 1, "image": "red.png", **r}) + b"\n"
-                              for r in rows))
-    return path
+from helpers import MIXED, answer, marscli, read_jsonl, strip_ms, write_bench
 
 
 def replay(tiny_model, **kw) -> dict:
@@ -98,7 +61,7 @@ def test_agent_eval_summary_is_hand_computable(mixed_runs):
 
 def test_agent_eval_records(mixed_runs):
     tmp, _, _ = mixed_runs
-    recs = {r["id"]: r for r in read(tmp / "agent" / "r.jsonl")}
+    recs = {r["id"]: r for r in read_jsonl(tmp / "agent" / "r.jsonl")}
     assert sorted(recs) == ["m1#0", "m2#0", "m3#0", "o1#0", "o2#0", "o3#0"]
     for r in recs.values():
         assert r["v"] == 1 and r["mode"] == "agent" and r["segments"]
@@ -118,7 +81,7 @@ def test_agent_eval_records(mixed_runs):
 
 def test_direct_eval_has_no_tools_and_one_turn(mixed_runs):
     tmp, _, s = mixed_runs
-    recs = {r["id"]: r for r in read(tmp / "direct" / "r.jsonl")}
+    recs = {r["id"]: r for r in read_jsonl(tmp / "direct" / "r.jsonl")}
     assert all(r["turns"] == 1 and r["mode"] == "direct" for r in recs.values())
     # m2's first reply calls a tool that direct mode does not offer: no answer in its turn
     assert recs["m2#0"]["stop"] == "max_turns" and recs["m2#0"]["tool_errors"] == {
@@ -135,8 +98,8 @@ def test_prompts_differ_between_modes(mixed_runs, tiny_model):
 
     tmp, _, _ = mixed_runs
     tok = load_processor(str(tiny_model)).tokenizer
-    a = read(tmp / "agent" / "r.jsonl")[0]["segments"][0]["tokens"]
-    d = read(tmp / "direct" / "r.jsonl")[0]["segments"][0]["tokens"]
+    a = read_jsonl(tmp / "agent" / "r.jsonl")[0]["segments"][0]["tokens"]
+    d = read_jsonl(tmp / "direct" / "r.jsonl")[0]["segments"][0]["tokens"]
     text_a = tok.decode([t for t in a if t >= 0])
     text_d = tok.decode([t for t in d if t >= 0])
     assert "image_zoom_in_tool" in text_a and "# Tools" in text_a
@@ -165,7 +128,7 @@ def test_tiny_model_direct_and_agent_eval(tiny_model, tmp_path):
             assert b["mode"] == mode and 0 <= b["accuracy"] <= 100
             assert b["samples_per_item"] == {"min": 2, "max": 2}
             assert 1 <= b["mean_turns"] <= (1 if mode == "direct" else 2)
-        recs = read(out)
+        recs = read_jsonl(out)
         assert sorted(r["id"] for r in recs) == ["m2#0", "m2#1", "o1#0", "o1#1", "o3#0", "o3#1"]
         assert all("accuracy" in r["score"] for r in recs)
         assert all(lp <= 0 for r in recs for sg in r["segments"] if sg["role"] == "model"
@@ -200,7 +163,7 @@ def test_kill_9_then_resume(tiny_model, tmp_path):
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False, env=env)
     assert res.returncode == 0, res.stderr
     assert "cut a torn last record" in res.stderr
-    resumed = read(out)
+    resumed = read_jsonl(out)
     ids = [r["id"] for r in resumed]
     assert len(ids) == len(set(ids)) == 96
     s = orjson.loads(summary_path(out).read_bytes())
@@ -210,7 +173,8 @@ def test_kill_9_then_resume(tiny_model, tmp_path):
     clean = tmp_path / "clean" / "r.jsonl"
     s_clean = run_eval(str(bench), str(clean), samples=4, batch_size=2,
                        **replay(tiny_model))
-    assert {r["id"]: strip_ms(r) for r in resumed} == {r["id"]: strip_ms(r) for r in read(clean)}
+    want = {r["id"]: strip_ms(r) for r in read_jsonl(clean)}
+    assert {r["id"]: strip_ms(r) for r in resumed} == want
     assert s["benchmarks"] == s_clean["benchmarks"]
     assert s["benchmarks"]["vstar"]["accuracy"] == 66.67  # 4 samples each, all alike
 
@@ -235,9 +199,9 @@ def test_shards_add_up_to_one_run(tiny_model, tmp_path):
     for i in range(3):
         out = tmp_path / "parts" / f"s{i}.jsonl"
         run_eval(str(bench), str(out), shard=(i, 3), **replay(tiny_model))
-        parts.append({r["id"] for r in read(out)})
+        parts.append({r["id"] for r in read_jsonl(out)})
     assert all(parts) and sum(map(len, parts)) == 12
-    assert set().union(*parts) == {r["id"] for r in read(tmp_path / "all" / "r.jsonl")}
+    assert set().union(*parts) == {r["id"] for r in read_jsonl(tmp_path / "all" / "r.jsonl")}
     # a shard that gets no item still succeeds, with an empty summary
     from marscli.generate import shard_of
 
@@ -295,7 +259,7 @@ def test_rescore_switches_protocol(tiny_model, tmp_path):
     mm = orjson.loads(summary_path(out).read_bytes())["benchmarks"]["mmsearch"]
     assert mm["protocol"] == "official" and mm["metric"] == "mean token F1"
     assert mm["accuracy"] == 90.0  # F1 0.8 and 1.0
-    assert {r["score"]["method"] for r in read(out)} == {"token_f1"}
+    assert {r["score"]["method"] for r in read_jsonl(out)} == {"token_f1"}
     res = marscli("eval", "--summarize", str(out))  # recompute only: same numbers
     assert res.returncode == 0, res.stderr
     assert orjson.loads(summary_path(out).read_bytes())["benchmarks"]["mmsearch"] == mm
@@ -310,7 +274,7 @@ def test_judge_failure_is_unscored_and_exits_1(tiny_model, tmp_path):
                   "--judge-cache", str(tmp_path / "j.sqlite"))
     assert res.returncode == 1, res.stderr
     assert "1 of 2 trajectories unscored" in res.stderr.splitlines()[-1]
-    recs = {r["id"]: r["score"] for r in read(out)}
+    recs = {r["id"]: r["score"] for r in read_jsonl(out)}
     assert recs["o1#0"]["accuracy"] == 1.0  # exact: the judge was not needed
     assert recs["o2#0"]["status"] == "unscored" and "connection failed" in recs["o2#0"]["error"]
     s = orjson.loads(summary_path(out).read_bytes())
@@ -383,7 +347,7 @@ def test_tsv_benchmark_end_to_end_with_the_tiny_model(tiny_model, tmp_path):
     assert set(hb["rotations"]) == {"cycle1", "cycle2"}
     assert hb["metric"] == "mean over option rotations"
     assert hb["paper"]["SenseNova-MARS-8B"] is None  # direct mode: not reported
-    recs = read(out)
+    recs = read_jsonl(out)
     cached = {(out.parent / r["images"][0]["path"]).resolve() for r in recs}
     assert len(cached) == 1 and next(iter(cached)).parent == (out.parent / "eval-images").resolve()
     assert all(r["choices"] and r["answer_gt"][0] in "ABCD" for r in recs)

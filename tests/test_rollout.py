@@ -14,58 +14,21 @@ from pathlib import Path
 
 import orjson
 import pytest
-from PIL import Image, ImageDraw
 
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.generate import media_dir, parse_shard, shard_of
 from marscli.rollout import run_rollout
 from marscli.tokens import assemble, expand, special_ids
-from test_agent import REPLIES, messages_of
 
-ZOOM_THEN_ANSWER = [
-    ('<thinking>Look closer.</thinking><tool_call>{"name": "image_zoom_in_tool", "arguments": '
-     '{"bbox_2d": [500, 500, 1000, 1000]}}</tool_call>'),
-    "<thinking>Red.</thinking><answer>red</answer>",
-]
-
-
-def scene(path: Path) -> Path:
-    """A small picture (quick to process) with a red bottom-right quadrant to zoom in on."""
-    im = Image.new("RGB", (480, 360), (40, 40, 40))
-    d = ImageDraw.Draw(im)
-    d.rectangle([240, 180, 479, 359], fill=(200, 30, 30))
-    d.rectangle([240, 180, 359, 224], fill=(30, 200, 30))
-    im.save(path)
-    return path
-
-
-def marscli(*args: str, **kw) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "marscli", *args], capture_output=True,
-                          text=True, env=env, timeout=300, check=False, **kw)
-
-
-def write_prompts(path: Path, ids: list[str], replies=ZOOM_THEN_ANSWER, **extra) -> Path:
-    if not (path.parent / "scene.png").exists():
-        scene(path.parent / "scene.png")
-    path.write_bytes(b"".join(
-        orjson.dumps({"v": 1, "id": i, "image": "scene.png", "question": "What colour?",
-                      "answer": ["red"], "replies": replies, **extra}) + b"\n" for i in ids))
-    return path
-
-
-def read(path: Path) -> list[dict]:
-    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
-
-
-def strip_ms(obj):
-    """A record without its timings (`ms`, the only fields allowed to differ between runs)."""
-    if isinstance(obj, dict):
-        return {k: strip_ms(v) for k, v in obj.items() if k != "ms"}
-    if isinstance(obj, list):
-        return [strip_ms(v) for v in obj]
-    return obj
-
+from helpers import (
+    REPLIES,
+    ZOOM_THEN_ANSWER,
+    marscli,
+    messages_of,
+    read_jsonl,
+    strip_ms,
+    write_prompts,
+)
 
 # ----------------------------------------------------------------------- end to end
 
@@ -83,7 +46,7 @@ def test_replay_rollout_is_token_exact(tiny_model, tmp_path):
                   "--engine", "replay", "-n", "2", "--batch-size", "4")
     assert res.returncode == 0, res.stderr
     assert res.stdout == ""
-    recs = read(out)
+    recs = read_jsonl(out)
     assert sorted(r["id"] for r in recs) == ["a#0", "a#1", "b#0", "b#1", "c#0", "c#1"]
     assert all(r["id"] == f"{r['prompt_id']}#{r['sample']}" for r in recs)
     proc = load_processor(str(tiny_model))
@@ -122,7 +85,7 @@ def test_hf_rollout_is_seeded(tiny_model, tmp_path):
     out_a = tmp_path / "a" / "t.jsonl"
     res = marscli("rollout", str(prompts), "-o", str(out_a), "--seed", "3", *common)
     assert res.returncode == 0, res.stderr
-    recs = read(out_a)
+    recs = read_jsonl(out_a)
     assert len(recs) == 4
     for r in recs:
         models = [s for s in r["segments"] if s["role"] == "model"]
@@ -137,11 +100,11 @@ def test_hf_rollout_is_seeded(tiny_model, tmp_path):
     torch.rand(100)
     out_b = tmp_path / "b" / "t.jsonl"
     run_rollout(str(prompts), str(out_b), seed=3, **kw)
-    assert [strip_ms(r) for r in read(out_b)] == [strip_ms(r) for r in recs]
+    assert [strip_ms(r) for r in read_jsonl(out_b)] == [strip_ms(r) for r in recs]
     assert all(isinstance(r["ms"], dict) for r in recs)  # timings live in `ms` only
     out_c = tmp_path / "c" / "t.jsonl"
     run_rollout(str(prompts), str(out_c), seed=4, **kw)
-    assert [strip_ms(r) for r in read(out_c)] != [strip_ms(r) for r in recs]
+    assert [strip_ms(r) for r in read_jsonl(out_c)] != [strip_ms(r) for r in recs]
 
 
 # ----------------------------------------------------------------------- resumption
@@ -172,7 +135,7 @@ def test_kill_9_then_resume_loses_and_duplicates_nothing(tiny_model, tmp_path):
                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert res.returncode == 0, res.stderr
     assert "cut a torn last record" in res.stderr
-    resumed = read(out)
+    resumed = read_jsonl(out)
     got = [r["id"] for r in resumed]
     assert len(got) == len(set(got)) == 96
     assert set(got) == {f"{i}#{k}" for i in ids for k in range(4)}
@@ -185,7 +148,7 @@ def test_kill_9_then_resume_loses_and_duplicates_nothing(tiny_model, tmp_path):
     clean = tmp_path / "clean" / "t.jsonl"
     run_rollout(str(prompts), str(clean), policy=str(tiny_model), engine="replay", n=4,
                 batch_size=2, progress=False)
-    by_id = {r["id"]: strip_ms(r) for r in read(clean)}
+    by_id = {r["id"]: strip_ms(r) for r in read_jsonl(clean)}
     assert {r["id"]: strip_ms(r) for r in resumed} == by_id
 
 
@@ -212,11 +175,11 @@ def test_shards_add_up_to_one_run(tiny_model, tmp_path):
     prompts = write_prompts(tmp_path / "p.jsonl", ids, replies=answer)
     kw = {"policy": str(tiny_model), "engine": "replay", "n": 2, "progress": False}
     run_rollout(str(prompts), str(tmp_path / "all.jsonl"), **kw)
-    whole = [r["id"] for r in read(tmp_path / "all.jsonl")]
+    whole = [r["id"] for r in read_jsonl(tmp_path / "all.jsonl")]
     parts = []
     for i in range(3):
         run_rollout(str(prompts), str(tmp_path / f"s{i}.jsonl"), shard=(i, 3), **kw)
-        parts.append({r["id"] for r in read(tmp_path / f"s{i}.jsonl")})
+        parts.append({r["id"] for r in read_jsonl(tmp_path / f"s{i}.jsonl")})
     assert all(parts) and sum(len(p) for p in parts) == len(whole) == 24
     assert set().union(*parts) == set(whole)
     # the partition follows the ids, not their order in the file
@@ -224,7 +187,7 @@ def test_shards_add_up_to_one_run(tiny_model, tmp_path):
     random.Random(0).shuffle(shuffled)
     other = write_prompts(tmp_path / "shuffled.jsonl", shuffled, replies=answer)
     run_rollout(str(other), str(tmp_path / "x1.jsonl"), shard=(1, 3), **kw)
-    assert {r["id"] for r in read(tmp_path / "x1.jsonl")} == parts[1]
+    assert {r["id"] for r in read_jsonl(tmp_path / "x1.jsonl")} == parts[1]
 
 
 def test_parse_shard_and_stable_hash():
@@ -315,5 +278,5 @@ def test_hostile_id_writes_only_inside_the_media_folder(tiny_model, tmp_path):
     assert outside and all(p.parent == media for p in outside)
     assert len(outside) == 4  # one crop per trajectory, none overwriting another
     assert not list(tmp_path.rglob("evil*")) and not Path("/abs").exists()
-    recs = read(out)
+    recs = read_jsonl(out)
     assert {(out.parent / r["images"][1]["path"]).resolve() for r in recs} == outside

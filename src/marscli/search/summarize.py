@@ -15,14 +15,14 @@ from itertools import pairwise
 
 from marscli.search import Hit, SearchOptions
 from marscli.search.remote import SearchError
-from marscli.search.text_index import _STOP, _TOKEN
+from marscli.search.text_index import STOPWORDS, WORD
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
 _THINK = re.compile(r"<think(?:ing)?>.*?</think(?:ing)?>", re.DOTALL)
 
 
 def _terms(text: str) -> set[str]:
-    return {w.lower() for w in _TOKEN.findall(text)} - _STOP
+    return {w.lower() for w in WORD.findall(text)} - STOPWORDS
 
 
 def extractive(query: str, text: str, max_chars: int) -> str:

@@ -26,8 +26,8 @@ from marscli.search import TEXT_BACKENDS, Hit, SearchOptions, need_arg
 FORMAT = "marscli-text-index-1"
 BATCH = 2000
 MAX_TERMS = 32
-_TOKEN = re.compile(r"\w+", re.UNICODE)
-_STOP = frozenset(
+WORD = re.compile(r"\w+", re.UNICODE)
+STOPWORDS = frozenset(
     ["a", "an", "and", "are", "as", "at", "be", "by", "for", "from", "has", "have", "in", "is", "it", "its", "of", "on", "or", "that", "the", "this", "to", "was", "were", "what", "when", "where", "which", "who", "whom", "whose", "why", "how", "with", "did", "does", "do"])
 
 
@@ -101,8 +101,8 @@ def build_text_index(corpus: str, out: str | Path, *, progress: bool = True) -> 
 
 def fts_query(query: str) -> str | None:
     """The user's words as a safe FTS5 expression: `"w1" OR "w2" ...`; None if no words."""
-    words = [w.lower() for w in _TOKEN.findall(query)]
-    content = [w for w in words if w not in _STOP] or words
+    words = [w.lower() for w in WORD.findall(query)]
+    content = [w for w in words if w not in STOPWORDS] or words
     terms = list(dict.fromkeys(content))[:MAX_TERMS]  # dedupe, keep order
     # \w tokens hold no double quote, so quoting cannot be broken out of.
     return " OR ".join(f'"{t}"' for t in terms) or None
