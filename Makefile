@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export DS_BUILD_OPS ?= 0
 
-.PHONY: setup test test-fast bench clean ask-demo
+.PHONY: setup lint test test-fast bench clean ask-demo
 
 setup: $(VENV)/.installed
 
@@ -19,8 +19,13 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[dev,deepspeed,eval,viz]'
 	touch $@
 
+# ruff's rule set is in pyproject.toml (pyflakes, import order, bugbear, pyupgrade, ...).
+lint: setup
+	$(VENV)/bin/ruff check .
+
+# --durations: the 15 slowest tests, so that a slow-down shows in every run's log.
 test: setup
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q --durations=15
 
 test-fast: setup
 	$(VENV)/bin/pytest -q -m "not slow and not distributed and not slurm"
