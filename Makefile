@@ -39,7 +39,7 @@ ask-demo: setup
 	test -f runs/ask-demo/tiny/config.json || $(MARSCLI) tiny-model runs/ask-demo/tiny
 	$(PY) scripts/demo_image.py runs/ask-demo/scene.png
 	$(MARSCLI) ask runs/ask-demo/scene.png "What is written on the small sign?" \
-	  --policy runs/ask-demo/tiny --max-turns 3 --max-new-tokens 48 --crops-dir runs/ask-demo/crops
+	  --policy runs/ask-demo/tiny --max-turns 3 --max-turn-tokens 48 --crops-dir runs/ask-demo/crops
 
 # ---------------------------------------------------------------------------------------------
 # RL loop. Each stage is a file target, so an interrupted iteration resumes at the first
@@ -163,7 +163,7 @@ demo: setup
 	$(MAKE) --no-print-directory rl-eval RECIPE=recipes/tiny.mk NAME=demo ITERS=$(DEMO_ITERS)
 	$(MARSCLI) ask $$(ls runs/demo/world/images/test-*.png | head -1) \
 	  "What colour is the shape on the logo in this image?" --policy runs/demo/ckpt-$(DEMO_ITERS) \
-	  --system-prompt recipes/toy-system.txt --max-turns 3 --max-new-tokens 64 \
+	  --system-prompt recipes/toy-system.txt --max-turns 3 --max-turn-tokens 64 \
 	  --crops-dir runs/demo/ask-crops
 
 # grpo, gspo and bn-gspo from the same cold-start model under the same budget; SEED=s runs

@@ -62,7 +62,7 @@ def measure(size: tuple[int, int], tiny: Path, work: Path) -> dict[str, tuple[fl
          "answer": ["red"], "replies": REPLIES}) + b"\n")
     cmds = {
         "ask": [*marscli, "ask", str(img), "What colour?", "--policy", str(tiny),
-                "--max-turns", "2", "--max-new-tokens", "8", "--crops-dir", str(work / "crops")],
+                "--max-turns", "2", "--max-turn-tokens", "8", "--crops-dir", str(work / "crops")],
         "rollout": [*marscli, "rollout", str(work / "p.jsonl"), "-o", str(work / "t.jsonl"),
                     "--policy", str(tiny), "--engine", "replay", "-n", "2"],
     }

@@ -29,7 +29,7 @@ def large(tmp_path_factory, tiny_model):
          "answer": ["red"], "replies": REPLIES}) + b"\n")
     m = [sys.executable, "-m", "marscli"]
     cmds = [[*m, "ask", str(img), "What colour?", "--policy", str(tiny_model), "--max-turns",
-             "2", "--max-new-tokens", "8", "--crops-dir", str(work / "crops")],
+             "2", "--max-turn-tokens", "8", "--crops-dir", str(work / "crops")],
             [*m, "rollout", str(work / "p.jsonl"), "-o", str(work / "t.jsonl"), "--policy",
              str(tiny_model), "--engine", "replay", "-n", "2"]]
     with ThreadPoolExecutor(2) as pool:
