@@ -1,4 +1,4 @@
-"""Batch assembly and the training step's arithmetic (marscli.batch, marscli.train): micro-batch
+"""Batch assembly and the training step's arithmetic (marscli.batch, marscli.trainer): micro-batch
 planning, token-exact assembly of a hand-written trajectory, padding invariance of log-probs,
 and gradient accumulation over micro-batches equal to one big batch for both aggregations."""
 
@@ -6,87 +6,17 @@ from __future__ import annotations
 
 import os
 import random
-from pathlib import Path
 
 import orjson
 import pytest
 import torch
-from PIL import Image, ImageDraw
 
 from marscli.batch import Example, Spec, collate, load_example, micro_batches, plan, shard
 from marscli.errors import BadInput
 
-SYSTEM = "You are a careful visual agent."
+from helpers import picture, varied_rows
 
-
-# ----------------------------------------------------------------------------- helpers
-
-
-def picture(path: Path, size: tuple[int, int], seed: int) -> Path:
-    rng = random.Random(seed)
-    im = Image.new("RGB", size, (rng.randrange(256), rng.randrange(256), rng.randrange(256)))
-    x, y = rng.randrange(size[0] // 2), rng.randrange(size[1] // 2)
-    ImageDraw.Draw(im).rectangle([x, y, x + size[0] // 3, y + size[1] // 3], fill=(250, 20, 20))
-    im.save(path)
-    return path
-
-
-def trajectory(folder: Path, proc, i: int, *, size=(64, 64), answer="red", advantage=1.0,
-               minibatch=None, crop=None, think="") -> dict:
-    """A trajectory row built the agent's way: a prompt with an image (or none), optionally a
-    zoom call answered by a tool turn with a second image, then an answer."""
-    from marscli.images import open_image
-    from marscli.tokens import encode_parts, image_features, prompt_parts, special_ids, tool_parts
-
-    tok = proc.tokenizer
-    ids = special_ids(tok)
-    refs: list[dict] = []
-
-    def add_image(sz) -> int:
-        p = picture(folder / f"t{i}-{len(refs)}.png", sz, seed=i * 10 + len(refs))
-        refs.append({"path": p.name})
-        return image_features(proc, open_image(p)).n_tokens
-
-    def model(text: str) -> dict:
-        toks = tok.encode(text, add_special_tokens=False) + [ids.im_end]
-        return {"role": "model", "tokens": toks, "logprobs": [-1.0] * len(toks), "text": text}
-
-    counts = [add_image(size)] if size else []
-    segs = [{"role": "prompt", "images": list(range(len(counts))),
-             "tokens": encode_parts(tok, ids, prompt_parts(SYSTEM, "What colour is the square?",
-                                                           counts))}]
-    if crop:
-        segs.append(model(f"<thinking>{think}zoom</thinking><tool_call>{{\"name\": "
-                          "\"image_zoom_in_tool\"}</tool_call>"))
-        n = add_image(crop)
-        segs.append({"role": "tool", "images": [len(refs) - 1],
-                     "tokens": encode_parts(tok, ids, tool_parts("<image>", [n], True))})
-    segs.append(model(f"<thinking>{think}</thinking><answer>{answer}</answer>"))
-    row = {"v": 1, "id": f"t{i}", "advantage": advantage, "images": refs, "segments": segs}
-    if minibatch is not None:
-        row["minibatch"] = minibatch
-    return row
-
-
-def write_rows(path: Path, rows: list[dict]) -> Path:
-    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
-    return path
-
-
-VARIED = [  # (image size, crop size, answer, advantage, thinking padding)
-    ((64, 64), None, "red", 1.0, ""),
-    ((96, 64), (64, 64), "blue square", -1.0, "look closer "),
-    ((64, 128), None, "top left", 0.5, "hmm " * 6),
-    (None, None, "green", -0.5, "text only "),
-    ((64, 64), (96, 96), "red", 0.25, "zoom in " * 3),
-    ((128, 64), None, "yellow", -0.25, ""),
-]
-
-
-def varied_rows(folder: Path, proc, minibatches: int | None = None) -> list[dict]:
-    return [trajectory(folder, proc, i, size=s, crop=c, answer=a, advantage=adv, think=th,
-                       minibatch=None if minibatches is None else i % minibatches)
-            for i, (s, c, a, adv, th) in enumerate(VARIED)]
+# ----------------------------------------------------------------------------- fixtures
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +37,7 @@ def examples(tmp_path_factory, proc, spec) -> list[Example]:
     out = []
     for n, row in enumerate(varied_rows(folder, proc)):
         e = load_example(row, "adv.jsonl", n + 1, folder, spec)
-        e.advantage = row["advantage"]
+        e.advantage, e.index = row["advantage"], n
         out.append(e)
     return out
 
@@ -211,7 +141,9 @@ def test_hand_made_trajectory_assembles_token_exactly(tmp_path, proc, spec):
 
 @pytest.fixture(scope="module")
 def policy(tiny_model):
-    from marscli.train import Dist, OptimConfig, build_model, seed_everything
+    from marscli.distributed import Dist, seed_everything
+    from marscli.optim import OptimConfig
+    from marscli.trainer import build_model
 
     seed_everything(0)
     return build_model(str(tiny_model), Dist(), optim=OptimConfig(lr=1e-3))
@@ -240,28 +172,28 @@ def test_logprobs_match_full_forward_and_ignore_padding(policy, examples, spec):
 
 
 @pytest.fixture(scope="module")
-def with_old(policy, examples, spec) -> list[Example]:
-    """Old log-probs a little off the current ones, so that ratios differ from 1."""
+def with_old(policy, examples, spec) -> dict:
+    """Old log-probs [T] by example index, a little off the current ones, so that ratios
+    differ from 1."""
     import torch
 
     gen = torch.Generator().manual_seed(1)
     lp = policy.logp(collate(examples, spec))  # [B, T]
+    old = {}
     for b, e in enumerate(examples):
         noise = 0.05 * torch.randn(len(e), generator=gen) * torch.tensor(e.loss_mask)
-        e.old_logp = lp[b, :len(e)] + noise
-    return examples
+        old[e.index] = lp[b, :len(e)] + noise
+    return {"old_logp": old}
 
 
 @pytest.mark.parametrize("loss_name,agg", [("gspo", "seq-mean-token-mean"), ("gspo", "token-mean"),
                                            ("grpo", "token-mean")])
-def test_accumulation_over_micro_batches_equals_one_big_batch(policy, with_old, spec, loss_name,
-                                                               agg):
+def test_accumulation_over_micro_batches_equals_one_big_batch(policy, examples, with_old, spec,
+                                                               loss_name, agg):
     import torch
 
-    from marscli.losses import LOSSES
-    from marscli.train import micro_weight
+    from marscli.losses import LOSSES, micro_weight
 
-    examples = with_old
     loss_fn = LOSSES.get(loss_name)
     params = [p for p in policy.module.parameters() if p.requires_grad]
     n_tok = sum(e.n_model_tokens for e in examples)
@@ -271,7 +203,7 @@ def test_accumulation_over_micro_batches_equals_one_big_batch(policy, with_old, 
         for p in params:
             p.grad = None
         for mb in micros:
-            b = collate(mb, spec)
+            b = collate(mb, spec, logps=with_old)
             logp = policy.logp(b, grad=True)
             loss, _ = loss_fn(logp, b.extra["old_logp"], b.extra["advantages"], b.loss_mask,
                               0.2, 0.28, agg=agg)
@@ -314,7 +246,9 @@ def test_blank_image_row_keeps_text_only_logprobs(policy, examples, spec):
 def test_gradient_checkpointing_gives_the_same_gradients(policy, examples, spec, tiny_model):
     import torch
 
-    from marscli.train import Dist, OptimConfig, build_model
+    from marscli.distributed import Dist
+    from marscli.optim import OptimConfig
+    from marscli.trainer import build_model
 
     ckpt = build_model(str(tiny_model), Dist(), optim=OptimConfig(), gradient_checkpointing=True)
     b = collate(examples[:3], spec)
@@ -332,7 +266,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(policy, examples, spec,
 
 
 def test_srun_environment_maps_to_torch_distributed():
-    from marscli.train import slurm_env
+    from marscli.distributed import slurm_env
 
     step = {"SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "4", "SLURM_NTASKS": "4",
             "SLURM_LOCALID": "1", "SLURM_LAUNCH_NODE_IPADDR": "10.0.0.7"}

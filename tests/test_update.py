@@ -1,11 +1,12 @@
 """`marscli update` end to end on the tiny model: the right log-probs move the right way, every
 trained parameter changes, the input checkpoint stays byte-identical, the output loads with
-transformers, bad inputs exit 2 without output, runs are reproducible, and 2-process ZeRO-2 /
-ZeRO-3 runs under torchrun match a 1-process run."""
+transformers, bad inputs exit 2 without output (bad options before torch loads), runs are
+reproducible, 2-process ZeRO-2 / ZeRO-3 runs under torchrun match a 1-process run, and the
+training state survives between updates: fp32 masters under ZeRO-3 + bf16, and AdamW's state
+(two updates of one minibatch each equal one over both, plain torch and ZeRO-3)."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -15,7 +16,9 @@ import orjson
 import pytest
 
 from marscli.errors import BadInput
-from test_train_batch import trajectory, varied_rows, write_rows
+
+from helpers import max_diff, trajectory, tree_hash, varied_rows, weights
+from helpers import write_jsonl as write_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 # Linear AdamW (eps ≫ |g|, no clipping): the update is lr·g/eps, so any error in the scale of the
@@ -23,25 +26,6 @@ ROOT = Path(__file__).resolve().parents[1]
 # step is sign(g)·lr whatever the scale, and would hide it.
 LINEAR_ADAM = {"lr": 1.0, "adam_eps": 100.0, "grad_clip": 0.0}
 ZERO_TOL = 1e-6  # max |ZeRO − single| per weight; the weights themselves move by ~1e-4
-
-
-def tree_hash(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def weights(folder: Path) -> dict:
-    from safetensors.torch import load_file
-
-    out = {}
-    for f in sorted(folder.glob("*.safetensors")):
-        out.update(load_file(f))
-    return out
-
-
-def max_diff(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
 
 def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -77,9 +61,10 @@ def varied(tmp_path_factory, proc) -> Path:
 def seq_logps(model_dir: Path, adv: Path) -> list[float]:
     """Sum of log-probs over each row's model tokens under the checkpoint."""
     from marscli.batch import Spec, collate, load_example
+    from marscli.distributed import Dist
     from marscli.jsonl import read_rows
     from marscli.policy import load_processor
-    from marscli.train import Dist, build_model
+    from marscli.trainer import build_model
 
     proc = load_processor(str(model_dir))
     spec = Spec.of(proc, str(model_dir))
@@ -171,7 +156,7 @@ def test_freeze_vision_leaves_the_vision_tower(tmp_path, tiny_model, pair):
 
 
 def test_interrupted_update_leaves_no_output(tmp_path, tiny_model, pair, monkeypatch):
-    import marscli.train
+    import marscli.trainer
     from marscli.update import run_update
 
     before = tree_hash(tiny_model)
@@ -179,7 +164,7 @@ def test_interrupted_update_leaves_no_output(tmp_path, tiny_model, pair, monkeyp
     def boom(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(marscli.train, "train_minibatch", boom)
+    monkeypatch.setattr(marscli.trainer, "train_minibatch", boom)
     out = tmp_path / "ckpt"
     with pytest.raises(KeyboardInterrupt):
         run_update(str(pair), str(tiny_model), str(out), lr=1e-3)
@@ -215,6 +200,28 @@ def test_bad_rows_exit_2_without_output(tmp_path, tiny_model, pair):
     assert "--lr" in r.stderr and not (tmp_path / "o3").exists()
 
 
+_REFUSE_WITHOUT_TORCH = r"""
+import sys
+from marscli.cli import main
+codes = []
+for stage in ("update", "sft"):
+    sys.argv = ["marscli", stage, "adv.jsonl", "--policy", "nowhere", "--out", "o", "--lr", "-1"]
+    try:
+        main()
+    except SystemExit as e:
+        codes.append(e.code)
+print(codes, "torch" in sys.modules, "transformers" in sys.modules)
+"""
+
+
+def test_bad_options_are_refused_before_torch_loads(tmp_path):
+    """Option validation is torch-free: `update --lr -1` (and sft's) exit 2 at once."""
+    r = subprocess.run([sys.executable, "-c", _REFUSE_WITHOUT_TORCH], check=False,
+                       capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert r.stdout.split("\n")[0] == "[2, 2] False False", (r.stdout, r.stderr)
+    assert r.stderr.count("error: --lr: -1.0 is out of range — must be >= 0") == 2, r.stderr
+
+
 @pytest.mark.parametrize("opts,match", [
     ({"micro_batch_tokens": 0}, "--micro-batch-tokens"),
     ({"micro_batch_tokens": 50}, r"adv.jsonl:1: segments: \d+ tokens, over --micro-batch-tokens"),
@@ -225,7 +232,6 @@ def test_bad_rows_exit_2_without_output(tmp_path, tiny_model, pair):
     ({"agg": "sum"}, "--agg"),
     ({"lr_schedule": "step"}, "--lr-schedule"),
     ({"metrics": "OUT/m.jsonl"}, "--metrics: .* inside --out"),
-    ({"keep_optimizer": True, "deepspeed": "recipes/ds_zero2.json"}, "--keep-optimizer"),
 ])
 def test_bad_options_name_the_option(tmp_path, tiny_model, pair, opts, match):
     from marscli.update import run_update
@@ -235,6 +241,9 @@ def test_bad_options_name_the_option(tmp_path, tiny_model, pair, opts, match):
     with pytest.raises(BadInput, match=match):
         run_update(str(pair), str(tiny_model), str(tmp_path / "o"), **opts)
     assert not (tmp_path / "o").exists()
+
+
+OPT = Path("train_state/optimizer/optimizer.pt")
 
 
 def test_keep_optimizer_carries_adam_moments_into_the_next_update(tmp_path, tiny_model, pair):
@@ -252,13 +261,15 @@ def test_keep_optimizer_carries_adam_moments_into_the_next_update(tmp_path, tiny
     a = tmp_path / "a"
     assert run_update(str(pair), str(tiny_model), str(a), lr=lr, keep_optimizer=True,
                       seed=0)["optimizer"] == "fresh"
-    assert {int(s["step"]) for s in torch.load(a / "optimizer.pt")["state"].values()} == {1}
+    assert {int(s["step"]) for s in torch.load(a / OPT)["state"].values()} == {1}
     fresh, kept = tmp_path / "fresh", tmp_path / "kept"
     run_update(str(flipped), str(a), str(fresh), lr=lr, seed=0)
-    assert not (fresh / "optimizer.pt").exists()  # not asked for: not written, not copied
+    assert not (fresh / "train_state" / "optimizer").exists()  # not asked for: not written
+    assert not (fresh / "optimizer.pt").exists()
     assert run_update(str(flipped), str(a), str(kept), lr=lr, keep_optimizer=True,
                       seed=0)["optimizer"] == "carried"
-    assert {int(s["step"]) for s in torch.load(kept / "optimizer.pt")["state"].values()} == {2}
+    assert {int(s["step"]) for s in torch.load(kept / OPT)["state"].values()} == {2}
+    assert orjson.loads((kept / "train_state" / "state.json").read_bytes())["steps"] == 2
 
     def median_step(out: Path) -> float:
         wa, wo = weights(a), weights(out)
@@ -267,10 +278,56 @@ def test_keep_optimizer_carries_adam_moments_into_the_next_update(tmp_path, tiny
 
     assert median_step(fresh) > 0.8
     assert median_step(kept) < 0.2
-    (kept / "optimizer.pt").write_bytes(b"not a state")  # a broken state names the file
+    (kept / OPT).write_bytes(b"not a state")  # a broken state names the file
     with pytest.raises(BadInput, match="optimizer.pt"):
         run_update(str(pair), str(kept), str(tmp_path / "c"), lr=lr, keep_optimizer=True)
     assert not (tmp_path / "c").exists()
+
+
+def delta_agreement(base: Path, a: Path, b: Path) -> tuple[float, float]:
+    """Cosine and norm ratio (b / a) of two checkpoints' weight changes from `base`."""
+    import torch
+
+    w0, wa, wb = weights(base), weights(a), weights(b)
+    da = torch.cat([(wa[k].double() - w0[k].double()).flatten() for k in sorted(w0)])
+    db = torch.cat([(wb[k].double() - w0[k].double()).flatten() for k in sorted(w0)])
+    return (torch.nn.functional.cosine_similarity(da, db, dim=0).item(),
+            (db.norm() / da.norm()).item())
+
+
+def split_by_minibatch(adv: Path) -> list[Path]:
+    """One file per minibatch of `adv`, beside its images."""
+    rows = [orjson.loads(x) for x in adv.read_bytes().splitlines()]
+    return [write_rows(adv.with_name(f"mb{k}.jsonl"), [r for r in rows if r["minibatch"] == k])
+            for k in sorted({r["minibatch"] for r in rows})]
+
+
+def test_two_updates_with_kept_optimizer_equal_one_over_both_minibatches(tmp_path, tiny_model,
+                                                                        varied):
+    """Iteration-split invariance in plain torch: an update per minibatch, the AdamW state
+    carried, moves the weights as one update over both (measured: cosine 0.999996; with a
+    fresh optimiser in the second, 0.869). The old log-probs of the second minibatch come from
+    the first update's weights here, from the input policy in the single run: not bitwise.
+    The first update exports bf16 (the rollout copy), so the second must start from the fp32
+    masters in train_state/: the bf16 rounding (~4e-5) is bigger than a step (1e-5)."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from marscli.update import run_update
+
+    mb0, mb1 = split_by_minibatch(varied)
+    whole, a, b = tmp_path / "whole", tmp_path / "a", tmp_path / "b"
+    run_update(str(varied), str(tiny_model), str(whole), lr=1e-5)
+    run_update(str(mb0), str(tiny_model), str(a), lr=1e-5, keep_optimizer=True,
+               save_dtype="bfloat16")
+    assert {v.dtype for v in weights(a).values()} == {torch.bfloat16}
+    assert (a / "train_state" / "master.safetensors").is_file()
+    AutoModelForImageTextToText.from_pretrained(a)  # the engines' copy loads as it is
+    stats = run_update(str(mb1), str(a), str(b), lr=1e-5, keep_optimizer=True)
+    assert stats["optimizer"] == "carried" and stats["bytes_written"] > 0
+    assert stats["load_seconds"] > 0 and stats["save_seconds"] > 0
+    cos, ratio = delta_agreement(tiny_model, whole, b)
+    assert cos > 0.99 and abs(ratio - 1) < 0.05, (cos, ratio)
 
 
 def test_bad_deepspeed_config_and_existing_out(tmp_path, tiny_model, pair, updated):
@@ -300,6 +357,36 @@ def test_bad_deepspeed_config_and_existing_out(tmp_path, tiny_model, pair, updat
 
 
 # ----------------------------------------------------------------------------- reproducible, distributed
+
+
+def torchrun(stage: str, data: Path, policy: Path, out: Path, *args: str, env: dict | None = None,
+             ok: bool = True) -> subprocess.CompletedProcess:
+    """`torchrun --nproc_per_node 2 -m marscli STAGE DATA --policy P --out O ARGS` (2 CPU ranks,
+    gloo); with `ok`, a non-zero exit fails the test."""
+    from marscli.distributed import free_port
+
+    port = str(free_port())
+    cmd = [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node", "2",
+           "--master_port", port, "-m", "marscli", stage, str(data), "--policy", str(policy),
+           "--out", str(out), *args]
+    e = {**os.environ, "HF_HUB_OFFLINE": "1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1",
+         **(env or {})}
+    r = subprocess.run(cmd, check=False, capture_output=True, text=True, env=e, timeout=600,
+                       cwd=ROOT)
+    assert r.returncode == 0 or not ok, r.stderr[-4000:]
+    return r
+
+
+def bf16_config(tmp_path: Path, stage: int) -> Path:
+    """recipes/ds_zeroN.json with bf16 on (what "auto" gives on a GPU; DeepSpeed takes it on
+    CPU too)."""
+    import json
+
+    cfg = json.loads((ROOT / f"recipes/ds_zero{stage}.json").read_text())
+    cfg["bf16"] = {"enabled": True}
+    path = tmp_path / f"ds_zero{stage}_bf16.json"
+    path.write_text(json.dumps(cfg))
+    return path
 
 
 RUN_OPTS = dict(kl=0.05, micro_batch_tokens=215, seed=3, **LINEAR_ADAM)
@@ -339,19 +426,9 @@ def test_same_seed_same_weights(single, tmp_path, tiny_model, varied):
 @pytest.mark.distributed
 @pytest.mark.parametrize("stage", [2, 3])
 def test_zero_on_two_cpu_processes_matches_one_process(stage, single, tmp_path, tiny_model, varied):
-    from marscli.train import free_port
-
     out = tmp_path / f"zero{stage}"
-    port = str(free_port())
-    torchrun = Path(sys.executable).parent / "torchrun"
-    cmd = [str(torchrun), "--nproc_per_node", "2", "--master_port", port, "-m", "marscli",
-           "update", str(varied), "--policy", str(tiny_model), "--out", str(out),
-           "--ref", str(tiny_model), "--deepspeed", str(ROOT / f"recipes/ds_zero{stage}.json"),
-           *cli_opts(RUN_OPTS)]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1"}
-    r = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, timeout=600,
-                       cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-4000:]
+    torchrun("update", varied, tiny_model, out, "--ref", str(tiny_model), "--deepspeed",
+             str(ROOT / f"recipes/ds_zero{stage}.json"), *cli_opts(RUN_OPTS))
     a, b = weights(single), weights(out)
     assert max_diff(a, weights(tiny_model)) > 1e-4
     assert max_diff(a, b) < ZERO_TOL
@@ -362,3 +439,42 @@ def test_zero_on_two_cpu_processes_matches_one_process(stage, single, tmp_path, 
     from transformers import AutoModelForImageTextToText
 
     AutoModelForImageTextToText.from_pretrained(out)
+
+
+@pytest.mark.distributed
+def test_zero3_bf16_keeps_fp32_masters_and_adam_across_updates(tmp_path, tiny_model, varied):
+    """ZeRO-3 with bf16 compute on 2 CPU ranks, three launches.
+    1. At lr 1e-6 the fp32 masters move in most entries, as plain torch's weights do (0.91 of
+       them; the bf16 copy saved and reloaded before kept 0.02; an lr-0 run saves the input
+       unchanged). The HF export is bf16 here (--save-dtype), the masters sit in train_state/,
+       and the next update starts from them.
+    2. Two updates with --keep-optimizer, one minibatch each, move the weights as one update
+       over both (DeepSpeed's own optimiser checkpoint, one shard per rank).
+    3. A 1-process DeepSpeed run refuses that 2-rank state (exit 2), naming both sizes."""
+    import torch
+    from safetensors.torch import load_file
+
+    ds = bf16_config(tmp_path, 3)
+    mb0, mb1 = split_by_minibatch(varied)
+    a, b, whole = tmp_path / "a", tmp_path / "b", tmp_path / "whole"
+    torchrun("update", mb0, tiny_model, a, "--deepspeed", str(ds), "--lr", "1e-6",
+             "--keep-optimizer", "--save-dtype", "bfloat16")
+    export, master = weights(a), load_file(a / "train_state" / "master.safetensors")
+    assert {v.dtype for v in export.values()} == {torch.bfloat16}
+    assert {v.dtype for v in master.values()} == {torch.float32}
+    base = weights(tiny_model)
+    moved = sum(int((master[k] != base[k]).sum()) for k in base)
+    assert moved / sum(v.numel() for v in base.values()) >= 0.5
+    state = orjson.loads((a / "train_state" / "state.json").read_bytes())
+    assert state == {**state, "engine": "deepspeed", "world": 2, "zero_stage": 3, "bf16": True,
+                     "steps": 1, "master": "master.safetensors", "optimizer": "optimizer/state"}
+    r = torchrun("update", mb1, a, b, "--deepspeed", str(ds), "--lr", "1e-6", "--keep-optimizer")
+    assert "carried optimiser" in r.stderr
+    torchrun("update", varied, tiny_model, whole, "--deepspeed", str(ds), "--lr", "1e-6")
+    cos, ratio = delta_agreement(tiny_model, whole, b)
+    assert cos > 0.99 and abs(ratio - 1) < 0.05, (cos, ratio)
+    r = cli(str(mb1), "--policy", str(b), "--out", str(tmp_path / "c"), "--deepspeed", str(ds),
+            "--keep-optimizer")
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "optimiser state saved by 2 ranks, this run has 1" in r.stderr
+    assert not (tmp_path / "c").exists()

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import os
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,9 +73,7 @@ class Example:
     engine_logprobs: list[float | None] = field(default_factory=list)  # aligned to input_ids
     advantage: float = 0.0
     minibatch: int = 0
-    index: int = 0  # position in the input file
-    old_logp: Any = None  # torch [T], filled by update before training
-    ref_logp: Any = None  # torch [T]
+    index: int = 0  # position in the input file (the key of per-example values, e.g. log-probs)
     extra: dict = field(default_factory=dict)  # stage-specific values
 
     def __len__(self) -> int:
@@ -116,7 +114,7 @@ def load_example(row: dict, src: str, line: int, base: Path, spec: Spec) -> Exam
                        "position")
     runs = image_runs(seq.input_ids, spec.image_pad)
     paths = _image_paths(row, src, line, base, segs, runs)
-    for i, (p, n) in enumerate(zip(paths, runs)):
+    for p, n in zip(paths, runs):
         want = placeholder_count(spec.processor, p)
         if want is not None and want != n:
             raise BadInput(f"{src}:{line}: images: image {p.name} gives {want} placeholder "
@@ -230,7 +228,7 @@ class Batch:
     loss_mask: Any  # torch [B, T] float
     examples: list[Example]
     weight: float = 1.0
-    extra: dict = field(default_factory=dict)  # advantages [B], old_logp/ref_logp [B, T]
+    extra: dict = field(default_factory=dict)  # advantages [B], and [B, T] per `logps` key
 
     @property
     def n_tokens(self) -> int:
@@ -276,8 +274,11 @@ FEATURES = FeatureCache(int(os.environ.get("MARSCLI_FEATURE_CACHE_MB", "1024")) 
 
 
 def collate(examples: Sequence[Example], spec: Spec, weight: float = 1.0,
-            device: Any = None) -> Batch:
-    """Right-pad to the longest sequence; pixels of every image in order (sequence, then run)."""
+            device: Any = None, logps: Mapping[str, Mapping[int, Any]] | None = None) -> Batch:
+    """Right-pad to the longest sequence; pixels of every image in order (sequence, then run).
+
+    `logps` maps a name (old_logp, ref_logp) to per-example log-probs [T] by `Example.index`;
+    each name whose values cover every example becomes `extra[name]` [B, T], zero-padded."""
     import torch
 
     width = max(len(e) for e in examples)
@@ -301,11 +302,11 @@ def collate(examples: Sequence[Example], spec: Spec, weight: float = 1.0,
                                f"tokens but its run has {e_n} (a different processor?)")
     extra: dict[str, Any] = {"advantages": torch.tensor([e.advantage for e in examples],
                                                         dtype=torch.float32)}
-    for key in ("old_logp", "ref_logp"):
-        if all(getattr(e, key) is not None for e in examples):
+    for key, values in (logps or {}).items():
+        if all(e.index in values for e in examples):
             x = torch.zeros((len(examples), width), dtype=torch.float32)  # [B, T]
             for b, e in enumerate(examples):
-                x[b, :len(e)] = getattr(e, key)
+                x[b, :len(e)] = values[e.index]
             extra[key] = x
     if device is not None:
         t = {k: v.to(device) for k, v in t.items()}

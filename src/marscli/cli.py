@@ -81,6 +81,10 @@ def advantages(
         help="Split whole groups into M seeded minibatches and normalise within each.")] = 1,
     filter_zero_std: Annotated[bool, typer.Option(
         "--filter-zero-std", help="Drop groups whose rewards are all equal.")] = False,
+    mask_truncated: Annotated[bool, typer.Option(
+        "--mask-truncated", help="Rows stopped by the turn limit or the token budget keep "
+        "their reward in the group statistics but get advantage 0 and \"masked\": "
+        "\"truncated\" (update trains nothing on them).")] = False,
     seed: Annotated[int, typer.Option(help="Seed of the minibatch shuffle.")] = 0,
     output: Annotated[str, typer.Option("-o", "--output", help="Output JSONL (- for stdout).")] = "-",
 ) -> None:
@@ -89,7 +93,8 @@ def advantages(
         check_range("--minibatches", minibatches, 1)
         from marscli.advantages import main as advantages_main
 
-        advantages_main(scored, output, estimator, minibatches, filter_zero_std, seed)
+        advantages_main(scored, output, estimator, minibatches, filter_zero_std, seed,
+                        mask_truncated)
 
 
 @app.command()
@@ -385,10 +390,13 @@ def update(
     metrics: Annotated[str | None, typer.Option(
         metavar="FILE", help="Metrics JSONL, one line per step (default: OUT/metrics.jsonl).")] = None,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
-    save_dtype: Annotated[str, typer.Option(help="float32, bfloat16 or input.")] = "float32",
+    save_dtype: Annotated[str, typer.Option(
+        help="Of the HF export engines load: auto (bfloat16 on CUDA, float32 on CPU), float32, "
+             "bfloat16 or input. The fp32 masters stay in OUT/train_state/.")] = "auto",
     keep_optimizer: Annotated[bool, typer.Option(
-        "--keep-optimizer", help="Carry AdamW's state across iterations: load POLICY/optimizer.pt "
-        "when present, write OUT/optimizer.pt (plain torch; not with --deepspeed).")] = False,
+        "--keep-optimizer", help="Carry AdamW's state across iterations: load it from "
+        "POLICY/train_state/ when present, write it to OUT/train_state/ (DeepSpeed: the same "
+        "ranks and ZeRO stage).")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing OUT.")] = False,
 ) -> None:
     """Policy-gradient update (BN-GSPO / GRPO) of a checkpoint. Data-parallel / ZeRO: launch
@@ -623,7 +631,9 @@ def sft(
     skip_bad: Annotated[bool, typer.Option(
         "--skip-bad", help="Skip (and count) bad rows instead of exiting 2.")] = False,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
-    save_dtype: Annotated[str, typer.Option(help="float32, bfloat16 or input.")] = "float32",
+    save_dtype: Annotated[str, typer.Option(
+        help="Of the HF export engines load: auto (bfloat16 on CUDA, float32 on CPU), float32, "
+             "bfloat16 or input. The fp32 masters stay in OUT/train_state/.")] = "auto",
     force: Annotated[bool, typer.Option(
         "--force", help="Replace an existing OUT (and a stale OUT.partial).")] = False,
 ) -> None:

@@ -1,9 +1,13 @@
 """Policy losses for `update` (torch; import this module lazily).
 
-Every entry of `LOSSES` shares one signature:
-`fn(logp, old_logp, advantages, mask, clip_low, clip_high, agg=None) -> (loss, metrics)`,
+Every entry of `LOSSES` is a `Loss`: called with one signature,
+`loss(logp, old_logp, advantages, mask, clip_low, clip_high, agg=None) -> (loss, metrics)`,
 with logp, old_logp, mask [B, T] (mask 1 on model tokens, 0 on prompt, tool and padding tokens),
-advantages [B] (one per trajectory), loss a scalar tensor and metrics plain floats.
+advantages [B] (one per trajectory), loss a scalar tensor and metrics plain floats. The entry
+carries what callers need to know about the loss, so no caller names one: `agg`, its default
+aggregation (the default of its function's `agg` parameter), and `ratio`, the level of its
+ratio metrics ("sequence" or "token"). `micro_weight` turns an aggregate over one micro-batch
+into its share of the minibatch's.
 
 - `gspo` (the paper's BN-GSPO loss, with the BN in `marscli.advantages`): the sequence ratio
   s_i = exp(mean_t(logp − old_logp)) over model tokens, applied in the GSPO-token form
@@ -30,17 +34,56 @@ Where marscli departs from the paper or the released code (verl `core_algos.py`)
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from marscli.errors import BadInput
 from marscli.registry import Registry
 
-Loss = Callable[..., tuple[torch.Tensor, dict[str, float]]]
-LOSSES: Registry[Loss] = Registry("loss")
 AGGS = ("token-mean", "seq-mean-token-mean")
+RATIO_LEVELS = {"token": "token-mean", "sequence": "seq-mean-token-mean"}  # level → weighting
 _MAX_LOG_RATIO = 10.0  # as the released code: exp(10) ≈ 2.2e4 keeps the loss finite
+
+
+@dataclass(frozen=True)
+class Loss:
+    """A registered policy loss and the facts about it that callers use."""
+
+    fn: Callable[..., tuple[torch.Tensor, dict[str, float]]]
+    ratio: str  # "sequence" or "token": what one ratio metric (ratio_mean, min, max) is over
+
+    @property
+    def agg(self) -> str:
+        """The default aggregation: the default of the function's `agg` parameter."""
+        return inspect.signature(self.fn).parameters["agg"].default
+
+    @property
+    def ratio_agg(self) -> str:
+        """The aggregation that weighs ratio metrics over micro-batches (per sequence or per
+        token)."""
+        return RATIO_LEVELS[self.ratio]
+
+    def __call__(self, logp, old_logp, advantages, mask, clip_low, clip_high, agg=None):
+        return self.fn(logp, old_logp, advantages, mask, clip_low, clip_high,
+                       agg=agg or self.agg)
+
+
+LOSSES: Registry[Loss] = Registry("loss")
+
+
+def register_loss(name: str, *, ratio: str):
+    """Register a loss function under `name` (its ratio metrics at level `ratio`)."""
+    if ratio not in RATIO_LEVELS:
+        raise ValueError(f"loss {name!r}: ratio level {ratio!r} — use one of {list(RATIO_LEVELS)}")
+
+    def deco(fn):
+        LOSSES.register(name)(Loss(fn, ratio))
+        return fn
+
+    return deco
 
 
 def _prep(logp: torch.Tensor, other: torch.Tensor, mask: torch.Tensor):
@@ -61,6 +104,18 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, agg: str) -> torch.Tenso
         n = m.sum(-1)  # [B]
         seq = v.sum(-1) / n.clamp(min=1)  # [B]
         return seq.sum() / (n > 0).sum().clamp(min=1)
+    raise BadInput(f"unknown loss aggregation {agg!r} — choose one of: {', '.join(AGGS)}")
+
+
+def micro_weight(loss_mask: torch.Tensor, agg: str, n_tokens: int, n_seqs: int) -> float:
+    """The factor that turns a loss aggregated over one micro-batch into its share of the loss
+    over the whole minibatch (n_tokens model tokens in n_seqs sequences, all ranks):
+    token-mean → the micro-batch's model tokens / n_tokens (each token weighs 1/n_tokens);
+    seq-mean-token-mean → its sequences / n_seqs (each sequence weighs 1/n_seqs)."""
+    if agg == "token-mean":
+        return float(loss_mask.sum()) / n_tokens
+    if agg == "seq-mean-token-mean":
+        return float((loss_mask.sum(-1) > 0).sum()) / n_seqs
     raise BadInput(f"unknown loss aggregation {agg!r} — choose one of: {', '.join(AGGS)}")
 
 
@@ -88,29 +143,29 @@ def _metrics(clipped: torch.Tensor, m: torch.Tensor, lp: torch.Tensor, old: torc
                 **_stats(ratios.detach())}
 
 
-@LOSSES.register("gspo")
+@register_loss("gspo", ratio="sequence")
 def gspo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
               mask: torch.Tensor, clip_low: float, clip_high: float,
-              agg: str | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+              agg: str = "seq-mean-token-mean") -> tuple[torch.Tensor, dict[str, float]]:
     """GSPO-token loss; `agg` defaults to "seq-mean-token-mean" (the GSPO objective)."""
     m, lp, old = _prep(logp, old_logp, mask)
     n = m.sum(-1)  # [B]
     log_s = (lp - old).sum(-1) / n.clamp(min=1)  # [B] log s_i, 0 for rows without model tokens
     log_st = (log_s.detach().unsqueeze(-1) + lp - lp.detach()).clamp(max=_MAX_LOG_RATIO)  # [B, T]
     losses, clipped = _clipped(torch.exp(log_st), advantages, m, clip_low, clip_high)
-    loss = aggregate(losses, m, agg or "seq-mean-token-mean")
+    loss = aggregate(losses, m, agg)
     return loss, _metrics(clipped, m, lp, old, torch.exp(log_s[n > 0]))
 
 
-@LOSSES.register("grpo")
+@register_loss("grpo", ratio="token")
 def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
               mask: torch.Tensor, clip_low: float, clip_high: float,
-              agg: str | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+              agg: str = "token-mean") -> tuple[torch.Tensor, dict[str, float]]:
     """PPO-clip loss on token ratios; `agg` defaults to "token-mean"."""
     m, lp, old = _prep(logp, old_logp, mask)
     ratio = torch.exp((lp - old).clamp(max=_MAX_LOG_RATIO))  # [B, T]
     losses, clipped = _clipped(ratio, advantages, m, clip_low, clip_high)
-    loss = aggregate(losses, m, agg or "token-mean")
+    loss = aggregate(losses, m, agg)
     return loss, _metrics(clipped, m, lp, old, ratio[m])
 
 

@@ -21,22 +21,25 @@
    `--micro-batch-tokens` padded tokens (batch.plan), as in `update`.
 4. The loss of a step is the token-mean cross-entropy over the masked tokens of all its
    sequences (all micro-batches, all ranks): −Σ log p / N_step. Each micro-batch contributes its
-   own token-mean times n_tokens_micro / N_step (train.micro_weight), so long sequences weigh
+   own token-mean times n_tokens_micro / N_step (losses.micro_weight), so long sequences weigh
    by their tokens, the sum over micro-batches is the step's loss, and neither the micro-batch
    split nor the number of ranks changes the gradient. (This is what Hugging Face's Trainer
    does since 4.46 when it normalises by the items in the batch over gradient accumulation;
    older trainers averaged per micro-batch means.)
 5. Learning rate: linear warm-up over ceil(`--warmup-ratio` × total steps), then `--schedule`
    (cosine towards `--min-lr-ratio` × lr, 0 by default, LLaMA-Factory's usual choice; constant
-   or linear) — train.lr_at, with the floor reached one step after the last (see `_lr`).
-6. Rank 0 writes OUT.tmp-PID (safetensors, config, the policy's processor and tokenizer files,
-   metrics.jsonl, marscli.meta.json) and renames it onto OUT at the end.
+   or linear) — optim.lr_at, with the floor reached one step after the last (see `_lr`).
+6. Rank 0 writes OUT.tmp-PID (the HF export in `--save-dtype`, the policy's processor and
+   tokenizer files, metrics.jsonl, marscli.meta.json, and `train_state/` with the fp32 masters:
+   see trainstate.py) and renames it onto OUT at the end.
 
 Resume (`--save-every-epoch`): after each epoch but the last, the state is saved atomically in
-`OUT.partial/` (built in `OUT.partial.tmp`, renamed over the previous one): an HF checkpoint of
-the weights (float32 in plain torch), `optimizer.pt` (AdamW state), `rng-RANK.pt` (Python,
-NumPy and torch RNG states), `metrics.jsonl` (the steps so far) and `state.json` (epochs done,
-steps done and a fingerprint of the data, the policy and the options that change the result).
+`OUT.partial/` (built in `OUT.partial.tmp` by checkpoint.AtomicDir, renamed over the previous
+one): a checkpoint as OUT will be (the HF export, and `train_state/` with the fp32 masters and
+AdamW's state: plain torch's optimizer.pt, or DeepSpeed's own checkpoint, one shard per rank),
+`rng-RANK.pt` (Python, NumPy and torch RNG states), `metrics.jsonl` (the steps so far) and
+`state.json` (epochs done, steps done and a fingerprint of the data, the policy and the options
+that change the result).
 Re-running the same command (with or without `--save-every-epoch`) finds it and continues with
 the next epoch: the weights, the optimiser, the RNG and the step counter (so the LR schedule)
 are restored, and the epoch order depends only on the seed and the epoch, so no row is skipped
@@ -44,10 +47,9 @@ or repeated and the final weights equal those of an uninterrupted run (bitwise o
 A partial state of another run (different data, options or policy) is refused — delete it, or
 pass `--force` to start over. The partial folder is removed once OUT is written (the
 `OUT.tmp-PID` folder a killed run leaves is removed by AtomicDir on the next run).
-Under DeepSpeed the optimiser state is DeepSpeed's own checkpoint (`engine.save_checkpoint` /
-`load_checkpoint`, one file per rank, in `OUT.partial/deepspeed/`; the HF weights beside it are
-in `--save-dtype`, for evaluation only), so a resumed DeepSpeed run needs the same number of
-ranks and ZeRO stage (both are in the fingerprint).
+A resumed DeepSpeed run needs the same number of ranks and ZeRO stage (both are in the
+fingerprint); under bf16 its fp32 partitions come back exactly (DeepSpeed's checkpoint holds
+them), so a resumed run matches an uninterrupted one.
 `MARSCLI_SFT_KILL_AFTER_EPOCH=K` (a test hook) SIGKILLs the process right after epoch K's
 partial state is saved.
 
@@ -56,7 +58,8 @@ Where marscli departs from the paper or DeepEyesV2's recipe, and why:
    row (LLaMA-Factory cuts it at `cutoff_len`, which can cut the answer off).
 2. The vision tower trains unless `--freeze-vision` (DeepEyesV2 freezes the tower and the
    projector; `--freeze-vision` freezes both, `model.visual` in Qwen3-VL).
-3. The checkpoint is saved in float32 by default (`--save-dtype`), like update's.
+3. The fp32 masters survive the process (train_state/), like update's; the HF export is bf16
+   on CUDA and float32 on CPU by default (`--save-dtype`).
 """
 
 from __future__ import annotations
@@ -76,10 +79,11 @@ from pathlib import Path
 from typing import Any
 
 from marscli.batch import Example, Spec, collate, load_example, plan
-from marscli.errors import BadInput
+from marscli.distributed import barrier, is_main_process
+from marscli.errors import BadInput, check_range
+from marscli.job import Job, TrainOptions, check_paths, deepspeed_config
 from marscli.jsonl import read_rows, sha256_file
 
-SCHEDULES = ("cosine", "constant", "linear")
 KILL_HOOK = "MARSCLI_SFT_KILL_AFTER_EPOCH"
 # Options that change the trained weights: a partial state of a run that differs in one of
 # these is not resumed. (micro_batch_tokens only regroups the same sums; device, logging and
@@ -90,7 +94,7 @@ _FINGERPRINT = ("epochs", "lr", "warmup_ratio", "schedule", "min_lr_ratio", "bat
 
 
 @dataclass
-class SftConfig:
+class SftConfig(TrainOptions):
     epochs: int = 3
     lr: float = 1e-5
     warmup_ratio: float = 0.03
@@ -99,56 +103,29 @@ class SftConfig:
     batch_size: int = 32  # sequences per optimiser step
     max_tokens: int = 32768  # per sequence
     micro_batch_tokens: int | None = None  # None: max_tokens
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    freeze_vision: bool = False
-    gradient_checkpointing: bool = False
-    deepspeed: str | None = None
     system_prompt: str | None = None  # FILE: base prompt for message rows without a system turn
-    seed: int = 0
     save_every_epoch: bool = False
-    metrics: str | None = None  # None: OUT/metrics.jsonl
     skip_bad: bool = False
-    device: str = "auto"
-    save_dtype: str = "float32"  # float32 | bfloat16 | input
-    force: bool = False
 
     @property
     def mbt(self) -> int:
         return self.micro_batch_tokens or self.max_tokens
 
     def optim(self, warmup_steps: int = 0):
-        from marscli.train import OptimConfig
-
-        return OptimConfig(lr=self.lr, betas=(self.adam_beta1, self.adam_beta2), eps=self.adam_eps,
-                           weight_decay=self.weight_decay, grad_clip=self.grad_clip,
-                           warmup_steps=warmup_steps, schedule=self.schedule,
-                           min_lr_ratio=self.min_lr_ratio)
+        return self.adamw(warmup_steps=warmup_steps, schedule=self.schedule,
+                          min_lr_ratio=self.min_lr_ratio)
 
 
 def check_config(cfg: SftConfig) -> None:
     """Options out of range → BadInput naming the option (before the model or data load)."""
-    from marscli.train import check_option_range as rng
-
-    rng("--epochs", cfg.epochs, 1)
-    rng("--lr", cfg.lr, 0)
-    rng("--warmup-ratio", cfg.warmup_ratio, 0, 1, hi_open=True)
-    rng("--min-lr-ratio", cfg.min_lr_ratio, 0, 1)
-    rng("--batch-size", cfg.batch_size, 1)
-    rng("--max-tokens", cfg.max_tokens, 2)
-    rng("--micro-batch-tokens", cfg.micro_batch_tokens, 1)
-    if cfg.schedule not in SCHEDULES:
-        raise BadInput(f"--schedule: unknown schedule {cfg.schedule!r} — choose one of: "
-                       f"{', '.join(SCHEDULES)}")
+    check_range("--warmup-ratio", cfg.warmup_ratio, 0, 1, hi_open=True)
+    check_range("--batch-size", cfg.batch_size, 1)
+    check_range("--max-tokens", cfg.max_tokens, 2)
+    check_range("--micro-batch-tokens", cfg.micro_batch_tokens, 1)
+    cfg.check_common(cfg.optim(), "--schedule")
     if cfg.mbt < cfg.max_tokens:
         raise BadInput(f"--micro-batch-tokens: {cfg.mbt} is under --max-tokens {cfg.max_tokens} "
                        "— a sequence is never split: raise it or lower --max-tokens")
-    cfg.optim().check()
-    if cfg.save_dtype not in ("float32", "bfloat16", "input"):
-        raise BadInput(f"--save-dtype: {cfg.save_dtype!r} — choose float32, bfloat16 or input")
 
 
 # ------------------------------------------------------------------------------ data
@@ -214,25 +191,16 @@ def run_sft(data: str, policy: str, out: str, cfg: SftConfig | None = None,
     from marscli.messages import default_system
     from marscli.policy import check_checkpoint, load_processor
     from marscli.protocol import read_system_prompt
-    from marscli.train import check_out, hidden_size, load_ds_config
 
     policy = check_checkpoint(policy)
-    check_out(out, cfg.force, policy)
-    if cfg.metrics and Path(out).resolve() in Path(cfg.metrics).resolve().parents:
-        raise BadInput(f"--metrics: {cfg.metrics}: inside --out — leave --metrics out to get "
-                       f"{out}/metrics.jsonl")
+    check_paths(cfg, out, policy)
     base_prompt = read_system_prompt(cfg.system_prompt)
     system = default_system(base_prompt)
-    import torch
-
-    cuda = cfg.device.startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
-    ds_cfg = (load_ds_config(cfg.deepspeed, grad_clip=cfg.grad_clip, bf16=cuda,
-                             hidden_size=hidden_size(policy)) if cfg.deepspeed else None)
+    ds_cfg = deepspeed_config(cfg, policy)
     processor = load_processor(policy)
     spec = Spec.of(processor, policy)
     examples, bad = load_sft_rows(data, spec, cfg.max_tokens, system, cfg.skip_bad)
-    main = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0"
-    if bad and main:
+    if bad and is_main_process():
         for msg in bad[:20]:
             print(f"warning: skipped {msg}", file=sys.stderr)
         more = " (first 20 shown)" if len(bad) > 20 else ""
@@ -240,7 +208,8 @@ def run_sft(data: str, policy: str, out: str, cfg: SftConfig | None = None,
     if not examples:
         raise BadInput(f"{data}: no row to train on ({len(bad)} skipped as bad)")
     fp = _fingerprint(data, policy, cfg, ds_cfg, base_prompt, examples)
-    return _train(data, policy, out, cfg, ds_cfg, processor, spec, examples, bad, fp, started)
+    with Job("sft", out, cfg, ds_cfg, [data], started) as job:
+        return _train(job, policy, cfg, processor, spec, examples, bad, fp)
 
 
 def _fingerprint(data, policy, cfg, ds_cfg, base_prompt, examples) -> dict:
@@ -269,113 +238,78 @@ def partial_dir(out: str) -> Path:
     return p.with_name(f"{p.name}.partial")
 
 
-def _train(data, policy, out, cfg, ds_cfg, processor, spec, examples, bad, fp, started) -> dict:
-    from marscli.jsonl import write_sidecar
-    from marscli.train import (
-        AtomicDir,
-        MetricsWriter,
-        barrier,
-        build_model,
-        close_distributed,
-        init_distributed,
-        log,
-        save_checkpoint,
-        seed_everything,
-    )
-
-    d = init_distributed(deepspeed=ds_cfg is not None, device=cfg.device)
-    try:
-        seed_everything(cfg.seed)
-        if ds_cfg is not None:
-            fp = {**fp, "world": d.world}
-        per_epoch, total, warmup = schedule_of(len(examples), cfg)
-        optim = cfg.optim(warmup)
-        part = partial_dir(out)
-        state = _read_partial(part, fp, cfg.force, d)
-        done = state["epoch"] if state else 0
-        source = str(part) if state and ds_cfg is None else policy
-        model = build_model(source, d, optim=optim, ds_config=ds_cfg,
-                            gradient_checkpointing=cfg.gradient_checkpointing,
-                            freeze_vision=cfg.freeze_vision)
-        kinds = Counter(e.extra["kind"] for e in examples)
-        log(d, f"sft: {len(examples)} rows ({kinds['trajectory']} trajectory, "
-               f"{kinds['messages']} message), {len(bad)} skipped; {total} steps of "
-               f"{cfg.batch_size} over {cfg.epochs} epoch(s), warm-up {warmup}; {d.world} "
-               f"rank(s), {f'ZeRO-{model.zero_stage}' if ds_cfg else 'torch'} on {d.device}")
-        history: list[dict] = []
-        if state:
-            history = _restore(model, part, state, d)
-            log(d, f"sft: resumed from {part} after epoch {done}/{cfg.epochs} "
-                   f"(step {state['step']})")
-        summary: dict[str, Any] = {}
-        with AtomicDir(out, cfg.force, active=d.main) as od:
-            mpath = cfg.metrics or od.tmp / "metrics.jsonl"
-            writer = MetricsWriter(mpath if d.main else None, atomic=cfg.metrics is not None)
-            try:
-                for row in history:
-                    writer.write(row)
-                step = done * per_epoch
-                for epoch in range(done, cfg.epochs):
-                    t0 = time.perf_counter()
-                    order = epoch_order(len(examples), cfg.seed, epoch)
-                    for i in range(0, len(order), cfg.batch_size):
-                        group = [examples[j] for j in order[i:i + cfg.batch_size]]
-                        lr = _lr(step, total, optim)
-                        row = _step(model, group, spec, d, cfg, lr)
-                        step += 1
-                        row = {"step": step, "epoch": epoch + 1, **row}
-                        writer.write(row)
-                        history.append(row)
-                        summary = row
-                        log(d, f"step {step}/{total}  epoch {epoch + 1}  loss {row['loss']:.5f}  "
-                               f"lr {lr:.3g}  grad {row['grad_norm']:.4g}  "
-                               f"{row['tokens_per_s']:.0f} tok/s")
-                    secs = time.perf_counter() - t0
-                    ep = _epoch_summary(history, epoch + 1)
-                    log(d, f"sft: epoch {epoch + 1}/{cfg.epochs}  loss {ep['loss']:.5f}  "
-                           f"{ep['steps']} steps in {secs:.1f} s "
-                           f"({ep['steps'] / secs:.2f} steps/s)")
-                    if cfg.save_every_epoch and epoch + 1 < cfg.epochs:
-                        _save_partial(model, part, policy, processor, cfg, ds_cfg, fp,
-                                      epoch + 1, step, history, d)
-                        if os.environ.get(KILL_HOOK) == str(epoch + 1):
-                            os.kill(os.getpid(), signal.SIGKILL)
-                sd = model.full_state_dict()  # collective under ZeRO-3
-                if d.main:
-                    save_checkpoint(model, sd, od.tmp, policy, cfg.save_dtype, processor)
-                epochs = [_epoch_summary(history, k) for k in range(1, cfg.epochs + 1)]
-                stats = {"steps": step, "epochs": cfg.epochs, "rows": len(examples) + len(bad),
-                         "examples": len(examples), "trajectory_rows": kinds["trajectory"],
-                         "message_rows": kinds["messages"], "skipped_rows": len(bad),
-                         "skipped": bad[:100], "ranks": d.world,
-                         "model_tokens": sum(e.n_model_tokens for e in examples),
-                         "tokens": sum(len(e) for e in examples),
-                         "resumed_after_epoch": done or None, "epoch_loss": epochs,
-                         "last": summary}
-                if d.main:
-                    write_sidecar(str(od.tmp / "marscli"), stage="sft", seed=cfg.seed,
-                                  config={**asdict(cfg), "policy": policy, "out": out,
-                                          "agg": "token-mean", "warmup_steps": warmup,
-                                          "deepspeed_resolved": ds_cfg},
-                                  inputs=[data], stats=stats, started=started)
-                writer.close(ok=True)
-            except BaseException:
-                writer.close(ok=False)
-                raise
-        barrier(d)
-        if d.main and part.exists():
-            shutil.rmtree(part, ignore_errors=True)
-        log(d, f"sft: wrote {out}")
-        return stats
-    finally:
-        close_distributed(d)
+def _train(job: Job, policy, cfg, processor, spec, examples, bad, fp) -> dict:
+    d, ds_cfg, out = job.dist, job.ds_cfg, job.out
+    if ds_cfg is not None:
+        fp = {**fp, "world": d.world}
+    per_epoch, total, warmup = schedule_of(len(examples), cfg)
+    optim = cfg.optim(warmup)
+    part = partial_dir(out)
+    state = _read_partial(part, fp, cfg.force, d)
+    done = state["epoch"] if state else 0
+    model = job.build(str(part) if state else policy, optim=optim,
+                      gradient_checkpointing=cfg.gradient_checkpointing,
+                      freeze_vision=cfg.freeze_vision)
+    kinds = Counter(e.extra["kind"] for e in examples)
+    job.log(f"sft: {len(examples)} rows ({kinds['trajectory']} trajectory, "
+            f"{kinds['messages']} message), {len(bad)} skipped; {total} steps of "
+            f"{cfg.batch_size} over {cfg.epochs} epoch(s), warm-up {warmup}; {d.world} "
+            f"rank(s), {f'ZeRO-{model.zero_stage}' if ds_cfg else 'torch'} on {d.device}")
+    history: list[dict] = []
+    if state:
+        history = _restore(job, model, part, state)
+        job.log(f"sft: resumed from {part} after epoch {done}/{cfg.epochs} "
+                f"(step {state['step']})")
+    summary: dict[str, Any] = {}
+    with job.output() as writer:
+        for row in history:
+            writer.write(row)
+        step = done * per_epoch
+        for epoch in range(done, cfg.epochs):
+            t0 = time.perf_counter()
+            order = epoch_order(len(examples), cfg.seed, epoch)
+            for i in range(0, len(order), cfg.batch_size):
+                group = [examples[j] for j in order[i:i + cfg.batch_size]]
+                lr = _lr(step, total, optim)
+                row = _step(model, group, spec, d, cfg, lr)
+                step += 1
+                row = {"step": step, "epoch": epoch + 1, **row}
+                writer.write(row)
+                history.append(row)
+                summary = row
+                job.log(f"step {step}/{total}  epoch {epoch + 1}  loss {row['loss']:.5f}  "
+                        f"lr {lr:.3g}  grad {row['grad_norm']:.4g}  "
+                        f"{row['tokens_per_s']:.0f} tok/s")
+            secs = time.perf_counter() - t0
+            ep = _epoch_summary(history, epoch + 1)
+            job.log(f"sft: epoch {epoch + 1}/{cfg.epochs}  loss {ep['loss']:.5f}  "
+                    f"{ep['steps']} steps in {secs:.1f} s ({ep['steps'] / secs:.2f} steps/s)")
+            if cfg.save_every_epoch and epoch + 1 < cfg.epochs:
+                _save_partial(job, model, part, policy, processor, fp, epoch + 1, step, history)
+                if os.environ.get(KILL_HOOK) == str(epoch + 1):
+                    os.kill(os.getpid(), signal.SIGKILL)
+        job.save(model, policy, processor, steps=step)
+        epochs = [_epoch_summary(history, k) for k in range(1, cfg.epochs + 1)]
+        stats = {"steps": step, "epochs": cfg.epochs, "rows": len(examples) + len(bad),
+                 "examples": len(examples), "trajectory_rows": kinds["trajectory"],
+                 "message_rows": kinds["messages"], "skipped_rows": len(bad),
+                 "skipped": bad[:100], "ranks": d.world,
+                 "model_tokens": sum(e.n_model_tokens for e in examples),
+                 "tokens": sum(len(e) for e in examples),
+                 "resumed_after_epoch": done or None, "epoch_loss": epochs, **job.io_stats(),
+                 "last": summary}
+        job.sidecar({**asdict(cfg), "policy": policy, "out": out, "agg": "token-mean",
+                     "warmup_steps": warmup, "deepspeed_resolved": ds_cfg}, stats)
+    if d.main and part.exists():
+        shutil.rmtree(part, ignore_errors=True)
+    return stats
 
 
 def _lr(step: int, total: int, optim) -> float:
-    """train.lr_at with the decay spread over one step more, so that, as in Hugging Face's
+    """optim.lr_at with the decay spread over one step more, so that, as in Hugging Face's
     schedules, the floor is reached just after the last step (whose lr is above it) rather
     than on it (a last step at lr 0 would be wasted)."""
-    from marscli.train import lr_at
+    from marscli.optim import lr_at
 
     return lr_at(step, total + 1, optim)
 
@@ -391,7 +325,10 @@ def _epoch_summary(history: list[dict], epoch: int) -> dict:
 
 def _step(model, group: list[Example], spec: Spec, d, cfg: SftConfig, lr: float) -> dict:
     """One optimiser step over `group`; returns its metrics (all ranks reduced)."""
-    from marscli.train import Timer, all_reduce, micro_weight, train_minibatch
+    from marscli import trainer
+    from marscli.distributed import all_reduce
+    from marscli.job import Timer
+    from marscli.losses import micro_weight
 
     n_tok = sum(e.n_model_tokens for e in group)  # the whole step, every rank knows it
     n_seq = len(group)
@@ -406,7 +343,7 @@ def _step(model, group: list[Example], spec: Spec, d, cfg: SftConfig, lr: float)
 
     with Timer() as tm:
         batches = (collate(m.examples, spec, m.weight, d.device) for m in micros)
-        ms, grad_norm, tokens = train_minibatch(model, batches, len(micros), lf, lr)
+        ms, grad_norm, tokens = trainer.train_minibatch(model, batches, len(micros), lf, lr)
     loss, tokens = all_reduce([sum(x["loss"] for x in ms), tokens], d)
     secs = all_reduce([tm.s], d, "max")[0]
     return {"loss": loss, "lr": lr, "grad_norm": grad_norm, "sequences": n_seq,
@@ -429,8 +366,6 @@ def _read_partial(part: Path, fp: dict, force: bool, d) -> dict | None:
     if diff is None:
         return state
     if force:
-        from marscli.train import barrier
-
         barrier(d)
         if d.main:
             print(f"sft: {part}: saved by a different run ({diff}) — discarded (--force)",
@@ -467,61 +402,43 @@ def _set_rng_state(st: dict) -> None:
         torch.cuda.set_rng_state_all(st["cuda"])
 
 
-def _save_partial(model, part: Path, policy, processor, cfg, ds_cfg, fp, epoch, step,
-                  history, d) -> None:
-    """Write the resumable state of `epoch` epochs done (module docstring) atomically."""
+def _save_partial(job: Job, model, part: Path, policy, processor, fp, epoch, step,
+                  history) -> None:
+    """Write the resumable state of `epoch` epochs done (module docstring) atomically. Every
+    rank writes into the same `OUT.partial.tmp` (DeepSpeed's shards, its RNG state)."""
     import torch
 
+    from marscli.checkpoint import AtomicDir
     from marscli.jsonl import dumps
-    from marscli.train import barrier, save_checkpoint
+    from marscli.trainstate import save_all
 
-    tmp = part.with_name(f"{part.name}.tmp")
+    d = job.dist
+    with AtomicDir(part, active=d.main, tmp=part.with_name(f"{part.name}.tmp")) as ad:
+        tmp = ad.tmp
+        barrier(d)  # rank 0 made the folder
+        save_all(model, tmp, policy, processor, job.export_dtype(policy), optimizer=True,
+                 steps=step, ds_cfg=job.ds_cfg)
+        torch.save(_rng_state(), tmp / f"rng-{d.rank}.pt")
+        if d.main:
+            (tmp / "metrics.jsonl").write_bytes(b"".join(dumps(r) for r in history))
+            state = {"v": 1, "epoch": epoch, "step": step, "world": d.world, "fingerprint": fp}
+            (tmp / "state.json").write_text(json.dumps(state, indent=2))
+        barrier(d)  # every rank wrote its part
     if d.main:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    barrier(d)
-    tag = f"epoch-{epoch}"
-    if model.engine is not None:  # collective: every rank writes its partition
-        model.engine.save_checkpoint(str(tmp / "deepspeed"), tag=tag, save_latest=False)
-    sd = model.full_state_dict()  # collective under ZeRO-3
-    torch.save(_rng_state(), tmp / f"rng-{d.rank}.pt")
-    if d.main:
-        save_checkpoint(model, sd, tmp, policy, "float32" if ds_cfg is None else cfg.save_dtype,
-                        processor)
-        if model.engine is None:
-            torch.save(model.optimizer.state_dict(), tmp / "optimizer.pt")
-        (tmp / "metrics.jsonl").write_bytes(b"".join(dumps(r) for r in history))
-        state = {"v": 1, "epoch": epoch, "step": step, "tag": tag, "world": d.world,
-                 "fingerprint": fp}
-        (tmp / "state.json").write_text(json.dumps(state, indent=2))
-    barrier(d)
-    if d.main:
-        old = part.with_name(f"{part.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        if part.exists():
-            os.replace(part, old)
-        os.replace(tmp, part)
-        shutil.rmtree(old, ignore_errors=True)
         print(f"sft: saved resumable state after epoch {epoch} in {part}", file=sys.stderr)
     barrier(d)
 
 
-def _restore(model, part: Path, state: dict, d) -> list[dict]:
-    """Load the optimiser (and, under DeepSpeed, the weights) and RNG states; returns the
-    metrics rows of the epochs done. Plain torch loaded the weights from `part` already."""
+def _restore(job: Job, model, part: Path, state: dict) -> list[dict]:
+    """Load the optimiser state (the fp32 masters came with the model, built from `part`) and
+    the RNG states; returns the metrics rows of the epochs done."""
     import orjson
     import torch
 
-    if model.engine is not None:
-        path, _ = model.engine.load_checkpoint(str(part / "deepspeed"), tag=state["tag"],
-                                               load_optimizer_states=True,
-                                               load_lr_scheduler_states=False)
-        if path is None:
-            raise BadInput(f"{part}/deepspeed: no DeepSpeed checkpoint {state['tag']} — delete "
-                           f"{part} to start over")
-    else:
-        model.optimizer.load_state_dict(torch.load(part / "optimizer.pt", weights_only=True))
-    rng = part / f"rng-{d.rank}.pt"
+    if not job.load_optimizer(model, str(part)):
+        raise BadInput(f"{part}: no optimiser state in train_state/ — delete {part} to start "
+                       "over")
+    rng = part / f"rng-{job.dist.rank}.pt"
     if rng.is_file():
         _set_rng_state(torch.load(rng, weights_only=True))
     mf = part / "metrics.jsonl"

@@ -28,15 +28,13 @@ How it departs from a released Qwen3-VL checkpoint, and why:
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import struct
 from collections.abc import Iterable
 from pathlib import Path
 
+from marscli.checkpoint import AtomicDir
 from marscli.errors import BadInput
-from marscli.jsonl import remove_stale_tmp
 
 # ids 0..6, in this order, special=True (skipped by decode(skip_special_tokens=True))
 SPECIAL_TOKENS: tuple[str, ...] = (
@@ -316,7 +314,8 @@ def read_texts(paths: Iterable[str | Path]) -> list[str]:
         try:
             raw = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as e:
-            raise BadInput(f"{p}: not UTF-8 text ({e.reason}) — --text takes a text or JSONL file")
+            raise BadInput(f"{p}: not UTF-8 text ({e.reason}) — --text takes a text or JSONL "
+                           "file") from None
         if path.suffix in (".jsonl", ".json"):
             for n, line in enumerate(raw.splitlines() if path.suffix == ".jsonl" else [raw], 1):
                 if not line.strip():
@@ -501,27 +500,15 @@ def build_tiny_model(out: str | Path, seed: int = 0, texts: Iterable[str] = (),
         pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
     )
 
-    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    remove_stale_tmp(out)  # what a killed run left
-    try:
-        tmp.mkdir(parents=True)
+    with AtomicDir(out) as ad:  # --force: the old folder goes only once the new one is in place
         was_on = hf_logging.is_progress_bar_enabled()
         hf_logging.disable_progress_bar()  # no "Writing model shards" bar on stderr
         try:
-            model.save_pretrained(tmp, safe_serialization=True)
+            model.save_pretrained(ad.tmp, safe_serialization=True)
         finally:
             if was_on:
                 hf_logging.enable_progress_bar()
-        processor.save_pretrained(tmp)  # tokenizer files, processor_config.json, chat_template.jinja
-        old = out.with_name(f"{out.name}.old-{os.getpid()}")
-        if out.exists():
-            os.replace(out, old)  # --force: the old folder goes only once the new one is in place
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        processor.save_pretrained(ad.tmp)  # tokenizer files, processor_config.json, chat_template.jinja
     return out
 
 

@@ -15,19 +15,24 @@
    micro-batch's loss weighted so that the sum equals the loss of the whole minibatch
    (token-mean: n_tokens_micro / n_tokens_minibatch; seq-mean-token-mean: n_seqs_micro /
    n_seqs_minibatch, over all ranks), then one AdamW step. One metrics line per step.
-5. Rank 0 writes OUT.tmp-PID (safetensors, config, the policy's processor and tokenizer files,
-   metrics.jsonl, marscli.meta.json) and renames it onto OUT at the end.
+5. Rank 0 writes OUT.tmp-PID (the HF export in `--save-dtype`, the policy's processor and
+   tokenizer files, metrics.jsonl, marscli.meta.json, and `train_state/`: see trainstate.py)
+   and renames it onto OUT at the end. The training starts from POLICY's fp32 masters
+   (POLICY/train_state/master.safetensors when present, else its HF weights), never from a
+   16-bit copy: under DeepSpeed bf16 they seed the optimiser's fp32 partitions.
 
 Where marscli departs from the paper or the released code (verl), and why:
-1. By default each `update` starts a fresh AdamW: every stage's output is a plain HF
-   checkpoint that vLLM and transformers load as it is. With Adam's normalisation the first
-   steps of a fresh optimiser move every weight with a gradient by about lr, noise included
-   (the tiny model's sequences all lost likelihood within one iteration at lr 3e-4).
-   `--keep-optimizer` carries the state as verl's trainer does: it loads POLICY/optimizer.pt
-   when present and writes OUT/optimizer.pt (two float32 copies of the weights; plain torch
-   only, DeepSpeed shards its optimiser state).
-2. The checkpoint is saved in float32 by default (`--save-dtype`), so updates of 1e-6 are not
-   rounded away by bf16 between iterations (verl keeps fp32 master weights across steps).
+1. By default each `update` starts a fresh AdamW. With Adam's normalisation the first steps of
+   a fresh optimiser move every weight with a gradient by about lr, noise included (the tiny
+   model's sequences all lost likelihood within one iteration at lr 3e-4). `--keep-optimizer`
+   carries the state as verl's long-lived trainer does: it loads POLICY/train_state/optimizer
+   when present and writes OUT/train_state/optimizer (plain torch: optimizer.pt, any world
+   size; DeepSpeed: its own checkpoint, one shard per rank, for the same world size and ZeRO
+   stage only — another launch is refused, exit 2). Two float32 copies of the weights on disk.
+2. Each iteration is a process of its own, but the state survives as inside one trainer: the
+   fp32 masters (saved from the optimiser's partitions, not from the bf16 module) and, when
+   asked, the optimiser. The HF folder that engines load is only an export (bf16 on CUDA,
+   float32 on CPU by default), so a 1e-6 step is not rounded away between iterations.
 3. Old log-probs come from a forward of the input policy, as verl recomputes them, never from
    the rollout engine; the engine's values are only compared.
 """
@@ -41,69 +46,39 @@ from pathlib import Path
 from typing import Any
 
 from marscli.batch import Example, Spec, collate, load_example, plan
-from marscli.errors import BadInput
+from marscli.errors import BadInput, check_range
+from marscli.job import Job, TrainOptions, check_paths, deepspeed_config
 from marscli.jsonl import get_field, read_rows
-
-DEFAULT_AGG = {"gspo": "seq-mean-token-mean", "grpo": "token-mean"}
-OPTIMIZER_FILE = "optimizer.pt"  # AdamW state beside the weights, with --keep-optimizer
-PER_SEQ_RATIO = {"gspo"}  # losses whose ratio metrics are per sequence (else per token)
 
 
 @dataclass
-class UpdateConfig:
+class UpdateConfig(TrainOptions):
     loss: str = "gspo"
-    agg: str | None = None  # None: the loss's own (gspo: seq-mean-token-mean, grpo: token-mean)
+    agg: str | None = None  # None: the loss's own (losses.Loss.agg)
     clip_low: float = 0.2
     clip_high: float = 0.28
     kl: float = 0.0
     ref: str | None = None
-    epochs: int = 1
     micro_batch_tokens: int = 32768
-    lr: float = 1e-6
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
     warmup_steps: int = 0
     lr_schedule: str = "constant"
-    deepspeed: str | None = None
-    gradient_checkpointing: bool = False
-    freeze_vision: bool = False
-    seed: int = 0
-    metrics: str | None = None  # None: OUT/metrics.jsonl
-    device: str = "auto"
-    save_dtype: str = "float32"  # float32 | bfloat16 | input
-    keep_optimizer: bool = False  # load POLICY/optimizer.pt if present, write OUT/optimizer.pt
-    force: bool = False
+    keep_optimizer: bool = False  # load POLICY/train_state's AdamW if present, write OUT's
 
     def optim(self):
-        from marscli.train import OptimConfig
-
-        return OptimConfig(lr=self.lr, betas=(self.adam_beta1, self.adam_beta2), eps=self.adam_eps,
-                           weight_decay=self.weight_decay, grad_clip=self.grad_clip,
-                           warmup_steps=self.warmup_steps, schedule=self.lr_schedule)
+        return self.adamw(warmup_steps=self.warmup_steps, schedule=self.lr_schedule)
 
 
 def check_config(cfg: UpdateConfig) -> None:
     """Options out of range → BadInput naming the option (before the model or data load)."""
-    from marscli.train import check_option_range as rng
-
-    rng("--clip-low", cfg.clip_low, 0, 1, hi_open=True)
-    rng("--clip-high", cfg.clip_high, 0)
-    rng("--kl", cfg.kl, 0)
-    rng("--epochs", cfg.epochs, 1)
-    rng("--micro-batch-tokens", cfg.micro_batch_tokens, 1)
-    cfg.optim().check()
-    if cfg.save_dtype not in ("float32", "bfloat16", "input"):
-        raise BadInput(f"--save-dtype: {cfg.save_dtype!r} — choose float32, bfloat16 or input")
+    check_range("--clip-low", cfg.clip_low, 0, 1, hi_open=True)
+    check_range("--clip-high", cfg.clip_high, 0)
+    check_range("--kl", cfg.kl, 0)
+    check_range("--micro-batch-tokens", cfg.micro_batch_tokens, 1)
+    cfg.check_common(cfg.optim(), "--lr-schedule")
     if cfg.kl > 0 and not cfg.ref:
         raise BadInput("--kl: a KL penalty needs the reference policy — add --ref CKPT0")
     if cfg.ref and cfg.kl == 0:
         raise BadInput("--ref: given without --kl — set --kl > 0 or drop --ref")
-    if cfg.keep_optimizer and cfg.deepspeed:
-        raise BadInput("--keep-optimizer: not supported with --deepspeed (DeepSpeed shards the "
-                       "optimiser state) — drop one of them")
 
 
 def load_rows(path: str, spec: Spec, max_tokens: int) -> list[Example]:
@@ -137,159 +112,103 @@ def run_update(adv: str, policy: str, out: str, cfg: UpdateConfig | None = None,
     started = time.time()
     cfg = replace(cfg or UpdateConfig(), **options)
     check_config(cfg)
+    from marscli.distributed import launch_world
     from marscli.losses import AGGS, LOSSES
     from marscli.policy import check_checkpoint, load_processor
-    from marscli.train import check_out, hidden_size, load_ds_config
+    from marscli.trainstate import check_resumable
 
     policy = check_checkpoint(policy)
     ref = check_checkpoint(cfg.ref, "--ref") if cfg.ref else None
-    check_out(out, cfg.force, policy, ref or "")
-    if cfg.metrics and Path(out).resolve() in Path(cfg.metrics).resolve().parents:
-        raise BadInput(f"--metrics: {cfg.metrics}: inside --out — leave --metrics out to get "
-                       f"{out}/metrics.jsonl")
-    loss_fn = LOSSES.get(cfg.loss)
-    agg = cfg.agg or DEFAULT_AGG.get(cfg.loss, "token-mean")
+    check_paths(cfg, out, policy, ref or "")
+    loss = LOSSES.get(cfg.loss)
+    agg = cfg.agg or loss.agg
     if agg not in AGGS:
         raise BadInput(f"--agg: unknown aggregation {agg!r} — choose one of: {', '.join(AGGS)}")
-    import torch
-
-    cuda = cfg.device.startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
-    ds_cfg = (load_ds_config(cfg.deepspeed, grad_clip=cfg.grad_clip, bf16=cuda,
-                             hidden_size=hidden_size(policy)) if cfg.deepspeed else None)
+    ds_cfg = deepspeed_config(cfg, policy)
+    if cfg.keep_optimizer:
+        check_resumable(policy, ds_cfg, launch_world())
     processor = load_processor(policy)
     spec = Spec.of(processor, policy)
     examples = load_rows(adv, spec, cfg.micro_batch_tokens)
-    return _train(adv, policy, ref, out, cfg, agg, loss_fn, ds_cfg, processor, spec, examples,
-                  started)
+    with Job("update", out, cfg, ds_cfg, [adv], started) as job:
+        return _train(job, policy, ref, cfg, agg, loss, processor, spec, examples)
 
 
-def _train(adv, policy, ref, out, cfg, agg, loss_fn, ds_cfg, processor, spec, examples,
-           started) -> dict:
-    import torch
+def _train(job: Job, policy, ref, cfg, agg, loss, processor, spec, examples) -> dict:
+    from marscli.distributed import all_reduce
+    from marscli.optim import lr_at
+    from marscli.trainstate import read_state
 
-    from marscli.jsonl import write_sidecar
-    from marscli.train import (
-        AtomicDir,
-        MetricsWriter,
-        all_reduce,
-        barrier,
-        build_model,
-        close_distributed,
-        init_distributed,
-        log,
-        lr_at,
-        save_checkpoint,
-        seed_everything,
-    )
-
-    d = init_distributed(deepspeed=ds_cfg is not None, device=cfg.device)
-    try:
-        seed_everything(cfg.seed)
-        groups: dict[int, list[Example]] = {}
-        for e in examples:
-            groups.setdefault(e.minibatch, []).append(e)
-        plans = {}
-        for k in sorted(groups):
-            mine = plan(groups[k], d.rank, d.world, cfg.micro_batch_tokens)
-            n = int(all_reduce([len(mine)], d, "max")[0])
-            plans[k] = plan(groups[k], d.rank, d.world, cfg.micro_batch_tokens, n_micro=n)
-        model = build_model(policy, d, optim=cfg.optim(), ds_config=ds_cfg,
-                            gradient_checkpointing=cfg.gradient_checkpointing,
-                            freeze_vision=cfg.freeze_vision)
-        carried = cfg.keep_optimizer and load_optimizer(model, policy, cfg)
-        log(d, f"update: {len(examples)} trajectories in {len(plans)} minibatch(es), "
-               f"{d.world} rank(s), {f'ZeRO-{model.zero_stage}' if ds_cfg else 'torch'} "
-               f"on {d.device}, {'carried' if carried else 'fresh'} optimiser")
-        _score_into(model, plans, spec, d, "old_logp")
-        if cfg.kl > 0:
-            ref_model = build_model(ref, d, ds_config=ds_cfg)
-            _score_into(ref_model, plans, spec, d, "ref_logp")
-            del ref_model
-        total = cfg.epochs * len(plans)
-        optim = cfg.optim()
-        summary: dict[str, Any] = {}
-        with AtomicDir(out, cfg.force, active=d.main) as od:
-            mpath = cfg.metrics or od.tmp / "metrics.jsonl"
-            writer = MetricsWriter(mpath if d.main else None, atomic=cfg.metrics is not None)
-            try:
-                step = 0
-                for epoch in range(cfg.epochs):
-                    for k, micros in plans.items():
-                        lr = lr_at(step, total, optim)
-                        row = _step(model, micros, groups[k], spec, d, cfg, agg, loss_fn, lr)
-                        step += 1
-                        row = {"step": step, "epoch": epoch + 1, "minibatch": k, **row}
-                        writer.write(row)
-                        summary = row
-                        log(d, f"step {step}/{total}  loss {row['loss']:.5f}  "
-                               f"clip {row['clip_frac']:.3f}  grad {row['grad_norm']:.4g}  "
-                               f"{row['tokens_per_s']:.0f} tok/s")
-                sd = model.full_state_dict()  # collective under ZeRO-3
-                if d.main:
-                    save_checkpoint(model, sd, od.tmp, policy, cfg.save_dtype, processor)
-                    if cfg.keep_optimizer:  # plain torch: every rank holds the whole state
-                        torch.save(model.optimizer.state_dict(), od.tmp / OPTIMIZER_FILE)
-                stats = {"steps": step, "trajectories": len(examples),
-                         "optimizer": "carried" if carried else "fresh",
-                         "minibatches": len(plans), "ranks": d.world,
-                         "model_tokens": sum(e.n_model_tokens for e in examples),
-                         "logprob_mismatch": _mismatch(examples), "last": summary}
-                if d.main:
-                    write_sidecar(str(od.tmp / "marscli"), stage="update", seed=cfg.seed,
-                                  config={**asdict(cfg), "policy": policy, "agg": agg,
-                                          "out": out, "deepspeed_resolved": ds_cfg},
-                                  inputs=[adv], stats=stats, started=started)
-                writer.close(ok=True)
-            except BaseException:
-                writer.close(ok=False)
-                raise
-        barrier(d)
-        log(d, f"update: wrote {out}")
-        return stats
-    finally:
-        close_distributed(d)
+    d, ds_cfg = job.dist, job.ds_cfg
+    groups: dict[int, list[Example]] = {}
+    for e in examples:
+        groups.setdefault(e.minibatch, []).append(e)
+    plans = {}
+    for k in sorted(groups):
+        mine = plan(groups[k], d.rank, d.world, cfg.micro_batch_tokens)
+        n = int(all_reduce([len(mine)], d, "max")[0])
+        plans[k] = plan(groups[k], d.rank, d.world, cfg.micro_batch_tokens, n_micro=n)
+    model = job.build(policy, optim=cfg.optim(), gradient_checkpointing=cfg.gradient_checkpointing,
+                      freeze_vision=cfg.freeze_vision)
+    carried = cfg.keep_optimizer and job.load_optimizer(model, policy)
+    before = (read_state(policy) or {}).get("steps", 0) if carried else 0
+    job.log(f"update: {len(examples)} trajectories in {len(plans)} minibatch(es), "
+            f"{d.world} rank(s), {f'ZeRO-{model.zero_stage}' if ds_cfg else 'torch'} "
+            f"on {d.device}, {'carried' if carried else 'fresh'} optimiser")
+    logps = {"old_logp": score_all(model, plans, spec, d)}
+    mismatch = {e.index: _abs_diff(e, logps["old_logp"][e.index]) for e in examples
+                if e.index in logps["old_logp"]}
+    if cfg.kl > 0:
+        ref_model = job.build(ref)
+        logps["ref_logp"] = score_all(ref_model, plans, spec, d)
+        del ref_model
+    total = cfg.epochs * len(plans)
+    optim = cfg.optim()
+    summary: dict[str, Any] = {}
+    with job.output() as writer:
+        step = 0
+        for epoch in range(cfg.epochs):
+            for k, micros in plans.items():
+                lr = lr_at(step, total, optim)
+                row = _step(model, micros, groups[k], spec, d, cfg, agg, loss, lr, logps,
+                            mismatch)
+                step += 1
+                row = {"step": step, "epoch": epoch + 1, "minibatch": k, **row}
+                writer.write(row)
+                summary = row
+                job.log(f"step {step}/{total}  loss {row['loss']:.5f}  "
+                        f"clip {row['clip_frac']:.3f}  grad {row['grad_norm']:.4g}  "
+                        f"{row['tokens_per_s']:.0f} tok/s")
+        job.save(model, policy, processor, optimizer=cfg.keep_optimizer, steps=before + step)
+        pairs = [mismatch[e.index] for e in examples if e.index in mismatch]
+        stats = {"steps": step, "trajectories": len(examples),
+                 "optimizer": "carried" if carried else "fresh",
+                 "minibatches": len(plans), "ranks": d.world,
+                 "model_tokens": sum(e.n_model_tokens for e in examples),
+                 "logprob_mismatch": _mean_abs(pairs), **job.io_stats(), "last": summary}
+        job.sidecar({**asdict(cfg), "policy": policy, "agg": agg, "out": job.out,
+                     "deepspeed_resolved": ds_cfg}, stats)
+    return stats
 
 
-def load_optimizer(model, policy: str, cfg: UpdateConfig) -> bool:
-    """Load POLICY/optimizer.pt into the model's AdamW; False when there is none (the first
-    update after SFT). The options of this run (betas, eps, weight decay) replace the saved
-    ones; moments and step counts are kept."""
-    path = Path(policy) / OPTIMIZER_FILE
-    if not path.is_file():
-        return False
-    import pickle
+def score_all(model, plans, spec, d) -> dict:
+    """Log-probs [T] under `model` of every example this rank trains on (and of the fillers),
+    by `Example.index`."""
+    from marscli.trainer import score
 
-    import torch
-
-    opt = model.optimizer
-    try:
-        opt.load_state_dict(torch.load(path, map_location=model.dist.device, weights_only=True))
-    except (ValueError, KeyError, RuntimeError, EOFError, pickle.UnpicklingError) as e:
-        raise BadInput(f"{path}: does not fit the policy's trainable parameters ({e}) — "
-                       "delete it to start a fresh optimiser") from None
-    for g in opt.param_groups:
-        g.update(betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
-                 weight_decay=cfg.weight_decay)
-    return True
-
-
-def _score_into(model, plans, spec, d, attr: str) -> None:
-    """Fill `old_logp` or `ref_logp` [T] of every example this rank trains on (and of fillers)."""
-    from marscli.train import score
-
+    out = {}
     for micros in plans.values():
         batches = (collate(m.examples, spec, m.weight, d.device) for m in micros)
         for b, lp in score(model, batches):
             for i, e in enumerate(b.examples):
-                if b.weight or getattr(e, attr) is None:
-                    setattr(e, attr, lp[i, :len(e)].clone())
-                    if attr == "old_logp":
-                        e.extra["mismatch"] = _abs_diff(e)
+                if b.weight or e.index not in out:
+                    out[e.index] = lp[i, :len(e)].clone()
+    return out
 
 
-def _abs_diff(e: Example) -> tuple[float, int]:
+def _abs_diff(e: Example, old) -> tuple[float, int]:
     """Sum of |engine − recomputed| log-prob over model tokens the engine recorded, and count."""
-    old = e.old_logp.tolist()
+    old = old.tolist()
     s, n = 0.0, 0
     for t, (m, lp) in enumerate(zip(e.loss_mask, e.engine_logprobs)):
         if m and isinstance(lp, (int, float)):
@@ -298,20 +217,20 @@ def _abs_diff(e: Example) -> tuple[float, int]:
     return s, n
 
 
-def _mismatch(examples: list[Example]) -> float | None:
-    pairs = [e.extra["mismatch"] for e in examples if "mismatch" in e.extra]
+def _mean_abs(pairs: list[tuple[float, int]]) -> float | None:
     n = sum(c for _, c in pairs)
     return sum(s for s, _ in pairs) / n if n else None
 
 
-def _step(model, micros, group, spec, d, cfg, agg, loss_fn, lr) -> dict:
+def _step(model, micros, group, spec, d, cfg, agg, loss_fn, lr, logps, mismatch) -> dict:
     """One optimiser step over a minibatch; returns its metrics (all ranks reduced)."""
-    from marscli.losses import add_kl
-    from marscli.train import Timer, all_reduce, micro_weight, train_minibatch
+    from marscli import trainer
+    from marscli.distributed import all_reduce
+    from marscli.job import Timer
+    from marscli.losses import add_kl, micro_weight
 
     n_tok = sum(e.n_model_tokens for e in group)  # the whole minibatch, every rank knows it
     n_seq = len(group)
-    per_seq = cfg.loss in PER_SEQ_RATIO
 
     def lf(logp, b):
         mask = b.loss_mask  # [B, T]
@@ -321,20 +240,20 @@ def _step(model, micros, group, spec, d, cfg, agg, loss_fn, lr) -> dict:
         if cfg.kl > 0:
             total, m = add_kl(pg, m, logp, b.extra["ref_logp"], mask, cfg.kl, agg)
         t_frac = micro_weight(mask, "token-mean", n_tok, n_seq)
-        s_frac = micro_weight(mask, "seq-mean-token-mean", n_tok, n_seq)
+        r_frac = micro_weight(mask, loss_fn.ratio_agg, n_tok, n_seq)
         w = micro_weight(mask, agg, n_tok, n_seq) * b.weight
         return total * w, {
             "loss": total.item() * w, "pg_loss": pg.item() * w, "kl": m.get("kl_ref", 0.0) * w,
             "clip_frac": m["clip_frac"] * t_frac, "approx_kl": m["kl_old"] * t_frac,
-            "ratio_mean": m["ratio_mean"] * (s_frac if per_seq else t_frac),
+            "ratio_mean": m["ratio_mean"] * r_frac,
             "ratio_min": m["ratio_min"], "ratio_max": m["ratio_max"]}
 
     with Timer() as tm:
-        batches = (collate(m.examples, spec, m.weight, d.device) for m in micros)
-        ms, grad_norm, tokens = train_minibatch(model, batches, len(micros), lf, lr)
+        batches = (collate(m.examples, spec, m.weight, d.device, logps) for m in micros)
+        ms, grad_norm, tokens = trainer.train_minibatch(model, batches, len(micros), lf, lr)
     keys = ["loss", "pg_loss", "kl", "clip_frac", "approx_kl", "ratio_mean"]
     mine = [e for m in micros if m.weight for e in m.examples]
-    mm = [e.extra.get("mismatch", (0.0, 0)) for e in mine]
+    mm = [mismatch.get(e.index, (0.0, 0)) for e in mine]
     sums = all_reduce([sum(x[k] for x in ms) for k in keys]
                       + [tokens, sum(s for s, _ in mm), sum(c for _, c in mm)], d)
     lo = all_reduce([min((x["ratio_min"] for x in ms), default=math.inf)], d, "min")[0]

@@ -8,16 +8,15 @@ scenes, and the same seed gives byte-identical files (PNG carries no timestamp).
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
 import time
 from pathlib import Path
 
 import orjson
 
+from marscli.checkpoint import AtomicDir
 from marscli.errors import BadInput
-from marscli.jsonl import dumps, remove_stale_tmp
+from marscli.jsonl import dumps
 from marscli.toy.corpus import make_corpus
 from marscli.toy.entities import MAX_ENTITIES, Entity, make_entities
 from marscli.toy.expert import expert_replies
@@ -61,25 +60,11 @@ def max_logo_area(grid: int) -> float:
     return (LOGO_MAX / grid) ** 2
 
 
-def _prepare(out: Path, force: bool) -> Path:
+def _check_out(out: Path, force: bool) -> None:
     if out.exists() and not out.is_dir():
         raise BadInput(f"{out}: exists and is not a folder — choose another OUT")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise BadInput(f"{out}: folder exists and is not empty — pass --force to replace it")
-    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    remove_stale_tmp(out)  # what a killed run left
-    (tmp / "logos").mkdir(parents=True)
-    (tmp / "images").mkdir()
-    return tmp
-
-
-def _commit(tmp: Path, out: Path) -> None:
-    old = out.with_name(f"{out.name}.old-{os.getpid()}")
-    if out.exists():
-        os.replace(out, old)  # --force: the old world goes only once the new one is in place
-    os.replace(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -148,8 +133,11 @@ def build_world(out: str | Path, entities: int = 24, seed: int = 0, train: int =
     check_options(entities, train, test, sft, size, grid, zoom_cells)
     out = Path(out)
     t0 = time.perf_counter()
-    tmp = _prepare(out, force)
-    try:
+    _check_out(out, force)
+    with AtomicDir(out) as ad:  # --force: the old world goes only once the new one is in place
+        tmp = ad.tmp
+        (tmp / "logos").mkdir()
+        (tmp / "images").mkdir()
         ents, cities, shops = make_entities(_rng(seed, "entities"), entities,
                                             n_extra=max(2, entities // 4))
         for e in ents:
@@ -173,10 +161,6 @@ def build_world(out: str | Path, entities: int = 24, seed: int = 0, train: int =
                  "passages": len(corpus), "max_logo_area": max_logo_area(grid)}
         (tmp / "README.md").write_text(readme(world, stats), encoding="utf-8")
         stats["bytes"] = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file())
-        _commit(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     stats["seconds"] = round(time.perf_counter() - t0, 2)
     return stats
 

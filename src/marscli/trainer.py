@@ -1,0 +1,343 @@
+"""The policy as the trainer drives it: log-prob forwards, backward, AdamW (plain torch or a
+DeepSpeed ZeRO engine), gradient accumulation over a minibatch. Import it lazily (torch).
+
+A training step over one minibatch (see `train_minibatch`):
+    for each micro-batch (the same count on every rank; fillers have weight 0):
+        logp = model.logp(batch, grad=True)          # [B, T], 0 off the loss mask
+        model.backward(loss_fn(logp, batch))         # losses SUM to the minibatch objective
+    grad_norm = model.step(lr)                       # all-reduce, clip, AdamW
+The contract for `loss_fn`: the losses it returns, summed over micro-batches *and ranks*, equal
+the loss over the whole minibatch (`losses.micro_weight` gives each micro-batch's share);
+`backward` undoes DeepSpeed's averaging over ranks. So a 2-rank ZeRO run and a 1-process run
+compute the same gradient (up to summation order).
+
+bf16 on GPU (DeepSpeed's bf16, or autocast in plain torch with fp32 weights), fp32 on CPU.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Iterable
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from marscli.batch import Batch
+from marscli.distributed import Dist
+from marscli.dsconfig import bf16_enabled, zero_stage
+from marscli.optim import OptimConfig
+
+LossFn = Callable[[torch.Tensor, Batch], tuple[torch.Tensor, dict[str, float]]]
+
+
+# ------------------------------------------------------------------------------ the model
+
+
+class PolicyLM(nn.Module):
+    """A Qwen3-VL `...ForConditionalGeneration` whose forward returns per-token log-probs.
+
+    Only the positions under the loss mask go through the LM head, so the [T, vocab] logits of
+    prompt and tool tokens are never materialised. With `touch_visual`, a micro-batch without
+    images gets one extra row holding a 1-token blank image (loss mask 0, its output dropped):
+    under ZeRO-3 every rank must run the same modules in the same order, or the parameter
+    gathers mismatch (a separate call into the vision tower is not enough: gloo aborts with
+    "Received data size doesn't match expected size"), and under ZeRO-2 every rank must
+    produce gradients for the same parameters.
+    """
+
+    def __init__(self, lm: nn.Module, touch_visual: bool = False) -> None:
+        super().__init__()
+        self.lm = lm
+        self.touch_visual = touch_visual
+
+    def forward(self, input_ids, attention_mask, mm_token_type_ids, loss_mask,
+                pixel_values=None, image_grid_thw=None):
+        n = input_ids.shape[0]
+        if pixel_values is None and self.touch_visual:
+            (input_ids, attention_mask, mm_token_type_ids, loss_mask, pixel_values,
+             image_grid_thw) = self._blank_image_row(input_ids, attention_mask,
+                                                     mm_token_type_ids, loss_mask)
+        self.lm.model.rope_deltas = None  # never reuse 3-D positions cached by an earlier forward
+        out = self.lm.model(input_ids=input_ids, attention_mask=attention_mask,
+                            mm_token_type_ids=mm_token_type_ids, pixel_values=pixel_values,
+                            image_grid_thw=image_grid_thw, use_cache=False)
+        h = out.last_hidden_state[:n]  # [B, T, H]
+        sel = loss_mask[:n, 1:] > 0  # [B, T-1]: token t+1 is predicted at position t
+        logits = self.lm.lm_head(h[:, :-1][sel]).float()  # [N, V]
+        lp = -F.cross_entropy(logits, input_ids[:n, 1:][sel], reduction="none")  # [N]
+        full = torch.zeros(sel.shape, dtype=lp.dtype, device=lp.device).masked_scatter(sel, lp)
+        return F.pad(full, (1, 0))  # [B, T]
+
+    def _blank_image_row(self, ids, attn, mm, mask):
+        cfg = self.lm.config
+        vc = cfg.vision_config
+        m = vc.spatial_merge_size
+        dim = vc.in_channels * vc.temporal_patch_size * vc.patch_size ** 2
+        width = max(ids.shape[1], 3)
+        row = torch.zeros((1, width), dtype=ids.dtype, device=ids.device)  # [1, T]
+        row[0, :3] = torch.tensor([cfg.vision_start_token_id, cfg.image_token_id,
+                                   cfg.vision_end_token_id])
+        on = torch.zeros_like(row)
+        on[0, :3] = 1
+
+        def cat(x, extra):
+            x = F.pad(x, (0, width - x.shape[1]))
+            return torch.cat([x, extra.to(x.dtype)])
+
+        pv = torch.zeros((m * m, dim), dtype=torch.float32, device=ids.device)  # [patches, dim]
+        grid = torch.tensor([[1, m, m]], device=ids.device)  # one merged token
+        return (cat(ids, row), cat(attn, on), cat(mm, (row == cfg.image_token_id).int()),
+                cat(mask, torch.zeros_like(row)), pv, grid)
+
+
+class TrainModel:
+    """The policy as the trainer drives it: log-prob forwards, backward, an optimiser step,
+    the full state dict. Plain torch (one process, or several with an all-reduce of
+    gradients) or a DeepSpeed engine; without an optimiser it only scores (the reference)."""
+
+    def __init__(self, module: PolicyLM, d: Dist, *, engine: Any = None,
+                 optimizer: torch.optim.Optimizer | None = None, grad_clip: float = 0.0,
+                 zero_stage: int | None = None, autocast: torch.dtype | None = None,
+                 bf16: bool = False, fp32_sources: list | None = None) -> None:
+        self.module, self.dist, self.engine = module, d, engine
+        self.optimizer, self.grad_clip, self.zero_stage = optimizer, grad_clip, zero_stage
+        self.autocast = autocast
+        self.bf16 = bf16  # DeepSpeed's bf16: 16-bit module, fp32 masters in the optimiser
+        self.fp32_sources = fp32_sources or []  # the files the fp32 masters were loaded from
+
+    @property
+    def lm(self) -> nn.Module:
+        return self.module.lm
+
+    def train(self, mode: bool = True) -> None:
+        (self.engine if self.engine is not None else self.module).train(mode)
+
+    def logp(self, batch: Batch, grad: bool = False) -> torch.Tensor:
+        """Per-token log-probs [B, T] (float32), 0 outside the loss mask."""
+        kw = dict(batch.tensors, loss_mask=batch.loss_mask)
+        run = self.engine if self.engine is not None else self.module
+        amp = (torch.autocast(device_type="cuda", dtype=self.autocast)
+               if self.autocast is not None else nullcontext())
+        with (torch.enable_grad() if grad else torch.no_grad()), amp:
+            return run(**kw).float()
+
+    def set_boundary(self, last: bool) -> None:
+        """Tell DeepSpeed whether the next backward ends the minibatch (call before forward)."""
+        if self.engine is not None:
+            self.engine.set_gradient_accumulation_boundary(last)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Accumulate gradients of `loss`; losses sum over micro-batches and ranks."""
+        if self.engine is not None:  # DeepSpeed averages gradients over ranks: undo it
+            self.engine.backward(loss * self.dist.world, scale_wrt_gas=False)
+        else:
+            loss.backward()
+
+    def step(self, lr: float) -> float:
+        """All-reduce (plain multi-process), clip, AdamW step at `lr`; returns the gradient
+        norm before clipping. A non-finite norm skips the step in plain torch."""
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        if self.engine is not None:
+            self.engine.step()
+            norm = self.engine.get_global_grad_norm()
+            return float(norm) if norm is not None else float("nan")
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        if self.dist.backend is not None:
+            _all_reduce_grads(params)
+        norm = clip_grad_norm(params, self.grad_clip)
+        if math.isfinite(norm):
+            self.optimizer.step()
+        else:
+            print(f"warning: gradient norm is {float(norm)} — step skipped", file=sys.stderr)
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def master_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The fp32 master weights by HF name on rank 0 (None elsewhere). Collective under
+        DeepSpeed: every rank must call it.
+
+        Plain torch: the weights themselves (fp32). DeepSpeed: the optimiser's fp32 partitions,
+        gathered parameter by parameter (`safe_get_full_fp32_param`), never the 16-bit module
+        copy; a parameter the optimiser does not hold (frozen) is the module's value, or, under
+        bf16, its float32 value in the files the model was loaded from."""
+        main = self.dist.main
+        out: dict[str, torch.Tensor] | None = {} if main else None
+        frozen_src = self.fp32_sources if self.engine is not None and self.bf16 else []
+        from marscli.trainstate import tensor_reader
+
+        with tensor_reader(frozen_src if main else []) as source:
+            for name, p in self.module.named_parameters():
+                key = name.removeprefix("lm.")
+                v = self._fp32_master(p)
+                if v is None:
+                    v = self._gathered(p)
+                    if main and not p.requires_grad:
+                        src = source(key)
+                        v = src if src is not None and src.dtype == torch.float32 else v
+                if main:  # a copy: gathered buffers are views, plain weights live on
+                    out[key] = v.detach().to("cpu", torch.float32, copy=self.engine is not None)
+        return out
+
+    def _fp32_master(self, p: nn.Parameter) -> torch.Tensor | None:
+        if self.engine is None or self.optimizer is None:
+            return None
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        return safe_get_full_fp32_param(p)  # collective; None without an fp32 partition
+
+    def _gathered(self, p: nn.Parameter) -> torch.Tensor:
+        """The module's full value of `p` (all-gathered under ZeRO-3: collective)."""
+        if self.engine is not None and self.zero_stage == 3:
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters([p]):
+                return p.data.detach().clone()
+        return p.data
+
+
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> float:
+    """Scale gradients to norm ≤ max_norm (0: never); returns the norm before clipping.
+
+    The norm is accumulated in float64: torch's fp32 norm of a 3690×128 embedding gradient on
+    CPU was off by 2e-4 relative, enough to make runs that agree on every weight disagree on
+    the reported norm (DeepSpeed's agrees with float64)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    norm = float(torch.linalg.vector_norm(torch.stack(
+        [torch.linalg.vector_norm(g, dtype=torch.float64) for g in grads])))
+    if max_norm > 0 and norm > max_norm and math.isfinite(norm):
+        coef = max_norm / (norm + 1e-6)
+        for g in grads:
+            g.mul_(coef)
+    return norm
+
+
+def _all_reduce_grads(params: list[torch.Tensor]) -> None:
+    """SUM gradients over ranks in one flat buffer (a missing gradient counts as zeros)."""
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    torch.distributed.all_reduce(flat)
+    i = 0
+    for p in params:
+        n = p.numel()
+        p.grad.copy_(flat[i:i + n].view_as(p.grad))
+        i += n
+
+
+# ------------------------------------------------------------------------------ building
+
+
+def build_model(policy: str, d: Dist, *, optim: OptimConfig | None = None,
+                ds_config: dict | None = None, gradient_checkpointing: bool = False,
+                freeze_vision: bool = False) -> TrainModel:
+    """Load the policy for training (with `optim`) or scoring only (without: the reference).
+
+    The weights are the checkpoint's fp32 masters (POLICY/train_state/master.safetensors when
+    present, else its HF weights). Plain torch keeps them as fp32 weights (autocast to bf16 on
+    GPU). DeepSpeed with bf16 loads the 16-bit module copy and, after `deepspeed.initialize`,
+    seeds the optimiser's fp32 partitions from the fp32 masters, so no step of an earlier run
+    is rounded away."""
+    from marscli.policy import load_model
+    from marscli.trainstate import fp32_sources, master_file, tensor_reader
+
+    bf16 = bf16_enabled(ds_config)
+    lm = load_model(policy, device="cpu", dtype="bfloat16" if bf16 else "float32")
+    sources = fp32_sources(policy) if Path(policy).is_dir() else []
+    master = master_file(policy) if Path(policy).is_dir() else None
+    if master and not bf16:
+        with tensor_reader([master]) as get, torch.no_grad():  # the masters, not the export
+            for name, p in lm.named_parameters():
+                v = get(name)
+                if v is not None:
+                    p.copy_(v)
+    stage = zero_stage(ds_config)
+    module = PolicyLM(lm, touch_visual=ds_config is not None and d.world > 1)
+    if freeze_vision:
+        lm.model.visual.requires_grad_(False)
+    if gradient_checkpointing:
+        lm.config.use_cache = False
+        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    amp = torch.bfloat16 if d.device.startswith("cuda") and ds_config is None else None
+    if optim is None:
+        module.requires_grad_(False)
+        if ds_config is not None and stage == 3:  # partition the reference too
+            import deepspeed
+
+            cfg = {k: v for k, v in ds_config.items() if k != "gradient_clipping"}
+            engine, *_ = deepspeed.initialize(model=module, config=cfg)
+            engine.eval()
+            return TrainModel(module, d, engine=engine, zero_stage=3)
+        module.to(d.device).eval()
+        return TrainModel(module, d, autocast=amp)
+    params = [p for p in module.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=optim.lr, betas=optim.betas, eps=optim.eps,
+                            weight_decay=optim.weight_decay)
+    if ds_config is not None:
+        import deepspeed
+
+        engine, *_ = deepspeed.initialize(model=module, optimizer=opt, config=ds_config)
+        if bf16:
+            _seed_fp32_masters(module, sources, stage)
+        return TrainModel(module, d, engine=engine, optimizer=opt, grad_clip=optim.grad_clip,
+                          zero_stage=stage, bf16=bf16, fp32_sources=sources)
+    module.to(d.device)
+    return TrainModel(module, d, optimizer=opt, grad_clip=optim.grad_clip, autocast=amp)
+
+
+def _seed_fp32_masters(module: PolicyLM, sources: list[Path], stage: int | None) -> None:
+    """Set DeepSpeed's fp32 partitions of every trainable parameter from its float32 value in
+    `sources` (each rank its own partition; not collective). The 16-bit module copy already
+    holds the same values rounded to nearest (from_pretrained's cast, or the bf16 export);
+    under ZeRO-1/2 it is set again from them here, to be sure."""
+    from deepspeed.utils import safe_set_full_fp32_param
+
+    from marscli.trainstate import tensor_reader
+
+    with tensor_reader(sources) as get, torch.no_grad():
+        for name, p in module.named_parameters():
+            v = get(name.removeprefix("lm.")) if p.requires_grad else None
+            if v is None or v.dtype != torch.float32:
+                continue  # a bf16 file: the 16-bit copy is exact already
+            v = v.to(p.device)
+            safe_set_full_fp32_param(p, v)
+            if stage != 3:
+                p.data.copy_(v.view_as(p.data))
+
+
+# ------------------------------------------------------------------------------ one step
+
+
+def train_minibatch(model: TrainModel, batches: Iterable[Batch], n_batches: int, loss_fn: LossFn,
+                    lr: float) -> tuple[list[dict[str, float]], float, int]:
+    """Accumulate gradients over a minibatch's micro-batches, then take one optimiser step.
+
+    `loss_fn(logp, batch) -> (loss, metrics)` must return losses that sum, over micro-batches
+    and ranks, to the minibatch objective (weight-0 fillers: return loss · 0). Returns the
+    per-micro-batch metrics of real micro-batches, the gradient norm and the tokens computed."""
+    model.train(True)
+    metrics, tokens = [], 0
+    for i, b in enumerate(batches):
+        model.set_boundary(i == n_batches - 1)
+        logp = model.logp(b, grad=True)  # [B, T]
+        loss, m = loss_fn(logp, b)
+        model.backward(loss)
+        if b.weight:
+            metrics.append(m)
+            tokens += b.n_tokens
+    return metrics, model.step(lr), tokens
+
+
+def score(model: TrainModel, batches: Iterable[Batch]) -> Iterable[tuple[Batch, torch.Tensor]]:
+    """Log-probs [B, T] without gradients (old policy, reference), batch by batch."""
+    model.train(False)
+    for b in batches:
+        yield b, model.logp(b, grad=False).cpu()
