@@ -141,6 +141,15 @@ $(IT)/advantages.jsonl: $(IT)/scored.jsonl
 
 $(RUN)/ckpt-$(NEXT)/config.json: $(IT)/advantages.jsonl $(RUN)/ckpt-$(ITER)/config.json
 	$(call single,UPDATE,stages/update.sh,$< $(RUN)/ckpt-$(ITER) $(RUN)/ckpt-$(NEXT) $(UPDATE_OPTS) --seed $(RL_SEED) --force --metrics $(IT)/metrics.jsonl,$(TRAIN_ENV))
+	$(call prune_state,$(NEXT))
+
+# Training state (fp32 masters, AdamW's moments: ckpt-k/train_state/) is what only the next
+# update reads, and at 8B it is ~10x the HF export. Keep it for the last KEEP_STATE
+# checkpoints; the HF folders (what rollout and eval load) are never deleted, nor ckpt-0's
+# state (the cold start, shared by ablation runs through a link).
+KEEP_STATE ?= 1
+prune_state = for d in $(RUN)/ckpt-*/train_state; do k=$${d%/train_state}; k=$${k\#\#*-}; \
+  if [ "$$k" -gt 0 ] && [ "$$k" -le $$(( $(1) - $(KEEP_STATE) )) ]; then rm -rf "$$d"; fi; done
 
 rl-iter: setup $(RUN)/ckpt-$(NEXT)/config.json
 
