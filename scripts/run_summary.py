@@ -70,7 +70,8 @@ def main() -> int:
                           f"{r['mean_turns']:.2f}", *(f"{tools.get(t, 0) or 0:.2f}"
                                                        for t in ("zoom", "image", "text")),
                           *((cats,) if by_cat else ()),
-                          f"{100 * r['rollout_reward']['accuracy']:.1f}" if r["rollout_reward"] else "-")
+                          f"{100 * r['rollout_reward']['accuracy']:.1f}"
+                          if r["rollout_reward"] else "-")
         if rows:
             table.add_section()
     console.print(table)

@@ -119,7 +119,8 @@ def test_hand_made_trajectory_assembles_token_exactly(tmp_path, proc, spec):
     b_ = collate([e], spec)
     assert b_.tensors["input_ids"][0].tolist() == want_ids
     assert b_.loss_mask[0].tolist() == want_mask
-    assert b_.tensors["mm_token_type_ids"][0].tolist() == [int(t == ids.image_pad) for t in want_ids]
+    assert b_.tensors["mm_token_type_ids"][0].tolist() == [
+        int(t == ids.image_pad) for t in want_ids]
     assert b_.tensors["image_grid_thw"].shape == (2, 3)
 
     bad = orjson.loads(orjson.dumps(row))
@@ -257,7 +258,8 @@ def test_gradient_checkpointing_gives_the_same_gradients(policy, examples, spec,
         m.train(True)
         loss = -(m.logp(b, grad=True) * b.loss_mask).sum() / b.loss_mask.sum()
         m.backward(loss)
-        out.append({n: p.grad.clone() for n, p in m.module.named_parameters() if p.grad is not None})
+        out.append({n: p.grad.clone() for n, p in m.module.named_parameters()
+                    if p.grad is not None})
         m.optimizer.zero_grad(set_to_none=True)
     assert ckpt.lm.is_gradient_checkpointing
     assert out[0].keys() == out[1].keys() and len(out[0]) > 50

@@ -227,8 +227,14 @@ def generate(jobs: list[tuple[Prompt, int]], gen: GenerationOptions, tools: list
 @contextlib.contextmanager
 def _progress(label: str, total: int, show: bool) -> Iterator[Event]:
     """A progress bar on stderr (a terminal only) and the agent event that advances it."""
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeElapsedColumn, TimeRemainingColumn)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from marscli.trace import stderr_console
 

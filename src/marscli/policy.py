@@ -69,6 +69,8 @@ def load_model(path: str, device: str = "cpu", dtype: str | None = None) -> Any:
         model = AutoModelForImageTextToText.from_pretrained(path, dtype=dt)
     except OSError as e:
         raise BadInput(f"--policy: {path}: cannot load the model ({e})") from None
-    except Exception as e:  # noqa: BLE001 - corrupt weights surface as many error types
-        raise RuntimeFailure(f"--policy: {path}: loading failed ({type(e).__name__}: {e})") from None
+    except Exception as e:  # corrupt weights surface as many error types
+        raise RuntimeFailure(
+            f"--policy: {path}: loading failed ({type(e).__name__}: {e})"
+        ) from None
     return model.to(device).eval()

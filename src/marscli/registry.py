@@ -4,7 +4,8 @@ judges. One signature per registry; lookup errors list the valid names."""
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 from marscli.errors import unknown_name
 

@@ -147,7 +147,8 @@ region of an image by cropping it. The bounding box is given in relative coordin
 1000.", "parameters": {"type": "object", "properties": {"bbox_2d": {"type": "array", "items": \
 {"type": "number"}, "description": "The bounding box [x1, y1, x2, y2] of the region to zoom in \
 on."}, "label": {"type": "string", "description": "The name of the object in the region."}, \
-"img_idx": {"type": "integer", "description": "The index of the image to crop, starting from 0."}}, \
+"img_idx": {"type": "integer", "description": "The index of the image to crop, starting from \
+0."}}, \
 "required": ["bbox_2d", "label"]}}}
 {"type": "function", "function": {"name": "text_search_tool", "description": "Search the web for \
 text about a query and return the top results.", "parameters": {"type": "object", "properties": \
@@ -508,7 +509,8 @@ def build_tiny_model(out: str | Path, seed: int = 0, texts: Iterable[str] = (),
         finally:
             if was_on:
                 hf_logging.enable_progress_bar()
-        processor.save_pretrained(ad.tmp)  # tokenizer files, processor_config.json, chat_template.jinja
+        # tokenizer files, processor_config.json, chat_template.jinja
+        processor.save_pretrained(ad.tmp)
     return out
 
 
@@ -529,8 +531,9 @@ def main(out: str, seed: int = 0, text_files: Iterable[str] = (), size: str = "t
     with open(path / "config.json") as fh:
         vocab = json.load(fh)["text_config"]["vocab_size"]
     mb = sum(f.stat().st_size for f in path.iterdir()) / 1e6
-    write_sidecar(str(path), stage="tiny-model", seed=seed, config={"size": size, "text_files": text_files,
-                                                                 "min_pixels": min_pixels, "max_pixels": max_pixels},
+    write_sidecar(str(path), stage="tiny-model", seed=seed,
+                  config={"size": size, "text_files": text_files,
+                          "min_pixels": min_pixels, "max_pixels": max_pixels},
                   inputs=text_files, stats={"parameters": n_params, "vocab_size": vocab, "mb": mb},
                   started=started)
     print(f"{path}: {size} Qwen3-VL, {n_params:,} parameters, vocab {vocab}, {mb:.1f} MB, "

@@ -135,8 +135,8 @@ class SerperBackend:
 
 class _Text(HTMLParser):
     SKIP: ClassVar[set[str]] = {"script", "style", "noscript", "svg", "template", "head"}
-    BLOCK: ClassVar[set[str]] = {"p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "section",
-             "article", "table", "ul", "ol", "blockquote", "pre"}
+    BLOCK: ClassVar[set[str]] = {"p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6",
+                                 "section", "article", "table", "ul", "ol", "blockquote", "pre"}
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)

@@ -28,7 +28,10 @@ BATCH = 2000
 MAX_TERMS = 32
 WORD = re.compile(r"\w+", re.UNICODE)
 STOPWORDS = frozenset(
-    ["a", "an", "and", "are", "as", "at", "be", "by", "for", "from", "has", "have", "in", "is", "it", "its", "of", "on", "or", "that", "the", "this", "to", "was", "were", "what", "when", "where", "which", "who", "whom", "whose", "why", "how", "with", "did", "does", "do"])
+    ["a", "an", "and", "are", "as", "at", "be", "by", "for", "from",
+     "has", "have", "in", "is", "it", "its", "of", "on", "or", "that",
+     "the", "this", "to", "was", "were", "what", "when", "where", "which", "who",
+     "whom", "whose", "why", "how", "with", "did", "does", "do"])
 
 
 def split_contents(contents: str) -> tuple[str, str]:

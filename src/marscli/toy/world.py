@@ -174,7 +174,8 @@ def readme(world: dict, stats: dict) -> str:
 A small synthetic, offline replica of the SenseNova-MARS task family, sized for a tiny model
 trained on CPU. {stats['entities']} made-up companies, each with a founder, a city, a founding
 year and a logo; {world['size']}x{world['size']} cluttered scenes with one logo drawn small
-(at most {stats['max_logo_area']:.2%} of the area) in one cell of the {world['grid']}x{world['grid']} grid; a text corpus
+(at most {stats['max_logo_area']:.2%} of the area) in one cell of the \
+{world['grid']}x{world['grid']} grid; a text corpus
 about the companies; prompts of three kinds and scripted expert replies.
 
 Example entity: `{example}`
@@ -183,11 +184,14 @@ Example entity: `{example}`
 | path | what |
 |---|---|
 | `world.json` | entities and their attributes, cities, distractor shop names, options |
-| `logos/<name>.png`, `logos.jsonl` | one {LOGO_SIDE}px logo per entity; rows `{{path, title}}` for `marscli index images` |
+| `logos/<name>.png`, `logos.jsonl` | one {LOGO_SIDE}px logo per entity; rows `{{path, title}}` \
+for `marscli index images` |
 | `images/<split>-NNNN.png` | one scene per prompt row (splits never share a scene) |
 | `corpus.jsonl` | {stats['passages']} passages `{{id, title, text}}` for `marscli index text` |
-| `train.jsonl`, `test.jsonl` | {stats['train']} and {stats['test']} prompt rows (marscli form, gold answers) |
-| `sft.jsonl` | {stats['sft']} prompt rows with `replies`: the expert's turns, for `--engine replay` |
+| `train.jsonl`, `test.jsonl` | {stats['train']} and {stats['test']} prompt rows \
+(marscli form, gold answers) |
+| `sft.jsonl` | {stats['sft']} prompt rows with `replies`: the expert's turns, \
+for `--engine replay` |
 | `vocab.txt` | all the world's text, for `marscli tiny-model --text` |
 
 Prompt rows: `{{v, id, image, question, answer, category, image_search, toy}}`. `category` is
