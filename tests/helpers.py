@@ -8,9 +8,11 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import signal
 import struct
 import subprocess
 import sys
+import time
 import zlib
 from pathlib import Path
 
@@ -51,6 +53,21 @@ def invoke(args: list[str], cwd: Path | None = None) -> tuple[int, str, str]:
     return res.exit_code, res.stdout, res.stderr
 
 
+def kill_9_after_first_record(args: list[str], out: Path, timeout: float = 120) -> int:
+    """Start `marscli ARGS`, SIGKILL it once OUT holds a complete line, and return how many
+    lines it held after the kill (a kill that came too late fails the caller's checks)."""
+    proc = subprocess.Popen([*MARSCLI, *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=ENV)
+    deadline = time.monotonic() + timeout
+    while not (out.exists() and b"\n" in out.read_bytes()):
+        assert proc.poll() is None, f"marscli {args[0]} ended before it could be killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return out.read_bytes().count(b"\n")
+
+
 # ----------------------------------------------------------------------------- files
 
 
@@ -78,25 +95,22 @@ def strip_ms(obj):
 # ----------------------------------------------------------------------------- pictures
 
 
-def scene(path: Path) -> Path:
-    """A small picture (quick to process) with a red bottom-right quadrant to zoom in on."""
-    im = Image.new("RGB", (480, 360), (40, 40, 40))
+def scene(path: Path, size: tuple[int, int] = (480, 360)) -> Path:
+    """Grey, with a red bottom-right quadrant and a green block at its top-left (a quarter of
+    the width, an eighth of the height), so that crops are checkable. The default size is quick
+    to process."""
+    w, h = size
+    im = Image.new("RGB", size, (40, 40, 40))
     d = ImageDraw.Draw(im)
-    d.rectangle([240, 180, 479, 359], fill=(200, 30, 30))
-    d.rectangle([240, 180, 359, 224], fill=(30, 200, 30))
+    d.rectangle([w // 2, h // 2, w - 1, h - 1], fill=(200, 30, 30))
+    d.rectangle([w // 2, h // 2, w // 2 + w // 4 - 1, h // 2 + h // 8 - 1], fill=(30, 200, 30))
     im.save(path)
     return path
 
 
 def big_scene(path: Path) -> Path:
-    """1600x1200: grey, a red bottom-right quadrant with a green block at its top-left, so that
-    crops (and crops of crops) are checkable."""
-    im = Image.new("RGB", (1600, 1200), (40, 40, 40))
-    d = ImageDraw.Draw(im)
-    d.rectangle([800, 600, 1599, 1199], fill=(200, 30, 30))
-    d.rectangle([800, 600, 1199, 749], fill=(30, 200, 30))
-    im.save(path)
-    return path
+    """`scene` at 1600x1200, large enough for crops of crops."""
+    return scene(path, (1600, 1200))
 
 
 def png_header(w: int, h: int) -> bytes:
@@ -197,9 +211,11 @@ SYSTEM = "You are a careful visual agent."
 
 
 def trajectory(folder: Path, proc, i: int, *, size=(64, 64), answer="red", advantage=1.0,
-               minibatch=None, crop=None, think="") -> dict:
+               minibatch=None, crop=None, think="", logprob: float | None = None) -> dict:
     """A trajectory row built the agent's way: a prompt with an image (or none), optionally a
-    zoom call answered by a tool turn with a second image, then an answer."""
+    zoom call answered by a tool turn with a second image, then an answer. Model segments carry
+    no engine log-probs (`null`, as a hand-made row has none) unless `logprob` gives one value
+    for every token."""
     from marscli.images import open_image
     from marscli.tokens import encode_parts, image_features, prompt_parts, special_ids, tool_parts
 
@@ -214,7 +230,8 @@ def trajectory(folder: Path, proc, i: int, *, size=(64, 64), answer="red", advan
 
     def model(text: str) -> dict:
         toks = tok.encode(text, add_special_tokens=False) + [ids.im_end]
-        return {"role": "model", "tokens": toks, "logprobs": [-1.0] * len(toks), "text": text}
+        lps = None if logprob is None else [logprob] * len(toks)
+        return {"role": "model", "tokens": toks, "logprobs": lps, "text": text}
 
     counts = [add_image(size)] if size else []
     segs = [{"role": "prompt", "images": list(range(len(counts))),

@@ -5,11 +5,6 @@ model's own eval, resumption after kill -9, shards that add up to one run, `--su
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import orjson
@@ -18,7 +13,15 @@ import pytest
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.evaluate import run_eval, run_summarize, summarize, summary_path
 
-from helpers import MIXED, answer, marscli, read_jsonl, strip_ms, write_bench
+from helpers import (
+    MIXED,
+    answer,
+    kill_9_after_first_record,
+    marscli,
+    read_jsonl,
+    strip_ms,
+    write_bench,
+)
 
 
 def replay(tiny_model, **kw) -> dict:
@@ -143,24 +146,14 @@ def test_kill_9_then_resume(tiny_model, tmp_path):
     rows = [{**MIXED[i % len(MIXED)], "id": f"q{i:02d}"} for i in range(24)]
     bench = write_bench(tmp_path / "b" / "bench.jsonl", rows)
     out = tmp_path / "killed" / "r.jsonl"
-    cmd = [sys.executable, "-m", "marscli", "eval", str(bench), "-o", str(out), "--policy",
-           str(tiny_model), "--engine", "replay", "--samples", "4", "--batch-size", "2",
-           "--max-turns", "4"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    deadline = time.monotonic() + 120
-    while not (out.exists() and b"\n" in out.read_bytes()):
-        assert proc.poll() is None, "eval ended before it could be killed"
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    partial = out.read_bytes().count(b"\n")
+    args = ["eval", str(bench), "-o", str(out), "--policy", str(tiny_model), "--engine",
+            "replay", "--samples", "4", "--batch-size", "2", "--max-turns", "4"]
+    partial = kill_9_after_first_record(args, out)
     assert 0 < partial < 96, "the kill must land mid-run"
     assert not summary_path(out).exists()
     with out.open("ab") as fh:  # a torn last record is cut on resume
         fh.write(b'{"v": 1, "id": "q99#0", "segm')
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False, env=env)
+    res = marscli(*args, timeout=300)
     assert res.returncode == 0, res.stderr
     assert "cut a torn last record" in res.stderr
     resumed = read_jsonl(out)

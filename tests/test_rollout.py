@@ -4,12 +4,7 @@ generation."""
 
 from __future__ import annotations
 
-import os
 import random
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import orjson
@@ -23,6 +18,7 @@ from marscli.tokens import assemble, expand, special_ids
 from helpers import (
     REPLIES,
     ZOOM_THEN_ANSWER,
+    kill_9_after_first_record,
     marscli,
     messages_of,
     read_jsonl,
@@ -54,6 +50,11 @@ def test_replay_rollout_is_token_exact(tiny_model, tmp_path):
     media = (tmp_path / "runs" / "t.media").resolve()
     for rec in recs:
         assert rec["v"] == 1 and rec["stop"] == "answer" and rec["policy"] == str(tiny_model)
+        # scripted replies have no log-probs: null, never 0 (which would claim probability 1)
+        assert "logprobs_mode" in rec and rec["logprobs_mode"] is None
+        models = [s for s in rec["segments"] if s["role"] == "model"]
+        assert models and all("logprobs" in s and s["logprobs"] is None for s in models)
+        assert all("logprobs" not in s for s in rec["segments"] if s["role"] != "model")
         ours = assemble(rec["segments"], ids.image_pad)
         msgs, images = messages_of({**rec, "_base": str(out.parent)}, proc)
         text = proc.apply_chat_template(msgs, tokenize=False)
@@ -88,6 +89,7 @@ def test_hf_rollout_is_seeded(tiny_model, tmp_path):
     recs = read_jsonl(out_a)
     assert len(recs) == 4
     for r in recs:
+        assert r["logprobs_mode"] == "raw"  # log-softmax of the logits at temperature 1
         models = [s for s in r["segments"] if s["role"] == "model"]
         assert 1 <= len(models) <= 2 and r["turns"] == len(models)
         assert all(len(s["logprobs"]) == len(s["tokens"]) <= 8 for s in models)
@@ -115,24 +117,14 @@ def test_kill_9_then_resume_loses_and_duplicates_nothing(tiny_model, tmp_path):
     ids = [f"q{i:02d}" for i in range(24)]
     prompts = write_prompts(tmp_path / "p.jsonl", ids)
     out = tmp_path / "killed" / "t.jsonl"
-    cmd = [sys.executable, "-m", "marscli", "rollout", str(prompts), "-o", str(out),
-           "--policy", str(tiny_model), "--engine", "replay", "-n", "4", "--batch-size", "2"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    deadline = time.monotonic() + 120
-    while not (out.exists() and b"\n" in out.read_bytes()):
-        assert proc.poll() is None, "rollout ended before it could be killed"
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    partial = out.read_bytes().count(b"\n")
+    args = ["rollout", str(prompts), "-o", str(out), "--policy", str(tiny_model), "--engine",
+            "replay", "-n", "4", "--batch-size", "2"]
+    partial = kill_9_after_first_record(args, out)
     assert 0 < partial < 96, "the kill must land mid-run"
     with out.open("ab") as fh:  # whatever the kill left, a torn last record is cut on resume
         fh.write(b'{"v": 1, "id": "q99#0", "segm')
 
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False,
-                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    res = marscli(*args, timeout=300)
     assert res.returncode == 0, res.stderr
     assert "cut a torn last record" in res.stderr
     resumed = read_jsonl(out)
