@@ -6,6 +6,9 @@
 #               16k-token trajectories                                                [marscli]
 #   NNODES      2 for update and sft: ZeRO-3 over 16 GPUs, so that the fp32 masters and AdamW
 #               moments of 32B parameters (~16 bytes each, ~512 GB) take ~32 GB a GPU    [marscli]
+# Rollout correction as mars-8b.mk (token-truncate, cap 2, departure 3): tensor parallelism 4
+# sums bf16 partial results in another order than the trainer does, one more source of the
+# engine/trainer mismatch that the weights correct.
 # The release has no 32B training script (its train_multi_node.sh is for 8B), so there is no
 # mars-32b-release.mk: recipes/mars-8b-release.mk with BASE=...32B and TP=4 is the nearest.
 

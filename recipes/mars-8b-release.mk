@@ -23,6 +23,11 @@
 #   agent         10 assistant turns, 16,384 response tokens (model + tool)              [release]
 #   per turn      at most 16,384 tokens: the release caps only the response budget      [marscli]
 #   sampling      temperature 1, top-p 1, no top-k                                        [verl]
+#   π_old         the rollout engine's log-probs (rollout correction "bypass" mode,
+#                 calculate_log_probs=True): `update --old-logp engine`, no old-policy
+#                 forward; the PPO ratio π_θ/π_engine carries the engine/trainer mismatch and
+#                 its clip bounds it, so there is no separate IS weight (--rollout-is off,
+#                 what engine implies)                                                 [release]
 #   reward        answer (exact match, else the judge) + 0.5 format (format_score=0.5);
 #                 exit if over 5% of the judge's calls fail                          [release]
 #   judges        training: Qwen3-VL-32B-Instruct (an OpenAI-compatible server, JUDGE), 300 s
@@ -35,29 +40,24 @@
 #   iterations    ITERS=300: the maintainers trained ~300 steps and released the best
 #                 validated step, near 150                                          [maintainers]
 # Departures, each because marscli has no option for it today:
-#  1. π_old: the release uses the rollout engine's log-probs as the old policy (rollout
-#     correction "bypass" mode, calculate_log_probs=True); `update` recomputes them with the
-#     input policy. With one optimiser step per batch that makes the ratio exactly 1 at the
-#     step, so the clip never acts, where the release's ratio carries the engine/trainer
-#     mismatch. A later issue adds `update --old-logp engine`: then add it to UPDATE_OPTS.
-#  2. No presence penalty (the release samples with presence_penalty=1.5, in training and in
+#  1. No presence penalty (the release samples with presence_penalty=1.5, in training and in
 #     evaluation): `rollout` and `eval` have no such option.
-#  3. Tool responses are truncated at 8,192 characters (marscli's agent, fixed); the release
+#  2. Tool responses are truncated at 8,192 characters (marscli's agent, fixed); the release
 #     truncates at 8,192 tokens (max_tool_response_length, right side).
-#  4. No prompt limit: the release refuses prompts over 16,384 tokens (data.truncation=error);
+#  3. No prompt limit: the release refuses prompts over 16,384 tokens (data.truncation=error);
 #     marscli counts prompt tokens in neither budget.
-#  5. No dual clip: verl clips the loss of negative-advantage tokens at 3·|A| (clip_ratio_c=3);
+#  4. No dual clip: verl clips the loss of negative-advantage tokens at 3·|A| (clip_ratio_c=3);
 #     marscli's losses do not.
-#  6. No sequence parallelism (the release: Ulysses SP 2, 16k tokens per GPU): a micro-batch
+#  5. No sequence parallelism (the release: Ulysses SP 2, 16k tokens per GPU): a micro-batch
 #     holds up to 32,768 tokens, one whole 16k + 16k trajectory.
-#  7. The trainer: DeepSpeed ZeRO-3 under torchrun, one process per iteration [marscli]; the
+#  6. The trainer: DeepSpeed ZeRO-3 under torchrun, one process per iteration [marscli]; the
 #     release's is verl's FSDP (actor model_dtype=bfloat16) in one long-lived process. Across
 #     iterations `update` keeps the fp32 master weights and (--keep-optimizer, as verl keeps its
 #     optimiser) AdamW's moments and step in OUT/train_state/; OUT/ is the HF export the
 #     engines load.
-#  8. The system prompt: marscli's own unless SYSTEM_PROMPT=FILE; the release's wording is the
+#  7. The system prompt: marscli's own unless SYSTEM_PROMPT=FILE; the release's wording is the
 #     `system_prompt` of each entry in its train_qwen3_vl_8b.json (save it to a file).
-#  9. Seeds: marscli's per-iteration seeds (Makefile SEED), not the release's 3407.
+#  8. Seeds: marscli's per-iteration seeds (Makefile SEED), not the release's 3407.
 # You provide BASE (a local folder: COLD_START=none links it as ckpt-0), PROMPTS (the release's
 # four data.jsonl files, 3,859 prompts, concatenated, their image paths relative to PROMPTS'
 # folder), TEST, and the judge and search servers.
@@ -98,7 +98,8 @@ LOSS ?= $(if $(filter 1,$(BN_GSPO)),gspo,grpo)
 UPDATE_OPTS ?= --loss $(LOSS) --agg token-mean --lr 1e-5 --lr-schedule constant \
   --weight-decay 0.01 --adam-beta1 0.9 --adam-beta2 0.999 --clip-low 0.2 --clip-high 0.28 \
   --grad-clip 1.0 --epochs 1 --freeze-vision --deepspeed recipes/ds_zero3.json \
-  $(KEEP_OPTIMIZER) --gradient-checkpointing --micro-batch-tokens 32768 --device cuda
+  $(KEEP_OPTIMIZER) --gradient-checkpointing --micro-batch-tokens 32768 --device cuda \
+  --old-logp engine --rollout-is off
 # Only with COLD_START=sft (the release has no SFT stage): mars-8b.mk's.
 SFT_OPTS ?= --epochs 3 --lr 1e-5 --freeze-vision --deepspeed recipes/ds_zero3.json \
   --save-every-epoch --device cuda

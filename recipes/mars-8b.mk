@@ -25,7 +25,15 @@
 #     with --keep-optimizer (KEEP_OPTIMIZER), AdamW's moments and step. OUT/ itself is the HF
 #     export that vLLM and transformers load; the next `update` starts from train_state, not
 #     from the export, so 1e-6 steps are not lost to a 16-bit round trip.
-#  3. Old log-probs are recomputed by `update` with the input policy (as verl does by default).
+#  3. Old log-probs are recomputed by `update` with the input policy (as verl does by default),
+#     with rollout correction on: each model token's loss weighs min(π_old/π_engine, 2)
+#     (ROLLOUT_IS=token-truncate, ROLLOUT_IS_CAP=2, TIS) [marscli]. The paper names no
+#     correction. vLLM samples in bf16 and the trainer computes from fp32 masters, so the two
+#     disagree on every token; on 16k-token, 10-turn trajectories a per-token bound keeps the
+#     weights' variance ≤ 4 without dropping a token, where a sequence weight (even a geometric
+#     mean) would hide the few tokens that disagree most. Watch `rollout_kl` in metrics.jsonl;
+#     ROLLOUT_IS=token-mask ROLLOUT_IS_FLOOR=0.5 ROLLOUT_IS_CAP=5 (IcePop's bounds) drops the
+#     worst tokens instead; ROLLOUT_IS=off trains as before.
 #  4. The vision tower trains in RL (nothing in the paper's RL settings says otherwise) and is
 #     frozen in SFT [marscli]; the release freezes it in RL too.
 # You provide BASE, PROMPTS, TEST, SFT_DATA (see recipes/_gpu.mk); launch shape and Slurm
@@ -44,6 +52,9 @@ SEARCH_OPTS ?= --text-search $(TEXT_SEARCH) --image-search $(IMAGE_SEARCH)
 CLIP_LOW ?= 0.2
 CLIP_HIGH ?= 0.28
 KEEP_OPTIMIZER ?= --keep-optimizer
+ROLLOUT_IS ?= token-truncate
+ROLLOUT_IS_CAP ?= 2
+ROLLOUT_IS_FLOOR ?= 0
 include recipes/_gpu.mk
 
 PROMPTS_PER_ITER ?= 128
@@ -58,7 +69,9 @@ ADV_OPTS ?= --estimator $(ESTIMATOR)
 LOSS ?= gspo
 UPDATE_OPTS ?= --loss $(LOSS) --lr 1e-6 --kl 1e-4 --ref $(RUN)/ckpt-0 --clip-low $(CLIP_LOW) \
   --clip-high $(CLIP_HIGH) --grad-clip 1.0 --deepspeed recipes/ds_zero3.json $(KEEP_OPTIMIZER) \
-  --gradient-checkpointing --micro-batch-tokens 32768 --device cuda
+  --gradient-checkpointing --micro-batch-tokens 32768 --device cuda --old-logp recompute \
+  --rollout-is $(ROLLOUT_IS) --rollout-is-cap $(ROLLOUT_IS_CAP) \
+  --rollout-is-floor $(ROLLOUT_IS_FLOOR)
 SFT_OPTS ?= --epochs 3 --lr 1e-5 --freeze-vision --deepspeed recipes/ds_zero3.json \
   --save-every-epoch --device cuda
 EVAL_OPTS ?= --mode agent --engine $(ENGINE) --device $(DEVICE) --judge $(JUDGE) \

@@ -28,5 +28,5 @@ class ScriptedEngine:
             text = self.replies[min(self._turn(r.tokens), len(self.replies) - 1)]
             toks = self.processor.tokenizer.encode(text, add_special_tokens=False)
             toks.append(self.ids.im_end)
-            out.append(Generation(toks, [0.0] * len(toks), "stop"))
+            out.append(Generation(toks, None, "stop"))  # scripted: no log-probs
         return out

@@ -254,6 +254,68 @@ def test_run_more_minibatches_than_groups():
         A.run(_rows(("a", 1), ("b", 0)), "s", minibatches=3)
 
 
+# ---------------------------------------------------------------------- --mask-truncated
+
+
+def _stopped(*specs) -> list[tuple[int, dict]]:
+    """Rows (prompt, reward, stop)."""
+    rows = _rows(*[(p, r) for p, r, _ in specs])
+    for (_, row), (_, _, stop) in zip(rows, specs):
+        row["stop"] = stop
+    return rows
+
+
+def test_mask_truncated_keeps_the_reward_in_the_group_and_zeroes_the_advantage():
+    rows = _stopped(("a", 1, "answer"), ("a", 0, "answer"), ("a", 0, "max_turns"),
+                    ("a", 1, "answer"))
+    out, stats = A.run(rows, "s", "grpo", mask_truncated=True)
+    # group a over all four rewards: mean 0.5, unbiased std sqrt(1/3) (without the cut row the
+    # mean would be 2/3); the cut row gets 0
+    sd = math.sqrt(1 / 3)
+    e = sd + 1e-6  # eps_group
+    assert [r["advantage"] for r in out] == approx([0.5 / e, -0.5 / e, 0.0, 0.5 / e], rel=1e-12)
+    assert out[0]["group"] == {"mean": 0.5, "std": approx(sd), "size": 4}
+    assert [r.get("masked") for r in out] == [None, None, "truncated", None]
+    assert stats["masked_truncated"] == 1
+    assert stats["truncated_stops"] == {"max_turns": 1, "max_tokens": 0}
+
+
+def test_mask_truncated_leaves_masked_rows_out_of_the_batch_step():
+    rows = _stopped(("a", 1, "answer"), ("a", 0, "answer"), ("a", 0, "max_tokens"),
+                    ("b", 1, "answer"), ("b", 0, "engine_error"))
+    out, stats = A.run(rows, "s", "bn-gspo", mask_truncated=True)
+    # group step: a mean 1/3, std sqrt(1/3); b mean 1/2, std sqrt(1/2)
+    sa, sb = math.sqrt(1 / 3) + 1e-6, math.sqrt(1 / 2) + 1e-6  # + eps_group
+    group = [(2 / 3) / sa, (-1 / 3) / sa, (0.5) / sb, (-0.5) / sb]  # the four rows that train
+    mu = sum(group) / 4
+    sd = math.sqrt(sum((x - mu) ** 2 for x in group) / 4)  # population std
+    want = [(x - mu) / (sd + 1e-9) for x in group]
+    got = [r["advantage"] for r in out]
+    assert got[:2] + got[3:] == approx(want, rel=1e-9) and got[2] == 0.0
+    assert out[2]["masked"] == "truncated"
+    assert "masked" not in out[4]  # an engine error is not a cut
+    assert stats["masked_truncated"] == 1 and stats["truncated_stops"]["max_tokens"] == 1
+
+
+def test_without_the_flag_nothing_is_masked_and_stale_marks_go():
+    rows = _stopped(("a", 1, "answer"), ("a", 0, "max_turns"))
+    rows[1][1]["masked"] = "truncated"  # from an earlier run with the flag
+    out, stats = A.run(rows, "s", "grpo")
+    assert [r["advantage"] for r in out] == approx([0.7071068, -0.7071068], rel=1e-5)
+    assert "masked" not in out[1] and stats["masked_truncated"] == 0
+    # the vectorised core: `masked` rows keep their reward in the statistics, get 0
+    a = A.compute([1, 0, 0, 1], ["p"] * 4, "rloo", masked=[False, False, True, False])
+    assert a.tolist() == approx([1 - 1 / 3, 0 - 2 / 3, 0.0, 1 - 1 / 3])
+
+
+def test_mask_truncated_needs_the_stop_field():
+    rows = _stopped(("a", 1, "answer"), ("a", 0, "answer"))
+    rows[1][1].pop("stop")
+    with pytest.raises(BadInput, match=r"s\.jsonl:2: stop: missing required field"):
+        A.run(rows, "s.jsonl", mask_truncated=True)
+    A.run(rows, "s.jsonl")  # not needed without the flag
+
+
 # ------------------------------------------------------------------------------ CLI boundary
 
 
@@ -343,3 +405,20 @@ def test_cli_path_never_imports_torch(tmp_path):
                        timeout=120)
     assert p.returncode == 0 and p.stdout.strip() == b"ok", p.stderr
     assert (tmp_path / "o.jsonl").exists()
+
+
+def test_cli_mask_truncated_counts_in_the_sidecar(tmp_path):
+    rows = [dict(r, stop=stop) for r, stop in zip(SCORED, ["answer", "max_turns", "max_tokens",
+                                                           "answer"])]
+    src = _write(tmp_path / "scored.jsonl", rows)
+    out = tmp_path / "adv.jsonl"
+    p = _cli(str(src), "-o", str(out), "--estimator", "grpo", "--mask-truncated")
+    assert p.returncode == 0, p.stderr
+    assert b"masked 2 truncated" in p.stderr
+    got = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    assert [r.get("masked") for r in got] == [None, "truncated", "truncated", None]
+    assert [r["advantage"] for r in got] == approx([0.7071, 0.0, 0.0, 0.7071], rel=1e-4)
+    meta = orjson.loads((tmp_path / "adv.jsonl.meta.json").read_bytes())
+    assert meta["config"]["mask_truncated"] is True
+    assert meta["stats"]["masked_truncated"] == 2
+    assert meta["stats"]["truncated_stops"] == {"max_turns": 1, "max_tokens": 1}

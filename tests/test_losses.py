@@ -137,7 +137,8 @@ def test_clipped_sequences_get_no_gradient(name, clip):
     assert torch.count_nonzero(lp.grad[:2]) == 0
     assert (lp.grad[2] < 0).all() and (lp.grad[3] > 0).all()
     assert m["clip_frac"] == pytest.approx(0.5)
-    assert m["ratio_max"] == pytest.approx(1 + 2 * hi) and m["ratio_min"] == pytest.approx(1 - 2 * lo)
+    assert (m["ratio_max"] == pytest.approx(1 + 2 * hi)
+            and m["ratio_min"] == pytest.approx(1 - 2 * lo))
     # the clipped sequences contribute −A · clip(s) to the loss value
     per_seq = [-(1 + hi), (1 - lo), -(1 + hi / 2), (1 + 2 * hi)]
     assert loss.item() == pytest.approx(sum(per_seq) / 4, rel=1e-12)
@@ -153,6 +154,36 @@ def test_grpo_token_mean_by_hand():
     assert loss.item() == pytest.approx(want, rel=1e-12)
     g = [[-r[0][0] / 5, -r[0][1] / 5, 0.0], [0.5 * x / 5 for x in r[1]]]
     torch.testing.assert_close(lp.grad, torch.tensor(g, dtype=F64), rtol=1e-12, atol=1e-14)
+
+
+def test_grpo_rollout_weights_by_hand():
+    """Rollout-correction weights multiply each token's loss (a token whose π_old/π_engine is 3
+    under cap 2 weighs 2; a masked one 0); the ratio metrics do not see them."""
+    w = [[2.0, 0.0, 7.0], [1.0, 0.5, 1.0]]  # the padding column's 7 must change nothing
+    lp = leaf(LOGP)
+    loss, m = grpo_loss(lp, torch.tensor(OLD, dtype=F64), torch.tensor(ADV, dtype=F64),
+                        torch.tensor(MASK), 0.2, 0.28, weights=torch.tensor(w, dtype=F64))
+    loss.backward()
+    r = [[math.exp(0.1), math.exp(-0.05)], [math.exp(-0.05), 1.0, math.exp(0.1)]]
+    want = (-(2 * r[0][0] + 0 * r[0][1]) + 0.5 * (r[1][0] + 0.5 * r[1][1] + r[1][2])) / 5
+    assert loss.item() == pytest.approx(want, rel=1e-12)
+    g = [[-2 * r[0][0] / 5, 0.0, 0.0], [0.5 * r[1][0] / 5, 0.25 * r[1][1] / 5, 0.5 * r[1][2] / 5]]
+    torch.testing.assert_close(lp.grad, torch.tensor(g, dtype=F64), rtol=1e-12, atol=1e-14)
+    _, plain = grpo_loss(leaf(LOGP), torch.tensor(OLD, dtype=F64), torch.tensor(ADV, dtype=F64),
+                         torch.tensor(MASK), 0.2, 0.28)
+    assert m == plain
+
+
+@pytest.mark.parametrize("name", ["gspo", "grpo"])
+def test_unit_weights_change_no_bit(name):
+    args = (torch.tensor(OLD, dtype=F64), torch.tensor(ADV, dtype=F64), torch.tensor(MASK),
+            0.2, 0.28)
+    a, b = leaf(LOGP), leaf(LOGP)
+    la, _ = LOSSES.get(name)(a, *args)
+    lb, _ = LOSSES.get(name)(b, *args, weights=torch.ones(2, 3, dtype=F64))
+    la.backward()
+    lb.backward()
+    assert la.item() == lb.item() and torch.equal(a.grad, b.grad)
 
 
 def test_unknown_aggregation():

@@ -139,6 +139,11 @@ def test_release_recipe_runs_what_the_release_runs(tmp_path):
     assert opt["--loss"] == "grpo" and opt["--agg"] == "token-mean" and opt["--lr"] == "1e-5"
     assert opt["--clip-low"] == "0.2" and opt["--clip-high"] == "0.28"
     assert "--kl" not in opt and "--ref" not in opt and "--freeze-vision" in update
+    assert opt["--old-logp"] == "engine" and opt["--rollout-is"] == "off"  # bypass mode
+    paper = shlex.split(only(rl_iter("mars-8b", tmp_path), "update"))
+    popt = {a: b for a, b in itertools.pairwise(paper) if a.startswith("--")}
+    assert popt["--old-logp"] == "recompute" and popt["--rollout-is"] == "token-truncate"
+    assert popt["--rollout-is-cap"] == "2"
     assert "--estimator grpo --minibatches 1" in only(lines, "advantages")
     assert "Qwen3-VL-32B-Instruct" in only(lines, "reward")
     ev = only(evaluation("mars-8b-release", tmp_path), "eval")

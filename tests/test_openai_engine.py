@@ -166,6 +166,8 @@ def test_tokenize_with_gives_token_exact_segments(server, tiny_model, tmp_path):
     assert cut[1]["text"] == CUT and cut[1]["tokens"][-1] != ids.im_end
     assert cut[2]["tokens"][0] == ids.im_end and cut[2]["ok"] is False
     for rec in recs.values():
+        assert rec["logprobs_mode"] is None  # the server's text has no log-probs: null
+        assert all(s["logprobs"] is None for s in rec["segments"] if s["role"] == "model")
         ours = assemble(rec["segments"], ids.image_pad)
         images = [Image.open(tmp_path / im["path"]).convert("RGB") for im in rec["images"]]
         text = proc.apply_chat_template(rec["messages"], tokenize=False)

@@ -260,6 +260,33 @@ def test_plot_of_a_metrics_file(run_dir, tmp_path):
     assert panels[0].series["loss"] == ([0.0, 1.0], [0.1, 0.11])
 
 
+def test_plot_groups_the_rollout_correction_metrics(tmp_path):
+    from marscli.plot import metrics_panels
+
+    rows = [{"step": 1, "loss": 0.1, "logprob_mismatch": 0.02, "rollout_kl": 1e-4,
+             "rollout_is_mean": 1.0, "rollout_is_min": 0.5, "rollout_is_max": 3.0,
+             "rollout_is_seq_mean": 1.0, "rollout_is_seq_min": 0.9, "rollout_is_seq_max": 1.1,
+             "rollout_masked_frac": 0.0, "rollout_masked_seq_frac": 0.0,
+             "rollout_truncated_frac": 0.01},
+            {"step": 2, "loss": 0.2, "logprob_mismatch": None, "rollout_kl": 2e-4,
+             "rollout_is_mean": 1.0, "rollout_is_min": 0.4, "rollout_is_max": 2.5,
+             "rollout_is_seq_mean": 1.0, "rollout_is_seq_min": 0.9, "rollout_is_seq_max": 1.2,
+             "rollout_masked_frac": 0.0, "rollout_masked_seq_frac": 0.0,
+             "rollout_truncated_frac": 0.02}]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    panels = metrics_panels(str(path))
+    assert [p.title for p in panels] == [
+        "loss", "logprob_mismatch", "rollout_kl", "rollout IS weight, token",
+        "rollout IS weight, sequence", "rollout: share without loss / truncated"]
+    assert panels[1].series["logprob_mismatch"] == ([1.0], [0.02])  # null: no point
+    assert sorted(panels[3].series) == ["is_max", "is_mean", "is_min"]
+    assert panels[3].series["is_max"] == ([1.0, 2.0], [3.0, 2.5])
+    assert sorted(panels[5].series) == ["masked_frac", "masked_seq_frac", "truncated_frac"]
+    path.write_text(json.dumps({"step": 1, "loss": 0.1, "logprob_mismatch": None}) + "\n")
+    assert [p.title for p in metrics_panels(str(path))] == ["loss"]  # never present: no panel
+
+
 def test_plot_bad_inputs(run_dir, tmp_path):
     res = cli("plot", str(run_dir / "iter-0/scored.jsonl"), "-o", str(tmp_path / "x.png"))
     assert res.returncode == 2 and "holds trajectory rows" in res.stderr

@@ -127,11 +127,14 @@ def test_output_loads_with_transformers(updated, tiny_model):
     m = lines[0]
     for k in ("step", "loss", "pg_loss", "kl", "clip_frac", "approx_kl", "ratio_mean",
               "ratio_min", "ratio_max", "grad_norm", "lr", "tokens_per_s", "seconds",
-              "logprob_mismatch"):
+              "logprob_mismatch", "rollout_kl", "rollout_is_mean", "rollout_is_max",
+              "rollout_masked_frac", "rollout_is_seq_mean", "rollout_truncated_frac"):
         assert k in m, k
     assert m["step"] == 1 and m["lr"] == 1e-3 and m["sequences"] == 2
     assert abs(m["ratio_mean"] - 1) < 1e-5  # old log-probs recomputed with the same policy
-    assert m["logprob_mismatch"] > 0  # the rows carry made-up engine log-probs of -1
+    # hand-made rows carry no engine log-probs (null): nothing to compare, every weight 1
+    assert m["logprob_mismatch"] is None and m["rollout_kl"] is None
+    assert m["rollout_masked_frac"] == 0.0 and m["rollout_truncated_frac"] == 0.0
     meta = orjson.loads((out / "marscli.meta.json").read_bytes())
     assert meta["stage"] == "update" and meta["seed"] == 0 and meta["stats"]["steps"] == 1
     assert stats["trajectories"] == 2
@@ -232,6 +235,12 @@ def test_bad_options_are_refused_before_torch_loads(tmp_path):
     ({"agg": "sum"}, "--agg"),
     ({"lr_schedule": "step"}, "--lr-schedule"),
     ({"metrics": "OUT/m.jsonl"}, "--metrics: .* inside --out"),
+    ({"old_logp": "vllm"}, "--old-logp: unknown source 'vllm' — choose one of: recompute"),
+    ({"rollout_is": "tis"}, "unknown --rollout-is mode 'tis' — choose one of: off, "),
+    ({"rollout_is_cap": 0.0}, "--rollout-is-cap"),
+    ({"rollout_is_floor": 3.0}, r"--rollout-is-floor: 3\.0 .* <= 2\.0"),
+    ({"old_logp": "engine", "rollout_is": "token-truncate"}, "with --old-logp engine"),
+    ({"old_logp": "engine"}, r"adv.jsonl:1: segments\[1\]\.logprobs: no engine log-probs"),
 ])
 def test_bad_options_name_the_option(tmp_path, tiny_model, pair, opts, match):
     from marscli.update import run_update

@@ -6,6 +6,15 @@ BN-GSPO (the paper's estimator) normalises twice. Group step, within the G sampl
 `ESTIMATORS` shares one signature and works on one minibatch; `compute` runs it per minibatch and
 `run` turns scored rows into advantage rows.
 
+`--mask-truncated` (off by default, as Mini-o3's over-turn masking): a trajectory that the turn
+limit or the response-token budget stopped (`stop` "max_turns" or "max_tokens", agent.py) was cut
+off, not finished, and its reward says nothing about the policy's answer. It keeps its reward in
+its group's statistics (mean, std, RLOO's leave-one-out mean: its siblings are still compared
+with all G samples), takes no part in the batch step (bn-gspo normalises over the rows that
+train), and gets advantage 0 and `"masked": "truncated"`; `update` leaves such rows out of the
+loss and of its token and sequence counts (DAPO's overlong filtering), so the finished rows of
+a batch are not diluted by the long cut-off ones. The sidecar counts them.
+
 Where marscli departs from the paper or the released code (verl `core_algos.py`), and why:
 1. A group of one sample gets advantage 0 under every estimator. The released code gives it
    mean 0 and std 1, so its advantage is its raw reward: a sample with no siblings has no
@@ -35,9 +44,12 @@ from marscli.errors import BadInput
 from marscli.jsonl import AtomicJsonl, get_field, read_rows, write_sidecar
 from marscli.registry import Registry
 
-# fn(rewards [N], group_index [N] in 0..n_groups-1, n_groups, eps_group, eps_batch) -> [N]
-Estimator = Callable[[np.ndarray, np.ndarray, int, float, float], np.ndarray]
+# fn(rewards [N], group_index [N] in 0..n_groups-1, n_groups, eps_group, eps_batch, live [N])
+# -> [N]. Every row takes part in the group statistics; a batch step uses the `live` rows only
+# (the others are masked: their values are ignored and written as 0).
+Estimator = Callable[[np.ndarray, np.ndarray, int, float, float, np.ndarray], np.ndarray]
 ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
+TRUNCATED_STOPS = ("max_turns", "max_tokens")  # agent.py: the turn limit, the token budget
 
 
 def group_stats(r: np.ndarray, g: np.ndarray, n: int) -> tuple[np.ndarray, ...]:
@@ -57,25 +69,32 @@ def group_stats(r: np.ndarray, g: np.ndarray, n: int) -> tuple[np.ndarray, ...]:
 
 
 @ESTIMATORS.register("bn-gspo")
-def bn_gspo(r: np.ndarray, g: np.ndarray, n: int, eps_group: float, eps_batch: float) -> np.ndarray:
-    a = grpo(r, g, n, eps_group, eps_batch)  # [N] group step
-    return (a - a.mean()) / (a.std() + eps_batch)  # batch step, population std
+def bn_gspo(r: np.ndarray, g: np.ndarray, n: int, eps_group: float, eps_batch: float,
+            live: np.ndarray) -> np.ndarray:
+    a = grpo(r, g, n, eps_group, eps_batch, live)  # [N] group step, every row
+    if not live.any():
+        return a
+    b = a[live]  # [L] batch step over the rows that train, population std
+    return (a - b.mean()) / (b.std() + eps_batch)
 
 
 @ESTIMATORS.register("grpo")
-def grpo(r: np.ndarray, g: np.ndarray, n: int, eps_group: float, eps_batch: float) -> np.ndarray:
+def grpo(r: np.ndarray, g: np.ndarray, n: int, eps_group: float, eps_batch: float,
+         live: np.ndarray) -> np.ndarray:
     _, _, mean, std = group_stats(r, g, n)
     return (r - mean[g]) / (std[g] + eps_group)  # a group of one: (r − r) / eps = 0
 
 
 @ESTIMATORS.register("dr-grpo")
-def dr_grpo(r: np.ndarray, g: np.ndarray, n: int, eps_group: float, eps_batch: float) -> np.ndarray:
+def dr_grpo(r: np.ndarray, g: np.ndarray, n: int, eps_group: float, eps_batch: float,
+            live: np.ndarray) -> np.ndarray:
     _, _, mean, _ = group_stats(r, g, n)
     return r - mean[g]
 
 
 @ESTIMATORS.register("rloo")
-def rloo(r: np.ndarray, g: np.ndarray, n: int, eps_group: float, eps_batch: float) -> np.ndarray:
+def rloo(r: np.ndarray, g: np.ndarray, n: int, eps_group: float, eps_batch: float,
+         live: np.ndarray) -> np.ndarray:
     size, total, _, _ = group_stats(r, g, n)
     k = size[g]  # [N]
     others = (total[g] - r) / np.maximum(k - 1, 1)  # mean of the other k − 1 samples
@@ -97,15 +116,20 @@ def codes(ids: Sequence[Hashable] | np.ndarray) -> tuple[np.ndarray, int]:
 def compute(rewards: Sequence[float] | np.ndarray, group_ids: Sequence[Hashable] | np.ndarray,
             estimator: str = "bn-gspo",
             minibatch_ids: Sequence[Hashable] | np.ndarray | None = None,
-            eps_group: float = 1e-6, eps_batch: float = 1e-9) -> np.ndarray:
-    """Advantages [N] (float64, input order); the estimator runs within each minibatch."""
+            eps_group: float = 1e-6, eps_batch: float = 1e-9,
+            masked: Sequence[bool] | np.ndarray | None = None) -> np.ndarray:
+    """Advantages [N] (float64, input order); the estimator runs within each minibatch.
+    `masked` [N]: rows that keep their reward in the group statistics but get advantage 0."""
     fn = ESTIMATORS.get(estimator)
     r = np.asarray(rewards, dtype=np.float64)  # [N]
     if len(group_ids) != len(r):
         raise ValueError(f"{len(r)} rewards but {len(group_ids)} group ids")
+    live = np.ones(len(r), bool) if masked is None else ~np.asarray(masked, bool)  # [N]
+    if len(live) != len(r):
+        raise ValueError(f"{len(r)} rewards but {len(live)} masked flags")
     if minibatch_ids is None:
         g, n = codes(group_ids)
-        return fn(r, g, n, eps_group, eps_batch)
+        return np.where(live, fn(r, g, n, eps_group, eps_batch, live), 0.0)
     mb, _ = codes(minibatch_ids)  # [N]
     if len(mb) != len(r):
         raise ValueError(f"{len(r)} rewards but {len(mb)} minibatch ids")
@@ -115,8 +139,8 @@ def compute(rewards: Sequence[float] | np.ndarray, group_ids: Sequence[Hashable]
     out = np.empty_like(r)
     for rows in np.split(order, cuts):  # a loop over minibatches, not rows
         _, g = np.unique(gid[rows], return_inverse=True)
-        out[rows] = fn(r[rows], g.reshape(-1), int(g.max()) + 1, eps_group, eps_batch)
-    return out
+        out[rows] = fn(r[rows], g.reshape(-1), int(g.max()) + 1, eps_group, eps_batch, live[rows])
+    return np.where(live, out, 0.0)
 
 
 def assign_minibatches(prompt_ids: Sequence[Hashable] | np.ndarray, m: int,
@@ -141,9 +165,11 @@ def assign_minibatches(prompt_ids: Sequence[Hashable] | np.ndarray, m: int,
     return of_group[g]
 
 
-def _validate(rows: list[tuple[int, dict]], src: str) -> tuple[list[str], np.ndarray]:
+def _validate(rows: list[tuple[int, dict]], src: str,
+              stops: bool = False) -> tuple[list[str], np.ndarray, list[str | None]]:
     first: dict[str, int] = {}
     pids: list[str] = []
+    stop: list[str | None] = []
     rewards = np.empty(len(rows), np.float64)
     for i, (line, row) in enumerate(rows):
         rid = get_field(row, "id", str, src, line)
@@ -157,17 +183,21 @@ def _validate(rows: list[tuple[int, dict]], src: str) -> tuple[list[str], np.nda
             raise BadInput(f"{src}:{line}: reward.status: row is unscored — rerun `marscli "
                            f"reward` on it before computing advantages")
         rewards[i] = get_field(row, "reward.total", (int, float), src, line)
-    return pids, rewards
+        stop.append(get_field(row, "stop", str, src, line) if stops else None)
+    return pids, rewards, stop
 
 
 def run(rows: list[tuple[int, dict]], src: str, estimator: str = "bn-gspo", minibatches: int = 1,
-        filter_zero_std: bool = False, seed: int = 0) -> tuple[list[dict], dict]:
+        filter_zero_std: bool = False, seed: int = 0,
+        mask_truncated: bool = False) -> tuple[list[dict], dict]:
     """Scored rows → the same rows (dicts updated in place, input order) with `advantage`,
-    `group` and, when M > 1, `minibatch`; also the stage statistics for the sidecar."""
+    `group`, when M > 1 `minibatch`, and with `mask_truncated` `"masked": "truncated"` on rows
+    the turn limit or the token budget stopped; also the stage statistics for the sidecar."""
     ESTIMATORS.get(estimator)  # fail on a bad name before looking at the data
     if minibatches < 1:
         raise BadInput(f"--minibatches: {minibatches} is out of range — must be >= 1")
-    pids, r = _validate(rows, src)
+    pids, r, stop = _validate(rows, src, stops=mask_truncated)
+    cut = np.array([s in TRUNCATED_STOPS for s in stop], bool)  # [N] all False without the flag
     g, n = codes(pids)
     size, _, mean, std = group_stats(r, g, n)
     flat = std == 0  # [n] all rewards equal (groups of one included), exactly: see group_stats
@@ -177,7 +207,7 @@ def run(rows: list[tuple[int, dict]], src: str, estimator: str = "bn-gspo", mini
                        f"every row — drop the flag or sample more per prompt")
     kept = np.flatnonzero(keep)
     mb = assign_minibatches(g[kept], minibatches, seed) if minibatches > 1 else None
-    adv = compute(r[kept], g[kept], estimator, mb)  # [K]
+    adv = compute(r[kept], g[kept], estimator, mb, masked=cut[kept])  # [K]
     out: list[dict] = []
     for j, i in enumerate(kept.tolist()):
         row = rows[i][1]
@@ -188,6 +218,10 @@ def run(rows: list[tuple[int, dict]], src: str, estimator: str = "bn-gspo", mini
             row["minibatch"] = int(mb[j])
         else:
             row.pop("minibatch", None)  # a stale split from an earlier run would mislead update
+        if cut[i]:
+            row["masked"] = "truncated"
+        elif row.get("masked") == "truncated":
+            row.pop("masked")  # stale, from an earlier run with --mask-truncated
         out.append(row)
     n_kept = int(np.unique(g[kept]).size)
     stats = {
@@ -197,6 +231,9 @@ def run(rows: list[tuple[int, dict]], src: str, estimator: str = "bn-gspo", mini
         "dropped_groups": n - n_kept,
         "dropped_rows": len(r) - len(out),
         "zero_std_groups": int(flat.sum()),
+        "masked_truncated": int(cut[kept].sum()),
+        "truncated_stops": {s: sum(1 for i in kept.tolist() if stop[i] == s)
+                            for s in TRUNCATED_STOPS} if mask_truncated else {},
         "reward_mean": float(r[kept].mean()),
         "advantage_mean": float(adv.mean()),
         "advantage_std": float(adv.std()),
@@ -207,18 +244,22 @@ def run(rows: list[tuple[int, dict]], src: str, estimator: str = "bn-gspo", mini
 
 
 def main(input: str, output: str = "-", estimator: str = "bn-gspo", minibatches: int = 1,
-         filter_zero_std: bool = False, seed: int = 0) -> dict:
+         filter_zero_std: bool = False, seed: int = 0, mask_truncated: bool = False) -> dict:
     """read → run → atomic write → sidecar; a one-line summary on stderr. Returns the stats."""
     started = time.time()
     ESTIMATORS.get(estimator)  # before blocking on stdin
-    rows, stats = run(read_rows(input), input, estimator, minibatches, filter_zero_std, seed)
+    rows, stats = run(read_rows(input), input, estimator, minibatches, filter_zero_std, seed,
+                      mask_truncated)
     with AtomicJsonl(output) as out:
         out.write_all(rows)
     config = {"estimator": estimator, "minibatches": minibatches,
-              "filter_zero_std": filter_zero_std, "eps_group": 1e-6, "eps_batch": 1e-9}
+              "filter_zero_std": filter_zero_std, "mask_truncated": mask_truncated,
+              "eps_group": 1e-6, "eps_batch": 1e-9}
     write_sidecar(output, stage="advantages", seed=seed, config=config, inputs=[input],
                   stats=stats, started=started)
     dropped = f", dropped {stats['dropped_groups']} flat groups" if filter_zero_std else ""
+    if mask_truncated:
+        dropped += f", masked {stats['masked_truncated']} truncated"
     print(f"advantages ({estimator}): {stats['rows']} rows in {stats['groups']} groups{dropped}, "
           f"zero-std groups {stats['zero_std_groups']}, "
           f"wrote {'stdout' if output == '-' else output}",

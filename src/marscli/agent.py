@@ -319,7 +319,8 @@ class Agent:
             tool_calls=dict(t.tool_calls), tool_errors=dict(t.tool_errors),
             tool_failures=dict(t.tool_failures),
             format_errors=t.format_errors, response_tokens=t.response_tokens,
-            generated_tokens=t.gen_tokens)
+            generated_tokens=t.gen_tokens,
+            logprobs_mode=getattr(self.engine, "logprobs_mode", None))
         if t.messages is not None:
             rec["messages"] = t.messages
         if t.error is not None:

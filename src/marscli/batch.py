@@ -70,7 +70,9 @@ class Example:
     input_ids: list[int]  # expanded (image placeholders spelled out)
     loss_mask: list[int]  # 1 on model tokens, position 0 cleared
     images: list[Path] = field(default_factory=list)  # one per placeholder run, in order
-    engine_logprobs: list[float | None] = field(default_factory=list)  # aligned to input_ids
+    # the engine's log-prob of each token, aligned to input_ids; None off the model segments
+    # and where the engine had none (`"logprobs": null`: replay, openai): absent, never 0
+    engine_logprobs: list[float | None] = field(default_factory=list)
     advantage: float = 0.0
     minibatch: int = 0
     index: int = 0  # position in the input file (the key of per-example values, e.g. log-probs)
@@ -82,6 +84,13 @@ class Example:
     @property
     def n_model_tokens(self) -> int:
         return sum(self.loss_mask)
+
+    def engine_logp(self) -> tuple[list[float], list[bool]]:
+        """(values, present) [T]: the engine's log-probs with absent ones as 0.0, and whether
+        each model token (loss mask 1) has one."""
+        present = [bool(m) and isinstance(lp, (int, float)) and not isinstance(lp, bool)
+                   for m, lp in zip(self.loss_mask, self.engine_logprobs)]
+        return [float(lp) if p else 0.0 for lp, p in zip(self.engine_logprobs, present)], present
 
 
 def image_runs(ids: Sequence[int], image_pad: int) -> list[int]:

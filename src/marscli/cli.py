@@ -378,6 +378,19 @@ def update(
     kl: Annotated[float, typer.Option(help="k3 KL coefficient to --ref (0: no reference).")] = 0.0,
     ref: Annotated[str | None, typer.Option(help="Reference checkpoint for --kl.")] = None,
     epochs: Annotated[int, typer.Option(help="Passes over the minibatches.")] = 1,
+    old_logp: Annotated[str, typer.Option(
+        help="π_old: recompute (a forward of --policy) or engine (the rollout's log-probs, "
+             "verl's bypass mode; rows without them exit 2).")] = "recompute",
+    rollout_is: Annotated[str | None, typer.Option(
+        metavar="MODE", help="Rollout correction, weight π_old/π_engine per token: off, "
+        "token-truncate, token-mask, sequence-truncate or sequence-mask (default: "
+        "token-truncate with --old-logp recompute, off with engine).")] = None,
+    rollout_is_cap: Annotated[float, typer.Option(
+        help="C: truncate modes cap the weight at C, mask modes drop tokens (sequences) "
+             "above it.")] = 2.0,
+    rollout_is_floor: Annotated[float, typer.Option(
+        help="F: truncate modes raise the weight to F, mask modes drop tokens (sequences) "
+             "below it.")] = 0.0,
     micro_batch_tokens: Annotated[int, typer.Option(
         help="Token budget of a micro-batch (longest sequence x count).")] = 32768,
     deepspeed: Annotated[str | None, typer.Option(
@@ -407,6 +420,8 @@ def update(
 
         cfg = UpdateConfig(
             loss=loss, agg=agg, clip_low=clip_low, clip_high=clip_high, kl=kl, ref=ref,
+            old_logp=old_logp, rollout_is=rollout_is, rollout_is_cap=rollout_is_cap,
+            rollout_is_floor=rollout_is_floor,
             epochs=epochs, micro_batch_tokens=micro_batch_tokens, lr=lr, adam_beta1=adam_beta1,
             adam_beta2=adam_beta2, adam_eps=adam_eps, weight_decay=weight_decay,
             grad_clip=grad_clip, warmup_steps=warmup_steps, lr_schedule=lr_schedule,

@@ -1,9 +1,12 @@
 """Policy losses for `update` (torch; import this module lazily).
 
 Every entry of `LOSSES` is a `Loss`: called with one signature,
-`loss(logp, old_logp, advantages, mask, clip_low, clip_high, agg=None) -> (loss, metrics)`,
-with logp, old_logp, mask [B, T] (mask 1 on model tokens, 0 on prompt, tool and padding tokens),
-advantages [B] (one per trajectory), loss a scalar tensor and metrics plain floats. The entry
+`loss(logp, old_logp, advantages, mask, clip_low, clip_high, agg=None, weights=None) -> (loss,
+metrics)`, with logp, old_logp, mask [B, T] (mask 1 on model tokens, 0 on prompt, tool and
+padding tokens), advantages [B] (one per trajectory), loss a scalar tensor and metrics plain
+floats. `weights` [B, T] (no gradient), when given, multiplies each token's policy loss before
+aggregation: the rollout-correction weights of `marscli.rollout_correction`; None leaves the loss
+exactly as it was (the ratio and clip metrics never see the weights). The entry
 carries what callers need to know about the loss, so no caller names one: `agg`, its default
 aggregation (the default of its function's `agg` parameter), and `ratio`, the level of its
 ratio metrics ("sequence" or "token"). `micro_weight` turns an aggregate over one micro-batch
@@ -66,9 +69,10 @@ class Loss:
         token)."""
         return RATIO_LEVELS[self.ratio]
 
-    def __call__(self, logp, old_logp, advantages, mask, clip_low, clip_high, agg=None):
+    def __call__(self, logp, old_logp, advantages, mask, clip_low, clip_high, agg=None,
+                 weights=None):
         return self.fn(logp, old_logp, advantages, mask, clip_low, clip_high,
-                       agg=agg or self.agg)
+                       agg=agg or self.agg, weights=weights)
 
 
 LOSSES: Registry[Loss] = Registry("loss")
@@ -128,6 +132,11 @@ def _clipped(ratio: torch.Tensor, adv: torch.Tensor, m: torch.Tensor, clip_low: 
     return torch.maximum(l1, l2), (l2 > l1) & m
 
 
+def _weighted(losses: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """Token losses [B, T] times the (detached) per-token weights [B, T], if any."""
+    return losses if weights is None else losses * weights.detach().to(losses.dtype)
+
+
 def _stats(r: torch.Tensor) -> dict[str, float]:
     if r.numel() == 0:
         return {"ratio_mean": 1.0, "ratio_min": 1.0, "ratio_max": 1.0}
@@ -146,26 +155,28 @@ def _metrics(clipped: torch.Tensor, m: torch.Tensor, lp: torch.Tensor, old: torc
 @register_loss("gspo", ratio="sequence")
 def gspo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
               mask: torch.Tensor, clip_low: float, clip_high: float,
-              agg: str = "seq-mean-token-mean") -> tuple[torch.Tensor, dict[str, float]]:
+              agg: str = "seq-mean-token-mean", weights: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, dict[str, float]]:
     """GSPO-token loss; `agg` defaults to "seq-mean-token-mean" (the GSPO objective)."""
     m, lp, old = _prep(logp, old_logp, mask)
     n = m.sum(-1)  # [B]
     log_s = (lp - old).sum(-1) / n.clamp(min=1)  # [B] log s_i, 0 for rows without model tokens
     log_st = (log_s.detach().unsqueeze(-1) + lp - lp.detach()).clamp(max=_MAX_LOG_RATIO)  # [B, T]
     losses, clipped = _clipped(torch.exp(log_st), advantages, m, clip_low, clip_high)
-    loss = aggregate(losses, m, agg)
+    loss = aggregate(_weighted(losses, weights), m, agg)
     return loss, _metrics(clipped, m, lp, old, torch.exp(log_s[n > 0]))
 
 
 @register_loss("grpo", ratio="token")
 def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
               mask: torch.Tensor, clip_low: float, clip_high: float,
-              agg: str = "token-mean") -> tuple[torch.Tensor, dict[str, float]]:
+              agg: str = "token-mean", weights: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO-clip loss on token ratios; `agg` defaults to "token-mean"."""
     m, lp, old = _prep(logp, old_logp, mask)
     ratio = torch.exp((lp - old).clamp(max=_MAX_LOG_RATIO))  # [B, T]
     losses, clipped = _clipped(ratio, advantages, m, clip_low, clip_high)
-    loss = aggregate(losses, m, agg)
+    loss = aggregate(_weighted(losses, weights), m, agg)
     return loss, _metrics(clipped, m, lp, old, ratio[m])
 
 

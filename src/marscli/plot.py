@@ -5,6 +5,9 @@
   whose rewards are all equal, then every numeric key of the iteration's metrics (averaged over
   its steps: clip_frac, kl, grad_norm, ...) and of its eval summaries.
 - A metrics JSONL (update or sft): every numeric key against `step` (or the line number).
+Metrics that belong together (update's rollout-correction weights: mean, min, max; the shares of
+tokens masked and truncated) share a panel (`METRIC_GROUPS`); a key that is null on every line
+(`logprob_mismatch` without engine log-probs) gets none.
 
 Panels are built as plain data first (`run_panels`, `metrics_panels`), so tests and `report`
 see exactly what is drawn. The figure is 4 panels wide, 360x250 px per panel.
@@ -30,7 +33,17 @@ from marscli.runs import (
 NCOLS, PANEL_W, PANEL_H, DPI = 4, 3.6, 2.5, 100
 # the metrics keys worth seeing first; any other numeric key follows, sorted
 METRIC_ORDER = ("loss", "pg_loss", "kl", "kl_old", "clip_frac", "ratio_mean", "grad_norm",
-                "entropy", "lr", "tokens_per_s", "seconds")
+                "entropy", "lr", "logprob_mismatch", "rollout_kl", "rollout_is_mean",
+                "rollout_is_seq_mean", "rollout_masked_frac", "tokens_per_s", "seconds")
+# metrics drawn as the series of one panel (update's rollout correction), at the place of the
+# first of them in METRIC_ORDER; a panel shows only the series present
+METRIC_GROUPS = {
+    "rollout IS weight, token": ("rollout_is_mean", "rollout_is_min", "rollout_is_max"),
+    "rollout IS weight, sequence": ("rollout_is_seq_mean", "rollout_is_seq_min",
+                                    "rollout_is_seq_max"),
+    "rollout: share without loss / truncated": ("rollout_masked_frac", "rollout_masked_seq_frac",
+                                                "rollout_truncated_frac"),
+}
 TRAJ_PANELS = (("reward", "mean reward"), ("accuracy", "accuracy"), ("format", "format reward"),
                ("turns", "turns"), ("response_tokens", "response tokens"))
 
@@ -45,6 +58,22 @@ class Panel:
 def metric_sort(keys: set[str]) -> list[str]:
     first = [k for k in METRIC_ORDER if k in keys]
     return first + sorted(keys - set(first))
+
+
+def metric_panels(keys: set[str], series, xlabel: str) -> list[Panel]:
+    """One panel per metric key in `metric_sort` order, the keys of a METRIC_GROUPS entry
+    together in one; `series(key)` gives a key's (xs, ys)."""
+    group_of = {k: title for title, ks in METRIC_GROUPS.items() for k in ks}
+    panels, done = [], set()
+    for k in metric_sort(keys):
+        title = group_of.get(k)
+        if title is None:
+            panels.append(Panel(k, xlabel, {k: series(k)}))
+        elif title not in done:
+            done.add(title)
+            panels.append(Panel(title, xlabel, {g.removeprefix("rollout_"): series(g)
+                                                for g in METRIC_GROUPS[title] if g in keys}))
+    return panels
 
 
 def _series(stats: list[IterStats], part: str, key: str) -> tuple[list[float], list[float]]:
@@ -66,8 +95,8 @@ def run_panels(stats: list[IterStats]) -> list[Panel]:
                         {k.removeprefix("tool_calls."): _series(stats, "traj", k) for k in tools}))
     panels.append(Panel("groups with equal rewards", x,
                         {"zero_std_groups": _series(stats, "traj", "zero_std_groups")}))
-    for k in metric_sort({k for s in stats for k in s.metrics}):
-        panels.append(Panel(k, x, {k: _series(stats, "metrics", k)}))
+    panels += metric_panels({k for s in stats for k in s.metrics},
+                            lambda k: _series(stats, "metrics", k), x)
     for k in sorted({k for s in stats for k in s.eval}):
         panels.append(Panel(f"eval {k}", x, {k: _series(stats, "eval", k)}))
     return [p for p in panels if any(xs for xs, _ in p.series.values())]
@@ -86,8 +115,7 @@ def metrics_panels(path: str) -> list[Panel]:
             xs, ys = cols.setdefault(k, ([], []))
             xs.append(x)
             ys.append(y)
-    xlabel = "step"
-    return [Panel(k, xlabel, {k: cols[k]}) for k in metric_sort(set(cols))]
+    return metric_panels(set(cols), cols.__getitem__, "step")
 
 
 def panels_for(path: str) -> tuple[str, list[Panel]]:

@@ -139,7 +139,7 @@ class Segment:
     role: str  # prompt | model | tool
     tokens: list[int]  # compact: a negative -n stands for n <|image_pad|> tokens
     images: list[int] | None = None  # indexes into the trajectory's images
-    logprobs: list[float] | None = None  # model segments: the engine's log-probs
+    logprobs: list[float] | None = None  # model segments: the engine's log-probs; None: none
     text: str | None = None  # model segments: decoded text; tool segments: the observation
     tool: str | None = None
     ok: bool | None = None
@@ -147,7 +147,10 @@ class Segment:
     ms: int | None = None
 
     def to_dict(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if v is not None}
+        """Fields that are set; a model segment always says `logprobs`, `null` when the engine
+        has none (DESIGN.md: never 0, and absent would read as a field forgotten)."""
+        return {k: v for k, v in self.__dict__.items()
+                if v is not None or (k == "logprobs" and self.role == "model")}
 
 
 def parse_segments(row: dict, src: str, line: int) -> list[Segment]:

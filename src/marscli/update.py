@@ -8,9 +8,20 @@
    `--micro-batch-tokens`, `minibatch` on all rows or none.
 2. Rows are grouped by `minibatch` (ascending; absent: the whole file is one minibatch). Each
    minibatch is sharded over ranks by sequence and bucketed by length into micro-batches.
-3. Old log-probs are recomputed with the input policy for every row before the first optimiser
-   step (the engine's log-probs stay in the records; their mean absolute difference is reported
-   as `logprob_mismatch`). With `--kl C --ref CKPT0`, reference log-probs are computed once too.
+3. π_old: `--old-logp recompute` (the default) recomputes the log-probs with the input policy
+   for every row before the first optimiser step, and corrects for the engine having sampled
+   from a slightly different distribution: `--rollout-is MODE` (marscli.rollout_correction:
+   token-truncate at `--rollout-is-cap 2` unless told otherwise; `off` for none) weighs each
+   model token's policy loss by π_old/π_engine, bounded. `--old-logp engine` takes the rollout
+   engine's log-probs as π_old and skips that forward (verl's "bypass" mode, what the released
+   SenseNova-MARS script runs): the loss's ratio then carries the mismatch and its clip bounds
+   it, so there is no separate weight (the mode must be off) and nothing to compare; rows
+   without engine log-probs (`null`: replay, openai) are refused, FILE:LINE, exit 2. Each step
+   reports the mismatch (`logprob_mismatch`, `rollout_kl`, `rollout_is_*`,
+   `rollout_masked_frac`, ...; null under `engine` or without engine log-probs). With
+   `--kl C --ref CKPT0`, reference log-probs are computed once too. Rows that `advantages
+   --mask-truncated` marked (`masked`) are left out: no loss, and no share of the token and
+   sequence counts the loss is divided by.
 4. For each epoch and each minibatch: gradients accumulate over the micro-batches with each
    micro-batch's loss weighted so that the sum equals the loss of the whole minibatch
    (token-mean: n_tokens_micro / n_tokens_minibatch; seq-mean-token-mean: n_seqs_micro /
@@ -33,8 +44,10 @@ Where marscli departs from the paper or the released code (verl), and why:
    fp32 masters (saved from the optimiser's partitions, not from the bf16 module) and, when
    asked, the optimiser. The HF folder that engines load is only an export (bf16 on CUDA,
    float32 on CPU by default), so a 1e-6 step is not rounded away between iterations.
-3. Old log-probs come from a forward of the input policy, as verl recomputes them, never from
-   the rollout engine; the engine's values are only compared.
+3. By default old log-probs come from a forward of the input policy, as verl recomputes them,
+   and rollout correction is on (token-truncate, cap 2), where verl's is off unless configured:
+   marscli's rollout and update are separate processes, usually on different engines and
+   dtypes, so a mismatch is the normal case (rollout_correction.py argues the default).
 """
 
 from __future__ import annotations
@@ -50,6 +63,8 @@ from marscli.errors import BadInput, check_range
 from marscli.job import Job, TrainOptions, check_paths, deepspeed_config
 from marscli.jsonl import get_field, read_rows
 
+OLD_LOGP = ("recompute", "engine")  # where π_old comes from (--old-logp)
+
 
 @dataclass
 class UpdateConfig(TrainOptions):
@@ -63,6 +78,17 @@ class UpdateConfig(TrainOptions):
     warmup_steps: int = 0
     lr_schedule: str = "constant"
     keep_optimizer: bool = False  # load POLICY/train_state's AdamW if present, write OUT's
+    old_logp: str = "recompute"  # or "engine": the rollout's log-probs as π_old (bypass mode)
+    rollout_is: str | None = None  # None: token-truncate with recompute, off with engine
+    rollout_is_cap: float = 2.0
+    rollout_is_floor: float = 0.0
+
+    @property
+    def is_mode(self) -> str:
+        """The rollout-correction mode this run uses (`rollout_is` resolved)."""
+        if self.rollout_is is not None:
+            return self.rollout_is
+        return "off" if self.old_logp == "engine" else "token-truncate"
 
     def optim(self):
         return self.adamw(warmup_steps=self.warmup_steps, schedule=self.lr_schedule)
@@ -79,14 +105,27 @@ def check_config(cfg: UpdateConfig) -> None:
         raise BadInput("--kl: a KL penalty needs the reference policy — add --ref CKPT0")
     if cfg.ref and cfg.kl == 0:
         raise BadInput("--ref: given without --kl — set --kl > 0 or drop --ref")
+    if cfg.old_logp not in OLD_LOGP:
+        raise BadInput(f"--old-logp: unknown source {cfg.old_logp!r} — choose one of: "
+                       f"{', '.join(OLD_LOGP)}")
+    # as rollout_correction.check_bounds, here without importing torch
+    check_range("--rollout-is-cap", cfg.rollout_is_cap, 0, lo_open=True)
+    check_range("--rollout-is-floor", cfg.rollout_is_floor, 0, cfg.rollout_is_cap)
+    if cfg.old_logp == "engine" and cfg.is_mode != "off":
+        raise BadInput(f"--rollout-is {cfg.is_mode}: with --old-logp engine π_old is the "
+                       "engine's own, so every weight would be 1 — drop --rollout-is, or use "
+                       "--old-logp recompute")
 
 
-def load_rows(path: str, spec: Spec, max_tokens: int) -> list[Example]:
-    """Validate every advantage row and assemble it (module docstring, point 1)."""
+def load_rows(path: str, spec: Spec, max_tokens: int,
+              engine_logp: bool = False) -> tuple[list[Example], int]:
+    """Validate every advantage row and assemble it (module docstring, point 1); with
+    `engine_logp`, every model token must carry the engine's log-prob. Returns the examples to
+    train on and the number of rows left out because `advantages` masked them."""
     base = Path.cwd() if path == "-" else Path(path).resolve().parent
     rows = read_rows(path)
     with_mb = [line for line, r in rows if r.get("minibatch") is not None]
-    out = []
+    out, masked = [], 0
     for n, (line, row) in enumerate(rows):
         adv = get_field(row, "advantage", (int, float), path, line)
         if not math.isfinite(adv):
@@ -101,9 +140,30 @@ def load_rows(path: str, spec: Spec, max_tokens: int) -> list[Example]:
         if len(e) > max_tokens:
             raise BadInput(f"{path}:{line}: segments: {len(e)} tokens, over --micro-batch-tokens "
                            f"{max_tokens} — raise it (a sequence is never split)")
+        if engine_logp:
+            _check_engine_logprobs(row, path, line)
         e.advantage, e.minibatch, e.index = float(adv), mb or 0, n
+        if row.get("masked"):
+            masked += 1
+            continue
         out.append(e)
-    return out
+    if not out:
+        raise BadInput(f"{path}: all {masked} rows are `masked` (advantages --mask-truncated) — "
+                       "nothing to train on")
+    return out, masked
+
+
+def _check_engine_logprobs(row: dict, path: str, line: int) -> None:
+    """--old-logp engine: every model segment carries a number per token."""
+    for i, seg in enumerate(row["segments"]):
+        if seg.get("role") != "model":
+            continue
+        lps = seg.get("logprobs")
+        if lps is None or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                  for x in lps):
+            raise BadInput(f"{path}:{line}: segments[{i}].logprobs: no engine log-probs (null: "
+                           "replay and openai rollouts have none) — --old-logp engine needs them "
+                           "on every model token; use --old-logp recompute")
 
 
 def run_update(adv: str, policy: str, out: str, cfg: UpdateConfig | None = None,
@@ -115,7 +175,10 @@ def run_update(adv: str, policy: str, out: str, cfg: UpdateConfig | None = None,
     from marscli.distributed import launch_world
     from marscli.losses import AGGS, LOSSES
     from marscli.policy import check_checkpoint, load_processor
+    from marscli.rollout_correction import check as check_rollout_is
     from marscli.trainstate import check_resumable
+
+    check_rollout_is(cfg.is_mode, cfg.rollout_is_cap, cfg.rollout_is_floor)
 
     policy = check_checkpoint(policy)
     ref = check_checkpoint(cfg.ref, "--ref") if cfg.ref else None
@@ -129,12 +192,13 @@ def run_update(adv: str, policy: str, out: str, cfg: UpdateConfig | None = None,
         check_resumable(policy, ds_cfg, launch_world())
     processor = load_processor(policy)
     spec = Spec.of(processor, policy)
-    examples = load_rows(adv, spec, cfg.micro_batch_tokens)
+    examples, masked = load_rows(adv, spec, cfg.micro_batch_tokens, cfg.old_logp == "engine")
     with Job("update", out, cfg, ds_cfg, [adv], started) as job:
-        return _train(job, policy, ref, cfg, agg, loss, processor, spec, examples)
+        return _train(job, policy, ref, cfg, agg, loss, processor, spec, examples, masked)
 
 
-def _train(job: Job, policy, ref, cfg, agg, loss, processor, spec, examples) -> dict:
+def _train(job: Job, policy, ref, cfg, agg, loss, processor, spec, examples, masked) -> dict:
+    from marscli import rollout_correction as rc
     from marscli.distributed import all_reduce
     from marscli.optim import lr_at
     from marscli.trainstate import read_state
@@ -152,12 +216,12 @@ def _train(job: Job, policy, ref, cfg, agg, loss, processor, spec, examples) -> 
                       freeze_vision=cfg.freeze_vision)
     carried = cfg.keep_optimizer and job.load_optimizer(model, policy)
     before = (read_state(policy) or {}).get("steps", 0) if carried else 0
-    job.log(f"update: {len(examples)} trajectories in {len(plans)} minibatch(es), "
+    job.log(f"update: {len(examples)} trajectories in {len(plans)} minibatch(es)"
+            f"{f' ({masked} masked rows left out)' if masked else ''}, "
             f"{d.world} rank(s), {f'ZeRO-{model.zero_stage}' if ds_cfg else 'torch'} "
-            f"on {d.device}, {'carried' if carried else 'fresh'} optimiser")
-    logps = {"old_logp": score_all(model, plans, spec, d)}
-    mismatch = {e.index: _abs_diff(e, logps["old_logp"][e.index]) for e in examples
-                if e.index in logps["old_logp"]}
+            f"on {d.device}, {'carried' if carried else 'fresh'} optimiser, "
+            f"π_old {cfg.old_logp}, rollout correction {cfg.is_mode}")
+    logps, rollout = old_logps(model, plans, spec, d, cfg, examples)
     if cfg.kl > 0:
         ref_model = job.build(ref)
         logps["ref_logp"] = score_all(ref_model, plans, spec, d)
@@ -165,13 +229,16 @@ def _train(job: Job, policy, ref, cfg, agg, loss, processor, spec, examples) -> 
     total = cfg.epochs * len(plans)
     optim = cfg.optim()
     summary: dict[str, Any] = {}
+    overall = rc.empty()  # the rollout metrics over every row (each is in one step an epoch)
     with job.output() as writer:
         step = 0
         for epoch in range(cfg.epochs):
             for k, micros in plans.items():
                 lr = lr_at(step, total, optim)
-                row = _step(model, micros, groups[k], spec, d, cfg, agg, loss, lr, logps,
-                            mismatch)
+                row, totals = _step(model, micros, groups[k], spec, d, cfg, agg, loss, lr,
+                                    logps, rollout)
+                if epoch == 0:
+                    overall = rc.merge(overall, totals)
                 step += 1
                 row = {"step": step, "epoch": epoch + 1, "minibatch": k, **row}
                 writer.write(row)
@@ -180,12 +247,14 @@ def _train(job: Job, policy, ref, cfg, agg, loss, processor, spec, examples) -> 
                         f"clip {row['clip_frac']:.3f}  grad {row['grad_norm']:.4g}  "
                         f"{row['tokens_per_s']:.0f} tok/s")
         job.save(model, policy, processor, optimizer=cfg.keep_optimizer, steps=before + step)
-        pairs = [mismatch[e.index] for e in examples if e.index in mismatch]
-        stats = {"steps": step, "trajectories": len(examples),
+        overall = rc.finish(overall)
+        stats = {"steps": step, "trajectories": len(examples), "masked_rows": masked,
                  "optimizer": "carried" if carried else "fresh",
                  "minibatches": len(plans), "ranks": d.world,
                  "model_tokens": sum(e.n_model_tokens for e in examples),
-                 "logprob_mismatch": _mean_abs(pairs), **job.io_stats(), "last": summary}
+                 "old_logp": cfg.old_logp, "rollout_is": cfg.is_mode,
+                 "logprob_mismatch": overall["logprob_mismatch"], "rollout": overall,
+                 **job.io_stats(), "last": summary}
         job.sidecar({**asdict(cfg), "policy": policy, "agg": agg, "out": job.out,
                      "deepspeed_resolved": ds_cfg}, stats)
     return stats
@@ -206,24 +275,38 @@ def score_all(model, plans, spec, d) -> dict:
     return out
 
 
-def _abs_diff(e: Example, old) -> tuple[float, int]:
-    """Sum of |engine − recomputed| log-prob over model tokens the engine recorded, and count."""
-    old = old.tolist()
-    s, n = 0.0, 0
-    for t, (m, lp) in enumerate(zip(e.loss_mask, e.engine_logprobs)):
-        if m and isinstance(lp, (int, float)):
-            s += abs(lp - old[t])
-            n += 1
-    return s, n
+def old_logps(model, plans, spec, d, cfg: UpdateConfig, examples: list[Example]
+              ) -> tuple[dict, dict]:
+    """π_old [T] by `Example.index` (module docstring, point 3) as `{"old_logp": ...}`, plus
+    `"rollout_is_w"` [T] when a correction mode is on; and the rollout metrics' totals of each
+    example (none under `--old-logp engine`: there is nothing to compare with)."""
+    import torch
+
+    from marscli import rollout_correction as rc
+
+    if cfg.old_logp == "engine":  # bypass: no old-policy forward
+        return {"old_logp": {e.index: torch.tensor(e.engine_logp()[0], dtype=torch.float32)
+                             for e in examples}}, {}
+    old = score_all(model, plans, spec, d)  # this rank's examples and fillers
+    by_index = {e.index: e for e in examples}
+    weights, totals = {}, {}
+    for i, lp in old.items():
+        values, present = by_index[i].engine_logp()
+        w, t = rc.correct(lp[None], torch.tensor([values], dtype=torch.float64),
+                          torch.tensor([by_index[i].loss_mask]), torch.tensor([present]),
+                          cfg.is_mode, cfg.rollout_is_cap, cfg.rollout_is_floor)
+        weights[i], totals[i] = w[0].float(), t
+    logps = {"old_logp": old}
+    if rc.MODES.get(cfg.is_mode).level is not None:  # off: the loss gets no weights at all
+        logps["rollout_is_w"] = weights
+    return logps, totals
 
 
-def _mean_abs(pairs: list[tuple[float, int]]) -> float | None:
-    n = sum(c for _, c in pairs)
-    return sum(s for s, _ in pairs) / n if n else None
-
-
-def _step(model, micros, group, spec, d, cfg, agg, loss_fn, lr, logps, mismatch) -> dict:
-    """One optimiser step over a minibatch; returns its metrics (all ranks reduced)."""
+def _step(model, micros, group, spec, d, cfg, agg, loss_fn, lr, logps, rollout
+          ) -> tuple[dict, dict]:
+    """One optimiser step over a minibatch; returns its metrics (all ranks reduced) and the
+    totals of its rollout metrics (rollout_correction.merge)."""
+    from marscli import rollout_correction as rc
     from marscli import trainer
     from marscli.distributed import all_reduce
     from marscli.job import Timer
@@ -235,7 +318,7 @@ def _step(model, micros, group, spec, d, cfg, agg, loss_fn, lr, logps, mismatch)
     def lf(logp, b):
         mask = b.loss_mask  # [B, T]
         pg, m = loss_fn(logp, b.extra["old_logp"], b.extra["advantages"], mask, cfg.clip_low,
-                        cfg.clip_high, agg=agg)
+                        cfg.clip_high, agg=agg, weights=b.extra.get("rollout_is_w"))
         total = pg
         if cfg.kl > 0:
             total, m = add_kl(pg, m, logp, b.extra["ref_logp"], mask, cfg.kl, agg)
@@ -252,19 +335,25 @@ def _step(model, micros, group, spec, d, cfg, agg, loss_fn, lr, logps, mismatch)
         batches = (collate(m.examples, spec, m.weight, d.device, logps) for m in micros)
         ms, grad_norm, tokens = trainer.train_minibatch(model, batches, len(micros), lf, lr)
     keys = ["loss", "pg_loss", "kl", "clip_frac", "approx_kl", "ratio_mean"]
-    mine = [e for m in micros if m.weight for e in m.examples]
-    mm = [mismatch.get(e.index, (0.0, 0)) for e in mine]
-    sums = all_reduce([sum(x[k] for x in ms) for k in keys]
-                      + [tokens, sum(s for s, _ in mm), sum(c for _, c in mm)], d)
-    lo = all_reduce([min((x["ratio_min"] for x in ms), default=math.inf)], d, "min")[0]
-    hi = all_reduce([max((x["ratio_max"] for x in ms), default=-math.inf)], d, "max")[0]
+    mine = rc.empty()  # this rank's real examples (not the fillers)
+    for e in (e for m in micros if m.weight for e in m.examples):
+        if e.index in rollout:
+            mine = rc.merge(mine, rollout[e.index])
+    sums = all_reduce([sum(x[k] for x in ms) for k in keys] + [tokens]
+                      + [mine[k] for k in rc.SUM_KEYS], d)
+    lo = all_reduce([min((x["ratio_min"] for x in ms), default=math.inf)]
+                    + [mine[k] for k in rc.MIN_KEYS], d, "min")
+    hi = all_reduce([max((x["ratio_max"] for x in ms), default=-math.inf)]
+                    + [mine[k] for k in rc.MAX_KEYS], d, "max")
     secs = all_reduce([tm.s], d, "max")[0]
     row = {k: sums[i] for i, k in enumerate(keys)}
     if cfg.kl == 0:
         row["kl"] = None
-    tokens, mm_sum, mm_n = sums[len(keys):]
-    row.update(ratio_min=lo, ratio_max=hi, grad_norm=grad_norm, lr=lr, sequences=n_seq,
+    tokens = sums[len(keys)]
+    totals = {**dict(zip(rc.SUM_KEYS, sums[len(keys) + 1:])), **dict(zip(rc.MIN_KEYS, lo[1:])),
+              **dict(zip(rc.MAX_KEYS, hi[1:]))}
+    row.update(ratio_min=lo[0], ratio_max=hi[0], grad_norm=grad_norm, lr=lr, sequences=n_seq,
                model_tokens=n_tok, tokens=int(tokens), micro_batches=len(micros),
                seconds=round(secs, 4), tokens_per_s=tokens / secs if secs > 0 else 0.0,
-               logprob_mismatch=mm_sum / mm_n if mm_n else None)
-    return row
+               **rc.finish(totals))
+    return row, totals

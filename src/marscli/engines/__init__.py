@@ -5,10 +5,16 @@ One signature: `generate(requests, params) -> list[Generation]`. Each engine cla
 before anything loads, which engine-specific options it takes (`options`, keys of
 `GenerationOptions.engine_opts`, named as the CLI's options) and checks them with its own rules
 (`check_options(engine, policy, opts)`); `check_engine` runs both. Token-level engines (hf, vllm,
-replay) take token ids and return token ids with their own per-token log-probs. A
+replay) take token ids and return token ids, with per-token log-probs where they have them. A
 message-level engine (`message_level = True`: openai) takes the conversation as chat messages
 and returns text; the agent tokenises it when the engine has a processor (`--tokenize-with`),
 and otherwise records text only.
+
+Log-probs mean what they say. Each engine class names, in `logprobs_mode`, which distribution
+its log-probs are of (one of `LOGPROBS_MODES`), and the agent writes that name into every
+trajectory; an engine without log-probs (replay, openai) has `logprobs_mode = None` and returns
+`logprobs=None`, which the trajectory records as `null` — never as 0, which would read as
+probability 1. Consumers (update's π_old and its rollout correction) treat null as absent.
 """
 
 from __future__ import annotations
@@ -19,6 +25,16 @@ from typing import Any, Protocol
 
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.registry import Registry
+
+# What an engine's log-probs are of. `raw` is the quantity `update` recomputes as π_old, so raw
+# log-probs compare like with like; they equal the sampling distribution only at temperature 1
+# with no top-k/top-p. `processed` would be the distribution actually sampled from.
+LOGPROBS_MODES = {
+    "raw": "log-softmax of the model's logits: temperature 1, before temperature, top-k/top-p, "
+           "suppressed tokens and penalties",
+    "processed": "log-softmax after temperature, top-k/top-p, suppressed tokens and penalties: "
+                 "the distribution sampled from",
+}
 
 
 @dataclass
@@ -47,7 +63,7 @@ class GenRequest:
 @dataclass
 class Generation:
     tokens: list[int]  # generated ids, ending in <|im_end|> when the model stopped
-    logprobs: list[float]  # log p(token) under the raw model distribution (temperature 1)
+    logprobs: list[float] | None  # per token, of the engine's `logprobs_mode`; None: it has none
     finish: str  # "stop" | "length" | "error" (the request kept failing: see `error`)
     text: str | None = None  # message-level engines: the reply, cut before the stop token
     usage: int | None = None  # message-level engines: tokens generated, as the server counts
@@ -58,6 +74,7 @@ class Engine(Protocol):
     processor: Any  # None only for a message-level engine without a tokenizer
     message_level: bool  # optional; False when absent
     options: tuple[str, ...]  # the engine-specific options it takes (class attribute)
+    logprobs_mode: str | None  # a key of LOGPROBS_MODES; None: no log-probs (class attribute)
 
     @staticmethod
     def check_options(engine: str, policy: str | None, opts: dict) -> None: ...

@@ -4,7 +4,10 @@ Prompts arrive as token ids (compact image placeholders expanded here) with thei
 pixel features; the batch is left-padded, vision placeholder ids are suppressed from sampling
 (a sampled placeholder breaks the next forward), generation stops at `<|im_end|>`, and each
 sampled token comes back with its log-prob under the raw model distribution — the quantity the
-trainer recomputes.
+trainer recomputes (`logprobs_mode = "raw"`): the log-softmax of `generate`'s
+`output_logits`, which are the logits before temperature, top-k/top-p and the suppression of
+vision placeholders. They are the sampling distribution's only at temperature 1 without
+top-k/top-p (placeholders aside, which the model gives ~0 mass once trained).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from marscli.tokens import expand, special_ids
 @ENGINES.register("hf")
 class HFEngine:
     options: tuple[str, ...] = ()  # no options of its own
+    logprobs_mode = "raw"
     check_options = staticmethod(check_policy)
 
     def __init__(self, policy: str, device: str = "auto", dtype: str | None = None,

@@ -15,8 +15,9 @@ error=...)` — the agent ends that trajectory with `stop: "engine_error"` — n
 for the whole run, never an empty answer. The API key comes from an environment variable and
 goes only into the `Authorization` header: error texts are scrubbed of it.
 
-Departures from token-level engines: no log-probs (the server's tokens need not be the
-canonical encoding of its text, so they would not align with the re-tokenised segments), and
+Departures from token-level engines: no log-probs, recorded as `null` with `logprobs_mode`
+null (the server's tokens need not be the canonical encoding of its text, so they would not
+align with the re-tokenised segments), and
 each request carries a seed derived from (seed, trajectory id, turn), so that the G samples of
 a prompt differ on servers that honour per-request seeds.
 """
@@ -68,6 +69,7 @@ def request_seed(seed: int, key: str, turn: int) -> int:
 @ENGINES.register("openai")
 class OpenAIEngine:
     message_level = True
+    logprobs_mode = None  # replies are text; see the module docstring
     options = ("base_url", "model", "api_key_env", "tokenize_with", "timeout", "retries",
                "concurrency", "backoff")
 
@@ -131,9 +133,9 @@ class OpenAIEngine:
             data = orjson.dumps(self.body(r, params))  # faster than json on base64 images
             reply = self.http.post_json(self.url, data, validate=_check_reply)
         except HttpError as e:  # scrubbed of the key already
-            return Generation([], [], "error", error=str(e))
+            return Generation([], None, "error", error=str(e))
         except OSError as e:  # an image file vanished between turns
-            return Generation([], [], "error", error=self.http.scrub(f"{type(e).__name__}: {e}"))
+            return Generation([], None, "error", error=self.http.scrub(f"{type(e).__name__}: {e}"))
         msg = reply["choices"][0]
         text = msg["message"]["content"]
         reasoning = msg["message"].get("reasoning_content") or msg["message"].get("reasoning")
@@ -141,7 +143,7 @@ class OpenAIEngine:
             text = f"<think>{reasoning}</think>{text}"  # servers with a reasoning parser split it
         usage = reply.get("usage") if isinstance(reply.get("usage"), dict) else {}
         n = usage.get("completion_tokens")
-        return Generation([], [], "length" if msg.get("finish_reason") == "length" else "stop",
+        return Generation([], None, "length" if msg.get("finish_reason") == "length" else "stop",
                           text=text, usage=n if isinstance(n, int) else None)
 
     def body(self, r: GenRequest, params: SamplingParams) -> dict:

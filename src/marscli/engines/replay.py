@@ -3,7 +3,8 @@ one string per assistant turn), tokenised with the policy's tokenizer.
 
 Through the real agent loop and tools this turns scripted expert demonstrations (the toy
 world's, or any teacher's text) into token-exact trajectories for `sft`, and it lets tests
-drive the loop deterministically. Log-probs are not known and are recorded as 0.
+drive the loop deterministically. Log-probs are not known: they are recorded as `null`
+(`logprobs_mode` null too), never as 0, which would claim probability 1.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from marscli.tokens import special_ids
 @ENGINES.register("replay")
 class ReplayEngine:
     options: tuple[str, ...] = ()  # no options of its own
+    logprobs_mode = None  # scripted text: no distribution behind it
     check_options = staticmethod(check_policy)
 
     def __init__(self, policy: str, **_: Any) -> None:
@@ -36,7 +38,7 @@ class ReplayEngine:
             toks = self.processor.tokenizer.encode(text, add_special_tokens=False)
             cap = r.max_new_tokens or params.max_new_tokens
             if len(toks) + 1 > cap:
-                out.append(Generation(toks[:cap], [0.0] * min(cap, len(toks)), "length"))
+                out.append(Generation(toks[:cap], None, "length"))
             else:
-                out.append(Generation(toks + [self.ids.im_end], [0.0] * (len(toks) + 1), "stop"))
+                out.append(Generation(toks + [self.ids.im_end], None, "stop"))
         return out

@@ -11,6 +11,8 @@ How it meets the engine contract (engines/__init__.py), as checked on vLLM 0.32 
    temperature, top-p/top-k and logit bias, i.e. log p(token) at temperature 1 — what the HF
    engine records and the trainer recomputes (measured: within 1e-6 of a transformers
    forward in float32, tests/test_vllm_engine.py). `logprobs=0` returns the sampled token's.
+   Records say so: `logprobs_mode: "raw"` (engines.LOGPROBS_MODES). They are the sampling
+   distribution's only at temperature 1 without top-k/top-p.
 3. Vision placeholders (`<|image_pad|>`, `<|video_pad|>`, `<|vision_start|>`, `<|vision_end|>`)
    get a logit bias of -inf: a sampled one would break the next turn's forward.
 4. Generation stops at `<|im_end|>` only (`ignore_eos` drops the checkpoint's other EOS ids,
@@ -81,6 +83,7 @@ def _model_max_len(path: str) -> int | None:
 @ENGINES.register("vllm")
 class VLLMEngine:
     options = ("tensor_parallel",)
+    logprobs_mode = "raw"  # vLLM's default logprobs_mode, raw_logprobs (docstring, point 2)
 
     @staticmethod
     def check_options(engine: str, policy: str | None, opts: dict) -> None:
