@@ -5,7 +5,9 @@ comparisons. Test modules import from here (or from conftest's fixtures), never 
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import io
 import os
 import random
 import signal
@@ -405,3 +407,90 @@ def make_run(tiny_model: Path, root: Path) -> Path:
                                           for i, k in enumerate(METRIC_KEYS)}} for s in range(2)]
         write_jsonl(folder / ("metrics.jsonl" if it == 0 else "ckpt/metrics.jsonl"), metrics)
     return run
+
+
+# ----------------------------------------------------------------------------- training runs
+
+LINEAR_ADAM = {"lr": 1.0, "adam_eps": 100.0, "grad_clip": 0.0}
+
+
+ZERO_TOL = 1e-6  # max |ZeRO − single| per weight; the weights themselves move by ~1e-4
+
+
+def delta_agreement(base: Path, a: Path, b: Path) -> tuple[float, float]:
+    """Cosine and norm ratio (b / a) of two checkpoints' weight changes from `base`."""
+    import torch
+
+    w0, wa, wb = weights(base), weights(a), weights(b)
+    da = torch.cat([(wa[k].double() - w0[k].double()).flatten() for k in sorted(w0)])
+    db = torch.cat([(wb[k].double() - w0[k].double()).flatten() for k in sorted(w0)])
+    return (torch.nn.functional.cosine_similarity(da, db, dim=0).item(),
+            (db.norm() / da.norm()).item())
+
+
+def torchrun(stage: str, data: Path, policy: Path, out: Path, *args: str, env: dict | None = None,
+             ok: bool = True) -> subprocess.CompletedProcess:
+    """`torchrun --nproc_per_node 2 -m marscli STAGE DATA --policy P --out O ARGS` (2 CPU ranks,
+    gloo); with `ok`, a non-zero exit fails the test."""
+    from marscli.distributed import free_port
+
+    port = str(free_port())
+    cmd = [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node", "2",
+           "--master_port", port, "-m", "marscli", stage, str(data), "--policy", str(policy),
+           "--out", str(out), *args]
+    e = {**os.environ, "HF_HUB_OFFLINE": "1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1",
+         **(env or {})}
+    r = subprocess.run(cmd, check=False, capture_output=True, text=True, env=e, timeout=600,
+                       cwd=ROOT)
+    assert r.returncode == 0 or not ok, r.stderr[-4000:]
+    return r
+
+
+def bf16_config(tmp_path: Path, stage: int) -> Path:
+    """recipes/ds_zeroN.json with bf16 on (what "auto" gives on a GPU; DeepSpeed takes it on
+    CPU too)."""
+    import json
+
+    cfg = json.loads((ROOT / f"recipes/ds_zero{stage}.json").read_text())
+    cfg["bf16"] = {"enabled": True}
+    path = tmp_path / f"ds_zero{stage}_bf16.json"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+# ----------------------------------------------------------------------------- benchmark files
+
+def png(color=(200, 30, 30), size=(40, 30)) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", size, color).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def write_parquet(path: Path, rows: list[dict]) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def write_tsv(path: Path, header: list[str], rows: list[list[str]]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = ["\t".join(header)] + ["\t".join(r) for r in rows]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+HR_HEADER = ["index", "question", "A", "B", "C", "D", "answer", "category", "image",
+             "cycle_category"]
+
+
+def hr_rows() -> list[list[str]]:
+    b64 = base64.b64encode(png((10, 200, 10))).decode()
+    return [
+        ["0", "What is on the sign?", "cat", "dog", "cow", "pig", "B", "single", b64, "cycle1"],
+        ["1", "What is on the sign?", "dog", "cow", "pig", "cat", "A", "single", "0", "cycle2"],
+        ["2", '"Which is larger?\nLook closely."', "left", "right", "same", "unknown", "C",
+         "cross", b64, "cycle1"],
+    ]

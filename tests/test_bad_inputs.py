@@ -28,7 +28,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from helpers import invoke, png_header, prompt, read_jsonl, scene, trajectory, write_jsonl
+from helpers import invoke, marscli, png_header, prompt, read_jsonl, scene, trajectory, write_jsonl
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", "COLUMNS": "200"}
 
@@ -379,7 +379,6 @@ MISTAKES = {  # prompt id -> (first reply, where it is counted)
 
 def test_model_mistakes_are_observations_that_cost_the_format_reward(tiny_model, tmp_path):
     from marscli.rollout import run_rollout
-    from test_rollout import marscli
 
     ids = [*MISTAKES, "clean"]
     prompts = tmp_path / "p.jsonl"

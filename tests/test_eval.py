@@ -14,13 +14,18 @@ from marscli.errors import BadInput, RuntimeFailure
 from marscli.evaluate import run_eval, run_summarize, summarize, summary_path
 
 from helpers import (
+    HR_HEADER,
     MIXED,
     answer,
+    hr_rows,
     kill_9_after_first_record,
     marscli,
+    png,
     read_jsonl,
     strip_ms,
     write_bench,
+    write_parquet,
+    write_tsv,
 )
 
 
@@ -329,7 +334,6 @@ def test_missing_image_fails_before_generation(tiny_model, tmp_path):
 
 
 def test_tsv_benchmark_end_to_end_with_the_tiny_model(tiny_model, tmp_path):
-    from test_eval_loaders import HR_HEADER, hr_rows, write_tsv
 
     tsv = write_tsv(tmp_path / "bench" / "hr_bench_4k.tsv", HR_HEADER, hr_rows())
     out = tmp_path / "runs" / "r.jsonl"
@@ -348,7 +352,6 @@ def test_tsv_benchmark_end_to_end_with_the_tiny_model(tiny_model, tmp_path):
 
 def test_parquet_benchmark_end_to_end(tiny_model, tmp_path):
     pytest.importorskip("pyarrow")
-    from test_eval_loaders import png, write_parquet
 
     f = write_parquet(tmp_path / "mmsearch.parquet", [
         {"sample_id": "s1", "query": "Where?", "query_image": {"bytes": png(), "path": None},

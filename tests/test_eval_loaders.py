@@ -6,34 +6,21 @@ bad input named by file, line and field."""
 from __future__ import annotations
 
 import base64
-import io
 import sys
 from pathlib import Path
 
-import orjson
 import pytest
-from PIL import Image
 
 from marscli.benchmarks import LoadContext, detect_format, load_benchmark
 from marscli.benchmarks.common import split_options
 from marscli.errors import BadInput
 
-
-def png(color=(200, 30, 30), size=(40, 30)) -> bytes:
-    buf = io.BytesIO()
-    Image.new("RGB", size, color).save(buf, format="PNG")
-    return buf.getvalue()
+from helpers import HR_HEADER, hr_rows, png, write_jsonl, write_parquet, write_tsv
 
 
 def save_png(path: Path, color=(200, 30, 30)) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(png(color))
-    return path
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
     return path
 
 
@@ -91,15 +78,6 @@ def test_marscli_rows_carry_their_benchmark_and_fields(tmp_path):
 @pytest.fixture()
 def pa():
     return pytest.importorskip("pyarrow")
-
-
-def write_parquet(path: Path, rows: list[dict]) -> Path:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows), path)
-    return path
 
 
 def test_mmsearch_parquet(tmp_path, pa):
@@ -240,27 +218,6 @@ def test_infoseek_jsonl_with_qtype_file_and_image_dir(tmp_path):
 
 
 # ----------------------------------------------------------------------- TSV
-
-
-def write_tsv(path: Path, header: list[str], rows: list[list[str]]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lines = ["\t".join(header)] + ["\t".join(r) for r in rows]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
-
-
-HR_HEADER = ["index", "question", "A", "B", "C", "D", "answer", "category", "image",
-             "cycle_category"]
-
-
-def hr_rows() -> list[list[str]]:
-    b64 = base64.b64encode(png((10, 200, 10))).decode()
-    return [
-        ["0", "What is on the sign?", "cat", "dog", "cow", "pig", "B", "single", b64, "cycle1"],
-        ["1", "What is on the sign?", "dog", "cow", "pig", "cat", "A", "single", "0", "cycle2"],
-        ["2", '"Which is larger?\nLook closely."', "left", "right", "same", "unknown", "C",
-         "cross", b64, "cycle1"],
-    ]
 
 
 def test_hrbench_tsv(tmp_path):

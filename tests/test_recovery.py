@@ -35,9 +35,11 @@ import pytest
 from helpers import (
     MIXED,
     ZOOM_THEN_ANSWER,
+    max_diff,
     read_jsonl,
     strip_ms,
     varied_rows,
+    weights,
     write_bench,
     write_jsonl,
     write_prompts,
@@ -188,7 +190,6 @@ def no_tmp(root: Path) -> None:
 def loads(ckpt: Path) -> dict:
     """A checkpoint folder that exists must load (config, weights, processor)."""
     from marscli.policy import load_model, load_processor
-    from test_update import weights
 
     load_processor(str(ckpt))
     load_model(str(ckpt))
@@ -276,7 +277,6 @@ def checkpoint_trials(zygote, tiny_model, tmp_path, stage_args, seed: int,
                       left=lambda out: 1.0) -> None:
     """Reference, kills, final run; the input checkpoint never changes; every checkpoint
     that exists loads; the result equals the reference bit for bit."""
-    from test_update import max_diff
 
     policy = tmp_path / "policy"
     shutil.copytree(tiny_model, policy)

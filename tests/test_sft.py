@@ -16,9 +16,17 @@ import orjson
 import pytest
 
 from marscli.errors import BadInput
-from test_update import ROOT, ZERO_TOL, torchrun
 
-from helpers import max_diff, tree_hash, weights
+from helpers import (
+    ROOT,
+    ZERO_TOL,
+    bf16_config,
+    delta_agreement,
+    max_diff,
+    torchrun,
+    tree_hash,
+    weights,
+)
 
 TOY = {"entities": 8, "train": 0, "test": 0, "sft": 6, "size": 512}
 FAST = {"lr": 1e-3, "batch_size": 1, "epochs": 3, "schedule": "constant", "warmup_ratio": 0.0}
@@ -447,7 +455,6 @@ def test_zero3_bf16_killed_and_resumed_keeps_the_fp32_masters(tmp_path, tiny_mod
     16-bit copy saved before gave 0.01, its rounding noise bigger than the update), and the
     resumable state holds the fp32 masters and DeepSpeed's optimiser shards."""
     from marscli.sft import run_sft
-    from test_update import bf16_config, delta_agreement
 
     opts = {"lr": 1e-6, "batch_size": 2, "epochs": 2, "schedule": "constant",
             "warmup_ratio": 0.0}

@@ -17,15 +17,24 @@ import pytest
 
 from marscli.errors import BadInput
 
-from helpers import max_diff, trajectory, tree_hash, varied_rows, weights
-from helpers import write_jsonl as write_rows
+from helpers import (
+    LINEAR_ADAM,
+    ZERO_TOL,
+    bf16_config,
+    delta_agreement,
+    max_diff,
+    torchrun,
+    trajectory,
+    tree_hash,
+    varied_rows,
+    weights,
+    write_jsonl,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 # Linear AdamW (eps ≫ |g|, no clipping): the update is lr·g/eps, so any error in the scale of the
 # gradient (accumulation weights, the world-size factor) shows in the weights. Plain AdamW's first
 # step is sign(g)·lr whatever the scale, and would hide it.
-LINEAR_ADAM = {"lr": 1.0, "adam_eps": 100.0, "grad_clip": 0.0}
-ZERO_TOL = 1e-6  # max |ZeRO − single| per weight; the weights themselves move by ~1e-4
 
 
 def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -48,14 +57,14 @@ def pair(tmp_path_factory, proc) -> Path:
     rows = [trajectory(d, proc, 0, answer="red square", advantage=1.0),
             trajectory(d, proc, 0, answer="blue circle", advantage=-1.0)]
     rows[1]["id"] = "t0b"
-    return write_rows(d / "adv.jsonl", rows)
+    return write_jsonl(d / "adv.jsonl", rows)
 
 
 @pytest.fixture(scope="module")
 def varied(tmp_path_factory, proc) -> Path:
     """Six trajectories of different lengths (one text-only, two with a crop) in 2 minibatches."""
     d = tmp_path_factory.mktemp("varied")
-    return write_rows(d / "adv.jsonl", varied_rows(d, proc, minibatches=2))
+    return write_jsonl(d / "adv.jsonl", varied_rows(d, proc, minibatches=2))
 
 
 def seq_logps(model_dir: Path, adv: Path) -> list[float]:
@@ -184,7 +193,7 @@ def test_bad_rows_exit_2_without_output(tmp_path, tiny_model, pair):
         for im in r["images"]:
             im["path"] = str(pair.parent / im["path"])
     no_adv = [rows[0], {k: v for k, v in rows[1].items() if k != "advantage"}]
-    f = write_rows(tmp_path / "noadv.jsonl", no_adv)
+    f = write_jsonl(tmp_path / "noadv.jsonl", no_adv)
     r = cli(str(f), "--policy", str(tiny_model), "--out", str(tmp_path / "o1"))
     assert r.returncode == 2, r.stderr
     assert f"{f}:2: advantage" in r.stderr
@@ -192,7 +201,7 @@ def test_bad_rows_exit_2_without_output(tmp_path, tiny_model, pair):
 
     big = orjson.loads(orjson.dumps(rows[0]))
     big["segments"][-1]["tokens"][0] = 10 ** 6
-    f = write_rows(tmp_path / "vocab.jsonl", [rows[1], big])
+    f = write_jsonl(tmp_path / "vocab.jsonl", [rows[1], big])
     r = cli(str(f), "--policy", str(tiny_model), "--out", str(tmp_path / "o2"))
     assert r.returncode == 2, r.stderr
     assert f"{f}:2: segments: token ids exceed the policy's vocabulary" in r.stderr
@@ -265,7 +274,7 @@ def test_keep_optimizer_carries_adam_moments_into_the_next_update(tmp_path, tiny
 
     lr = 1e-5  # small: the flipped gradient at the moved weights stays close to -g
     rows = [orjson.loads(x) for x in pair.read_bytes().splitlines()]
-    flipped = write_rows(pair.with_name("adv-flipped.jsonl"),  # beside its images
+    flipped = write_jsonl(pair.with_name("adv-flipped.jsonl"),  # beside its images
                          [{**r, "advantage": -r["advantage"]} for r in rows])
     a = tmp_path / "a"
     assert run_update(str(pair), str(tiny_model), str(a), lr=lr, keep_optimizer=True,
@@ -293,21 +302,10 @@ def test_keep_optimizer_carries_adam_moments_into_the_next_update(tmp_path, tiny
     assert not (tmp_path / "c").exists()
 
 
-def delta_agreement(base: Path, a: Path, b: Path) -> tuple[float, float]:
-    """Cosine and norm ratio (b / a) of two checkpoints' weight changes from `base`."""
-    import torch
-
-    w0, wa, wb = weights(base), weights(a), weights(b)
-    da = torch.cat([(wa[k].double() - w0[k].double()).flatten() for k in sorted(w0)])
-    db = torch.cat([(wb[k].double() - w0[k].double()).flatten() for k in sorted(w0)])
-    return (torch.nn.functional.cosine_similarity(da, db, dim=0).item(),
-            (db.norm() / da.norm()).item())
-
-
 def split_by_minibatch(adv: Path) -> list[Path]:
     """One file per minibatch of `adv`, beside its images."""
     rows = [orjson.loads(x) for x in adv.read_bytes().splitlines()]
-    return [write_rows(adv.with_name(f"mb{k}.jsonl"), [r for r in rows if r["minibatch"] == k])
+    return [write_jsonl(adv.with_name(f"mb{k}.jsonl"), [r for r in rows if r["minibatch"] == k])
             for k in sorted({r["minibatch"] for r in rows})]
 
 
@@ -360,42 +358,12 @@ def test_bad_deepspeed_config_and_existing_out(tmp_path, tiny_model, pair, updat
         run_update(str(pair), str(tiny_model), str(tiny_model), force=True)
     rows = [orjson.loads(x) for x in pair.read_bytes().splitlines()]
     rows[0]["minibatch"] = 0
-    f = write_rows(pair.parent / "mixed.jsonl", rows)
+    f = write_jsonl(pair.parent / "mixed.jsonl", rows)
     with pytest.raises(BadInput, match=r"mixed.jsonl:2: minibatch: missing here"):
         run_update(str(f), str(tiny_model), str(tmp_path / "o"))
 
 
 # ----------------------------------------------------------------------------- reproducible, distributed
-
-
-def torchrun(stage: str, data: Path, policy: Path, out: Path, *args: str, env: dict | None = None,
-             ok: bool = True) -> subprocess.CompletedProcess:
-    """`torchrun --nproc_per_node 2 -m marscli STAGE DATA --policy P --out O ARGS` (2 CPU ranks,
-    gloo); with `ok`, a non-zero exit fails the test."""
-    from marscli.distributed import free_port
-
-    port = str(free_port())
-    cmd = [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node", "2",
-           "--master_port", port, "-m", "marscli", stage, str(data), "--policy", str(policy),
-           "--out", str(out), *args]
-    e = {**os.environ, "HF_HUB_OFFLINE": "1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1",
-         **(env or {})}
-    r = subprocess.run(cmd, check=False, capture_output=True, text=True, env=e, timeout=600,
-                       cwd=ROOT)
-    assert r.returncode == 0 or not ok, r.stderr[-4000:]
-    return r
-
-
-def bf16_config(tmp_path: Path, stage: int) -> Path:
-    """recipes/ds_zeroN.json with bf16 on (what "auto" gives on a GPU; DeepSpeed takes it on
-    CPU too)."""
-    import json
-
-    cfg = json.loads((ROOT / f"recipes/ds_zero{stage}.json").read_text())
-    cfg["bf16"] = {"enabled": True}
-    path = tmp_path / f"ds_zero{stage}_bf16.json"
-    path.write_text(json.dumps(cfg))
-    return path
 
 
 RUN_OPTS = dict(kl=0.05, micro_batch_tokens=215, seed=3, **LINEAR_ADAM)
