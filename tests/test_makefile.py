@@ -175,3 +175,22 @@ def test_every_option_a_recipe_passes_exists(recipe, tmp_path):
             unknown = {a for a in args if a.startswith("-") and a not in known
                        and not re.fullmatch(r"-?\d.*", a)}
             assert not unknown, f"{recipe}: {stage} has no option {sorted(unknown)}"
+
+
+@pytest.mark.parametrize("keep", [1, 2])
+def test_prune_keeps_the_last_training_states_and_every_hf_folder(tmp_path, keep):
+    """The prune command make runs after iteration 2's update (ckpt-3 written), run for real on
+    a run folder whose checkpoints all hold train_state/: only the last KEEP_STATE keep theirs,
+    ckpt-0's (the cold start, shared by ablation runs) is never touched, no HF file goes."""
+    run = tmp_path / "run"
+    for k in range(4):
+        (run / f"ckpt-{k}/train_state").mkdir(parents=True)
+        (run / f"ckpt-{k}/config.json").write_text("{}")
+    lines = dry_run("rl-iter", "RECIPE=recipes/tiny.mk", f"RUN={run}", "ITER=2",
+                    f"KEEP_STATE={keep}")
+    prune = [x for x in lines if "/train_state; do" in x]
+    assert len(prune) == 1, lines
+    subprocess.run(["bash", "-c", prune[0]], check=True, timeout=60)
+    kept = sorted(k for k in range(4) if (run / f"ckpt-{k}/train_state").is_dir())
+    assert kept == [0, *range(4 - keep, 4)]
+    assert all((run / f"ckpt-{k}/config.json").is_file() for k in range(4))
