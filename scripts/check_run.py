@@ -21,7 +21,9 @@ def check(run: Path, k: int) -> list[str]:
         rows = read_rows(path)
         ids = [get_field(r, "id", str, path, n) for n, r in rows]
         assert len(ids) == len(set(ids)), f"{path}: duplicate ids"
-        assert {r["prompt_id"] for _, r in rows} <= {p.id for p in prompts}, f"{path}: stray prompt ids"
+        assert {r["prompt_id"] for _, r in rows} <= {p.id for p in prompts}, (
+            f"{path}: stray prompt ids"
+        )
         for n, r in rows:
             parse_segments(r, path, n)
             if name != "rollouts":
@@ -41,7 +43,7 @@ def check(run: Path, k: int) -> list[str]:
     AutoModelForImageTextToText.from_pretrained(ckpt)
     AutoProcessor.from_pretrained(ckpt)
     done.append(f"{ckpt.name}: loads")
-    leftovers = [p for p in run.rglob("*.tmp-*")]
+    leftovers = list(run.rglob("*.tmp-*"))
     assert not leftovers, f"temporary files left: {leftovers[:3]}"
     return done
 

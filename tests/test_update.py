@@ -114,7 +114,8 @@ def test_every_parameter_changed_and_input_untouched(updated, tiny_model):
     cfg = orjson.loads((tiny_model / "config.json").read_bytes())
     n_layers = cfg["text_config"]["num_hidden_layers"]
     dead = tuple(f"model.visual.deepstack_merger_list.{i}."
-                 for i in range(n_layers - 1, len(cfg["vision_config"]["deepstack_visual_indexes"])))
+                 for i in range(n_layers - 1,
+                                len(cfg["vision_config"]["deepstack_visual_indexes"])))
     unchanged = [k for k in old if (old[k] - new[k]).abs().max().item() == 0]
     assert [k for k in unchanged if not k.startswith(dead)] == []
     assert any(k.startswith("model.visual.") for k in old)  # the vision tower trained too
@@ -297,7 +298,7 @@ def test_keep_optimizer_carries_adam_moments_into_the_next_update(tmp_path, tiny
     assert median_step(fresh) > 0.8
     assert median_step(kept) < 0.2
     (kept / OPT).write_bytes(b"not a state")  # a broken state names the file
-    with pytest.raises(BadInput, match="optimizer.pt"):
+    with pytest.raises(BadInput, match=r"optimizer.pt"):
         run_update(str(pair), str(kept), str(tmp_path / "c"), lr=lr, keep_optimizer=True)
     assert not (tmp_path / "c").exists()
 
@@ -340,7 +341,8 @@ def test_two_updates_with_kept_optimizer_equal_one_over_both_minibatches(tmp_pat
 def test_bad_deepspeed_config_and_existing_out(tmp_path, tiny_model, pair, updated):
     from marscli.update import run_update
 
-    cases = {"missing.json": None, "bad.json": "{not json", "stage.json": '{"zero_optimization": {"stage": 4}}',
+    cases = {"missing.json": None, "bad.json": "{not json",
+             "stage.json": '{"zero_optimization": {"stage": 4}}',
              "opt.json": '{"optimizer": {"type": "Adam"}}'}
     msgs = {"missing.json": "no such file", "bad.json": "not valid JSON",
             "stage.json": "zero_optimization.stage: 4 is not a ZeRO stage",
@@ -352,9 +354,9 @@ def test_bad_deepspeed_config_and_existing_out(tmp_path, tiny_model, pair, updat
             run_update(str(pair), str(tiny_model), str(tmp_path / "o"),
                        deepspeed=str(tmp_path / name))
     out, _, _ = updated
-    with pytest.raises(BadInput, match="--out: .*already exists .* --force"):
+    with pytest.raises(BadInput, match=r"--out: .*already exists .* --force"):
         run_update(str(pair), str(tiny_model), str(out))
-    with pytest.raises(BadInput, match="--out: .*is an input checkpoint"):
+    with pytest.raises(BadInput, match=r"--out: .*is an input checkpoint"):
         run_update(str(pair), str(tiny_model), str(tiny_model), force=True)
     rows = [orjson.loads(x) for x in pair.read_bytes().splitlines()]
     rows[0]["minibatch"] = 0
@@ -363,7 +365,7 @@ def test_bad_deepspeed_config_and_existing_out(tmp_path, tiny_model, pair, updat
         run_update(str(f), str(tiny_model), str(tmp_path / "o"))
 
 
-# ----------------------------------------------------------------------------- reproducible, distributed
+# ------------------------------------------------------------------------ reproducible, distributed
 
 
 RUN_OPTS = dict(kl=0.05, micro_batch_tokens=215, seed=3, **LINEAR_ADAM)

@@ -35,8 +35,16 @@ from marscli.images import open_image
 from marscli.jsonl import sha256_file
 from marscli.protocol import Answer, FormatError, ToolCall, parse_turn, system_prompt
 from marscli.records import Prompt, Segment, new_record
-from marscli.tokens import (IMAGE_MARK, ImageFeatures, encode_parts, image_features,
-                            prompt_parts, special_ids, split_images, tool_parts)
+from marscli.tokens import (
+    IMAGE_MARK,
+    ImageFeatures,
+    encode_parts,
+    image_features,
+    prompt_parts,
+    special_ids,
+    split_images,
+    tool_parts,
+)
 from marscli.tools import ConvImage, Tool, ToolContext, ToolResult
 
 MAX_SOURCE_PIXELS = 100_000_000  # decoded input cap; the zoom tool crops from this
@@ -235,7 +243,7 @@ class Agent:
                 ctx = ToolContext(images=t.images, row=t.prompt.row())
                 try:
                     res = self.tools[action.name](action.arguments, ctx)
-                except Exception as e:  # noqa: BLE001 - a tool bug must not kill the batch
+                except Exception as e:  # a tool bug must not kill the batch
                     res = ToolResult(f"error: tool failed ({type(e).__name__}: {e})", ok=False)
             return res, int((time.perf_counter() - t0) * 1000)
 
@@ -258,7 +266,7 @@ class Agent:
         if len(text) > self.cfg.max_tool_chars:
             text = text[: self.cfg.max_tool_chars] + "\n[truncated]"
         new_idx, counts = [], []
-        for k, img in enumerate(res.images):
+        for _, img in enumerate(res.images):
             idx = len(t.images)
             path = self.media_dir / f"{safe_name(t.id)}-{idx}.png"
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -58,7 +58,9 @@ def vocab_size(policy: str, fallback: int) -> int:
     if not cfg_path.is_file():
         return fallback
     cfg = json.loads(cfg_path.read_text())
-    return int((cfg.get("text_config") or {}).get("vocab_size") or cfg.get("vocab_size") or fallback)
+    return int(
+        (cfg.get("text_config") or {}).get("vocab_size") or cfg.get("vocab_size") or fallback
+    )
 
 
 @dataclass

@@ -15,8 +15,8 @@ from typing import Annotated
 
 import typer
 
-from marscli.errors import BadInput, MarsError, check_range
 from marscli import options as opt
+from marscli.errors import BadInput, MarsError, check_range
 
 app = typer.Typer(
     name="marscli",
@@ -86,7 +86,8 @@ def advantages(
         "their reward in the group statistics but get advantage 0 and \"masked\": "
         "\"truncated\" (update trains nothing on them).")] = False,
     seed: Annotated[int, typer.Option(help="Seed of the minibatch shuffle.")] = 0,
-    output: Annotated[str, typer.Option("-o", "--output", help="Output JSONL (- for stdout).")] = "-",
+    output: Annotated[str, typer.Option(
+        "-o", "--output", help="Output JSONL (- for stdout).")] = "-",
 ) -> None:
     """Add `advantage` and `group` statistics to scored rows (numpy only, no torch)."""
     with guard():
@@ -109,7 +110,8 @@ def reward(
     judge_retries: opt.JudgeRetries = opt.JUDGE_RETRIES,
     judge_concurrency: opt.JudgeConcurrency = opt.JUDGE_CONCURRENCY,
     judge_cache: opt.JudgeCache = None,
-    output: Annotated[str, typer.Option("-o", "--output", help="Output JSONL (- for stdout).")] = "-",
+    output: Annotated[str, typer.Option(
+        "-o", "--output", help="Output JSONL (- for stdout).")] = "-",
 ) -> None:
     """Add `reward` (accuracy + format) to trajectory rows; torch-free with --judge exact."""
     with guard():
@@ -127,7 +129,8 @@ def ask(
     image: Annotated[str, typer.Argument(help="Image file (any size; the zoom tool crops it).")],
     question: Annotated[str, typer.Argument(help="The question.")],
     policy: opt.Policy = opt.DEFAULT_POLICY,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the trajectory record to stdout.")] = False,
+    json_out: Annotated[bool, typer.Option(
+        "--json", help="Print the trajectory record to stdout.")] = False,
     max_turns: opt.MaxTurns = opt.GEN.max_turns,
     max_turn_tokens: opt.MaxTurnTokens = opt.GEN.max_turn_tokens,
     max_new_tokens: Annotated[int | None, typer.Option(
@@ -212,7 +215,8 @@ def search(
     image_search: Annotated[str, typer.Option(
         metavar="SPEC", help="Image backend: data, local:INDEX or serper-lens.")] = "data",
     row: Annotated[str | None, typer.Option(
-        metavar="ROWS.jsonl[:LINE]", help="Prompt row for the data backend (default: line 1).")] = None,
+        metavar="ROWS.jsonl[:LINE]",
+        help="Prompt row for the data backend (default: line 1).")] = None,
     k: Annotated[int, typer.Option(help="Text results per query.")] = 5,
     max_chars: Annotated[int, typer.Option(help="Truncate the tool text to this.")] = 8192,
     fetch_pages: Annotated[bool, typer.Option(
@@ -220,9 +224,11 @@ def search(
     summarizer: Annotated[str | None, typer.Option(
         metavar="URL", help="OpenAI-compatible base URL that summarises the results "
                             "(key from SUMMARIZER_API_KEY or OPENAI_API_KEY).")] = None,
-    summarizer_model: Annotated[str | None, typer.Option(help="Model name at --summarizer.")] = None,
+    summarizer_model: Annotated[str | None, typer.Option(
+        help="Model name at --summarizer.")] = None,
     no_cache: Annotated[bool, typer.Option(
-        "--no-cache", help="Skip the result cache ($MARSCLI_CACHE_DIR or ~/.cache/marscli).")] = False,
+        "--no-cache",
+        help="Skip the result cache ($MARSCLI_CACHE_DIR or ~/.cache/marscli).")] = False,
     json_out: Annotated[bool, typer.Option(
         "--json", help="Print {ok, text, images: [{title, thumbnail}]} as JSON.")] = False,
 ) -> None:
@@ -235,8 +241,8 @@ def search(
         from marscli.errors import RuntimeFailure
         from marscli.tools.search import load_row, query_image, query_text, result_json, tool_failed
 
-        opts = dict(k=k, max_chars=max_chars, fetch_pages=fetch_pages, summarizer=summarizer,
-                    summarizer_model=summarizer_model)
+        opts = {"k": k, "max_chars": max_chars, "fetch_pages": fetch_pages,
+                "summarizer": summarizer, "summarizer_model": summarizer_model}
         if no_cache:
             opts["cache"] = None
         if query is not None:
@@ -265,7 +271,8 @@ def tiny_model(
     text: Annotated[list[str] | None, typer.Option(
         metavar="FILE", help="Extra tokenizer training text (text or JSONL: string values); "
                              "repeatable. Pass the task's corpus and prompts.")] = None,
-    size: Annotated[str, typer.Option(help="tiny (about 1 M parameters) or small (demo).")] = "tiny",
+    size: Annotated[str, typer.Option(
+        help="tiny (about 1 M parameters) or small (demo).")] = "tiny",
     force: Annotated[bool, typer.Option("--force", help="Replace a non-empty OUT.")] = False,
     min_pixels: Annotated[int, typer.Option(
         help="Processor floor: images are upscaled to at least this many pixels.")] = 65_536,
@@ -327,7 +334,8 @@ def rollout(
 @app.command("toy-world")
 def toy_world(
     out: Annotated[str, typer.Argument(metavar="OUT", help="World folder to create.")],
-    entities: Annotated[int, typer.Option(help="Made-up companies (5..96), each with a logo.")] = 24,
+    entities: Annotated[int, typer.Option(
+        help="Made-up companies (5..96), each with a logo.")] = 24,
     seed: Annotated[int, typer.Option(help="Seed of everything (same seed, same bytes).")] = 0,
     train: Annotated[int, typer.Option(help="Prompt rows in train.jsonl.")] = 240,
     test: Annotated[int, typer.Option(help="Prompt rows in test.jsonl (new scenes).")] = 60,
@@ -337,9 +345,11 @@ def toy_world(
         help="Logos sit in one cell of a GRID x GRID layout; the expert zooms on that cell.")] = 8,
     zoom_cells: Annotated[int, typer.Option(
         help="The expert's zoom box spans this many cells per side (a block aligned to "
-             "multiples of it, holding the logo's cell): 2 on a 4x4 grid zooms on a quadrant.")] = 1,
+             "multiples of it, holding the logo's cell): 2 on a 4x4 grid zooms on a "
+             "quadrant.")] = 1,
     kinds: Annotated[str, typer.Option(
-        help="Question kinds, comma-separated: perception, knowledge, both.")] = "perception,knowledge,both",
+        help="Question kinds, comma-separated: perception, knowledge, both."
+    )] = "perception,knowledge,both",
     force: Annotated[bool, typer.Option("--force", help="Replace a non-empty OUT.")] = False,
 ) -> None:
     """Write a synthetic MARS-like world (logos, scenes, corpus, prompts, expert replies)."""
@@ -394,14 +404,16 @@ def update(
     micro_batch_tokens: Annotated[int, typer.Option(
         help="Token budget of a micro-batch (longest sequence x count).")] = 32768,
     deepspeed: Annotated[str | None, typer.Option(
-        metavar="CONFIG", help="DeepSpeed JSON config (recipes/ds_zero2.json, ds_zero3.json).")] = None,
+        metavar="CONFIG",
+        help="DeepSpeed JSON config (recipes/ds_zero2.json, ds_zero3.json).")] = None,
     gradient_checkpointing: Annotated[bool, typer.Option(
         "--gradient-checkpointing", help="Recompute activations in backward.")] = False,
     freeze_vision: Annotated[bool, typer.Option(
         "--freeze-vision", help="Do not train the vision tower.")] = False,
     seed: Annotated[int, typer.Option()] = 0,
     metrics: Annotated[str | None, typer.Option(
-        metavar="FILE", help="Metrics JSONL, one line per step (default: OUT/metrics.jsonl).")] = None,
+        metavar="FILE",
+        help="Metrics JSONL, one line per step (default: OUT/metrics.jsonl).")] = None,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     save_dtype: Annotated[str, typer.Option(
         help="Of the HF export engines load: auto (bfloat16 on CUDA, float32 on CPU), float32, "
@@ -444,7 +456,8 @@ def inspect_cmd(
                              "repeatable (ANDed); a missing field never matches.")] = None,
     limit: Annotated[int | None, typer.Option(help="Stop after N matches.")] = None,
     json_out: Annotated[bool, typer.Option(
-        "--json", help="Print the matching records as JSONL (pipe them to another stage).")] = False,
+        "--json",
+        help="Print the matching records as JSONL (pipe them to another stage).")] = False,
     ids_out: Annotated[bool, typer.Option(
         "--ids", help="Print the matching ids, one a line.")] = False,
 ) -> None:
@@ -616,13 +629,16 @@ def sft(
     lr: Annotated[float, typer.Option(help="AdamW peak learning rate.")] = 1e-5,
     warmup_ratio: Annotated[float, typer.Option(
         help="Linear warm-up over this fraction of the steps (rounded up).")] = 0.03,
-    schedule: Annotated[str, typer.Option(help="After warm-up: cosine, constant or linear.")] = "cosine",
-    min_lr_ratio: Annotated[float, typer.Option(help="cosine/linear floor, as a fraction of --lr.")] = 0.0,
+    schedule: Annotated[str, typer.Option(
+        help="After warm-up: cosine, constant or linear.")] = "cosine",
+    min_lr_ratio: Annotated[float, typer.Option(
+        help="cosine/linear floor, as a fraction of --lr.")] = 0.0,
     batch_size: Annotated[int, typer.Option(help="Sequences per optimiser step.")] = 32,
     max_tokens: Annotated[int, typer.Option(
         help="Longest sequence allowed (a longer row is a bad row; never truncated).")] = 32768,
     micro_batch_tokens: Annotated[int | None, typer.Option(
-        help="Token budget of a micro-batch (longest sequence x count; default --max-tokens).")] = None,
+        help="Token budget of a micro-batch "
+             "(longest sequence x count; default --max-tokens).")] = None,
     adam_beta1: Annotated[float, typer.Option()] = 0.9,
     adam_beta2: Annotated[float, typer.Option()] = 0.999,
     adam_eps: Annotated[float, typer.Option()] = 1e-8,
@@ -633,7 +649,8 @@ def sft(
     gradient_checkpointing: Annotated[bool, typer.Option(
         "--gradient-checkpointing", help="Recompute activations in backward.")] = False,
     deepspeed: Annotated[str | None, typer.Option(
-        metavar="CONFIG", help="DeepSpeed JSON config (recipes/ds_zero2.json, ds_zero3.json).")] = None,
+        metavar="CONFIG",
+        help="DeepSpeed JSON config (recipes/ds_zero2.json, ds_zero3.json).")] = None,
     system_prompt: Annotated[str | None, typer.Option(
         metavar="FILE", help="Base system prompt for message rows without a system turn "
                              "(as rollout's --system-prompt).")] = None,
@@ -642,7 +659,8 @@ def sft(
         "--save-every-epoch", help="Keep a resumable state in OUT.partial/ after each epoch; "
                                    "re-running the command resumes from it.")] = False,
     metrics: Annotated[str | None, typer.Option(
-        metavar="FILE", help="Metrics JSONL, one line per step (default: OUT/metrics.jsonl).")] = None,
+        metavar="FILE",
+        help="Metrics JSONL, one line per step (default: OUT/metrics.jsonl).")] = None,
     skip_bad: Annotated[bool, typer.Option(
         "--skip-bad", help="Skip (and count) bad rows instead of exiting 2.")] = False,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",

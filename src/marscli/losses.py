@@ -99,7 +99,8 @@ def _prep(logp: torch.Tensor, other: torch.Tensor, mask: torch.Tensor):
 
 
 def aggregate(values: torch.Tensor, mask: torch.Tensor, agg: str) -> torch.Tensor:
-    """Reduce per-token values [B, T] over the model tokens: "token-mean" or "seq-mean-token-mean"."""
+    """Reduce per-token values [B, T] over the model tokens: "token-mean" or
+    "seq-mean-token-mean"."""
     m = mask.bool()  # [B, T]
     v = torch.where(m, values, torch.zeros((), dtype=values.dtype, device=values.device))
     if agg == "token-mean":

@@ -14,8 +14,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from marscli.engines import (ENGINES, GenRequest, Generation, SamplingParams, check_policy,
-                             resolve_device)
+from marscli.engines import (
+    ENGINES,
+    Generation,
+    GenRequest,
+    SamplingParams,
+    check_policy,
+    resolve_device,
+)
 from marscli.policy import check_checkpoint, load_model, load_processor
 from marscli.tokens import expand, special_ids
 
@@ -65,7 +71,9 @@ class HFEngine:
             inputs["image_grid_thw"] = torch.stack([f.grid_thw for f in feats])
         return {k: v.to(self.device) for k, v in inputs.items()}
 
-    def _generate_batch(self, requests: list[GenRequest], params: SamplingParams) -> list[Generation]:
+    def _generate_batch(
+        self, requests: list[GenRequest], params: SamplingParams
+    ) -> list[Generation]:
         import torch
 
         inputs = self._batch_inputs(requests)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from marscli.engines import ENGINES, GenRequest, Generation, SamplingParams, check_policy
+from marscli.engines import ENGINES, Generation, GenRequest, SamplingParams, check_policy
 from marscli.errors import BadInput
 from marscli.policy import check_checkpoint, load_processor
 from marscli.tokens import special_ids

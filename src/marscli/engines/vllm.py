@@ -39,8 +39,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from marscli.engines import (ENGINES, Generation, GenRequest, SamplingParams, check_policy,
-                             resolve_device)
+from marscli.engines import (
+    ENGINES,
+    Generation,
+    GenRequest,
+    SamplingParams,
+    check_policy,
+    resolve_device,
+)
 from marscli.errors import BadInput, RuntimeFailure, check_range
 from marscli.policy import check_checkpoint, load_processor
 from marscli.tokens import expand, special_ids
@@ -147,7 +153,7 @@ class VLLMEngine:
         self._calls += 1
         prompts, sps, slots = [], [], []
         out: list[Generation | None] = [None] * len(requests)
-        ban = {t: -math.inf for t in self.ids.vision}
+        ban = dict.fromkeys(self.ids.vision, -math.inf)
         greedy = params.temperature <= 0
         for i, r in enumerate(requests):
             ids = [self.ids.image_pad if t < 0 else t for t in r.tokens]  # one per image
@@ -183,7 +189,8 @@ class VLLMEngine:
         if list(seen) != want:
             raise RuntimeFailure(
                 f"vllm engine: vLLM expanded the prompt to {len(seen)} tokens, marscli's "
-                f"processor to {len(want)} (image placeholders: {list(seen).count(self.ids.image_pad)}"
+                f"processor to {len(want)} (image placeholders: "
+                f"{list(seen).count(self.ids.image_pad)}"
                 f" vs {want.count(self.ids.image_pad)}) — the checkpoint's processor config and "
                 "vLLM's disagree on image sizes; check min/max pixels in its processor_config")
 
