@@ -137,6 +137,12 @@ class FakeServer:
                 else json.dumps(data).encode()
             if delay:
                 time.sleep(delay)
+        finally:
+            # Out of flight before the reply is sent: once the client has its reply it may send
+            # the next request, which must not find this one still counted.
+            with self.lock:
+                self.in_flight -= 1
+        try:
             handler.send_response(status)
             for k, v in {"Content-Type": "application/json", **(headers or {}),
                          "Content-Length": str(len(data))}.items():
@@ -145,9 +151,6 @@ class FakeServer:
             handler.wfile.write(data)
         except OSError:
             pass  # the client timed out and hung up
-        finally:
-            with self.lock:
-                self.in_flight -= 1
 
     def requests(self, suffix: str = "") -> int:
         """Requests received (at paths ending with `suffix`)."""

@@ -93,6 +93,7 @@ def test_ask_decompression_bomb_refused_before_decoding(tmp_path, tiny_model):
     assert res.returncode == 2 and "decompression bomb" in res.stderr
 
 
+@pytest.mark.slow  # measured: over 9 s on 2 cores
 def test_ask_trace_shows_what_the_trajectory_did(photo, tiny_model, tmp_path):
     """The live trace of a greedy run against the record of the same run (`--json`): one
     tool-response panel per tool segment, one format-error line per format error, and the
@@ -112,6 +113,7 @@ def test_ask_trace_shows_what_the_trajectory_did(photo, tiny_model, tmp_path):
         assert live.stdout.strip() == ""
 
 
+@pytest.mark.slow  # measured: over 9 s on 2 cores
 def test_ask_json_prints_the_trajectory_record(photo, tiny_model, tmp_path):
     res = run("ask", str(photo), "Where?", "--policy", str(tiny_model), "--json",
               "--max-turns", "1", "--max-turn-tokens", "8", "--crops-dir", str(tmp_path / "c"))

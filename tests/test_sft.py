@@ -247,6 +247,7 @@ def trained(tmp_path_factory, tiny_model, traj):
     return out, before, stats
 
 
+@pytest.mark.slow  # measured: over 9 s on 2 cores
 def test_loss_falls_and_output_is_a_checkpoint(trained, tiny_model):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
@@ -303,6 +304,7 @@ def test_freeze_vision_leaves_the_vision_tower(tmp_path, tiny_model, traj):
                     {k: old[k] for k in old if not k.startswith("model.visual.")}) > 1e-4
 
 
+@pytest.mark.slow  # measured: over 9 s on 2 cores
 def test_killed_after_first_epoch_resumes_to_the_same_weights(tmp_path, tiny_model, traj,
                                                               trained):
     from marscli.sft import run_sft
@@ -364,6 +366,7 @@ def test_bad_row_names_file_and_line(tmp_path, tiny_model, bad_rows, kind):
     assert list(tmp_path.iterdir()) == [f]
 
 
+@pytest.mark.slow  # measured: over 9 s on 2 cores
 def test_bad_rows_exit_2_without_output_and_skip_bad_counts(tmp_path, tiny_model, bad_rows,
                                                            capsys):
     from marscli.sft import run_sft

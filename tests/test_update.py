@@ -188,6 +188,7 @@ def test_interrupted_update_leaves_no_output(tmp_path, tiny_model, pair, monkeyp
 # ----------------------------------------------------------------------------- bad input
 
 
+@pytest.mark.slow  # measured: over 9 s on 2 cores
 def test_bad_rows_exit_2_without_output(tmp_path, tiny_model, pair):
     rows = [orjson.loads(x) for x in pair.read_bytes().splitlines()]
     for r in rows:
@@ -265,6 +266,7 @@ def test_bad_options_name_the_option(tmp_path, tiny_model, pair, opts, match):
 OPT = Path("train_state/optimizer/optimizer.pt")
 
 
+@pytest.mark.slow  # measured: over 9 s on 2 cores
 def test_keep_optimizer_carries_adam_moments_into_the_next_update(tmp_path, tiny_model, pair):
     """With the advantages flipped, a fresh AdamW's first step is sign descent (every moved
     weight moves by about lr); the carried moments nearly cancel it (first moment
@@ -310,6 +312,7 @@ def split_by_minibatch(adv: Path) -> list[Path]:
             for k in sorted({r["minibatch"] for r in rows})]
 
 
+@pytest.mark.slow  # measured: over 9 s on 2 cores
 def test_two_updates_with_kept_optimizer_equal_one_over_both_minibatches(tmp_path, tiny_model,
                                                                         varied):
     """Iteration-split invariance in plain torch: an update per minibatch, the AdamW state
@@ -389,6 +392,7 @@ def single(tmp_path_factory, tiny_model, varied):
     return out
 
 
+@pytest.mark.slow  # measured: over 9 s on 2 cores
 def test_same_seed_same_weights(single, tmp_path, tiny_model, varied):
     from marscli.update import run_update
 
