@@ -369,8 +369,8 @@ def toy_world(
 def update(
     adv: Annotated[str, typer.Argument(
         metavar="ADV.jsonl", help="Trajectory rows with `advantage` (and optional `minibatch`).")],
-    policy: Annotated[str, typer.Option(help="Input checkpoint (HF folder); left untouched.")],
-    out: Annotated[str, typer.Option(help="Output checkpoint folder (must not exist).")],
+    policy: opt.PolicyIn,
+    out: opt.OutCkpt,
     loss: Annotated[str, typer.Option(help="Policy loss: gspo (the paper's) or grpo.")] = "gspo",
     agg: Annotated[str | None, typer.Option(
         help="token-mean or seq-mean-token-mean (default: the loss's own: gspo "
@@ -380,11 +380,11 @@ def update(
     lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-6,
     lr_schedule: Annotated[str, typer.Option(help="constant, cosine or linear.")] = "constant",
     warmup_steps: Annotated[int, typer.Option(help="Linear warm-up steps.")] = 0,
-    adam_beta1: Annotated[float, typer.Option()] = 0.9,
-    adam_beta2: Annotated[float, typer.Option()] = 0.999,
-    adam_eps: Annotated[float, typer.Option()] = 1e-8,
-    weight_decay: Annotated[float, typer.Option()] = 0.0,
-    grad_clip: Annotated[float, typer.Option(help="Clip the gradient norm (0: off).")] = 1.0,
+    adam_beta1: opt.AdamBeta1 = 0.9,
+    adam_beta2: opt.AdamBeta2 = 0.999,
+    adam_eps: opt.AdamEps = 1e-8,
+    weight_decay: opt.WeightDecay = 0.0,
+    grad_clip: opt.GradClip = 1.0,
     kl: Annotated[float, typer.Option(help="k3 KL coefficient to --ref (0: no reference).")] = 0.0,
     ref: Annotated[str | None, typer.Option(help="Reference checkpoint for --kl.")] = None,
     epochs: Annotated[int, typer.Option(help="Passes over the minibatches.")] = 1,
@@ -403,21 +403,13 @@ def update(
              "below it.")] = 0.0,
     micro_batch_tokens: Annotated[int, typer.Option(
         help="Token budget of a micro-batch (longest sequence x count).")] = 32768,
-    deepspeed: Annotated[str | None, typer.Option(
-        metavar="CONFIG",
-        help="DeepSpeed JSON config (recipes/ds_zero2.json, ds_zero3.json).")] = None,
-    gradient_checkpointing: Annotated[bool, typer.Option(
-        "--gradient-checkpointing", help="Recompute activations in backward.")] = False,
-    freeze_vision: Annotated[bool, typer.Option(
-        "--freeze-vision", help="Do not train the vision tower.")] = False,
+    deepspeed: opt.DeepSpeed = None,
+    gradient_checkpointing: opt.GradientCheckpointing = False,
+    freeze_vision: opt.FreezeVision = False,
     seed: Annotated[int, typer.Option()] = 0,
-    metrics: Annotated[str | None, typer.Option(
-        metavar="FILE",
-        help="Metrics JSONL, one line per step (default: OUT/metrics.jsonl).")] = None,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
-    save_dtype: Annotated[str, typer.Option(
-        help="Of the HF export engines load: auto (bfloat16 on CUDA, float32 on CPU), float32, "
-             "bfloat16 or input. The fp32 masters stay in OUT/train_state/.")] = "auto",
+    metrics: opt.Metrics = None,
+    device: opt.TrainDevice = "auto",
+    save_dtype: opt.SaveDtype = "auto",
     keep_optimizer: Annotated[bool, typer.Option(
         "--keep-optimizer", help="Carry AdamW's state across iterations: load it from "
         "POLICY/train_state/ when present, write it to OUT/train_state/ (DeepSpeed: the same "
@@ -623,8 +615,8 @@ def sft(
     data: Annotated[str, typer.Argument(
         metavar="DATA.jsonl", help="Trajectory rows (rollout's segments) or message rows "
                                    "({messages, images}); - for stdin.")],
-    policy: Annotated[str, typer.Option(help="Input checkpoint (HF folder); left untouched.")],
-    out: Annotated[str, typer.Option(help="Output checkpoint folder (must not exist).")],
+    policy: opt.PolicyIn,
+    out: opt.OutCkpt,
     epochs: Annotated[int, typer.Option(help="Passes over the data.")] = 3,
     lr: Annotated[float, typer.Option(help="AdamW peak learning rate.")] = 1e-5,
     warmup_ratio: Annotated[float, typer.Option(
@@ -639,18 +631,14 @@ def sft(
     micro_batch_tokens: Annotated[int | None, typer.Option(
         help="Token budget of a micro-batch "
              "(longest sequence x count; default --max-tokens).")] = None,
-    adam_beta1: Annotated[float, typer.Option()] = 0.9,
-    adam_beta2: Annotated[float, typer.Option()] = 0.999,
-    adam_eps: Annotated[float, typer.Option()] = 1e-8,
-    weight_decay: Annotated[float, typer.Option()] = 0.0,
-    grad_clip: Annotated[float, typer.Option(help="Clip the gradient norm (0: off).")] = 1.0,
-    freeze_vision: Annotated[bool, typer.Option(
-        "--freeze-vision", help="Do not train the vision tower and projector.")] = False,
-    gradient_checkpointing: Annotated[bool, typer.Option(
-        "--gradient-checkpointing", help="Recompute activations in backward.")] = False,
-    deepspeed: Annotated[str | None, typer.Option(
-        metavar="CONFIG",
-        help="DeepSpeed JSON config (recipes/ds_zero2.json, ds_zero3.json).")] = None,
+    adam_beta1: opt.AdamBeta1 = 0.9,
+    adam_beta2: opt.AdamBeta2 = 0.999,
+    adam_eps: opt.AdamEps = 1e-8,
+    weight_decay: opt.WeightDecay = 0.0,
+    grad_clip: opt.GradClip = 1.0,
+    freeze_vision: opt.FreezeVision = False,
+    gradient_checkpointing: opt.GradientCheckpointing = False,
+    deepspeed: opt.DeepSpeed = None,
     system_prompt: Annotated[str | None, typer.Option(
         metavar="FILE", help="Base system prompt for message rows without a system turn "
                              "(as rollout's --system-prompt).")] = None,
@@ -658,15 +646,11 @@ def sft(
     save_every_epoch: Annotated[bool, typer.Option(
         "--save-every-epoch", help="Keep a resumable state in OUT.partial/ after each epoch; "
                                    "re-running the command resumes from it.")] = False,
-    metrics: Annotated[str | None, typer.Option(
-        metavar="FILE",
-        help="Metrics JSONL, one line per step (default: OUT/metrics.jsonl).")] = None,
+    metrics: opt.Metrics = None,
     skip_bad: Annotated[bool, typer.Option(
         "--skip-bad", help="Skip (and count) bad rows instead of exiting 2.")] = False,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
-    save_dtype: Annotated[str, typer.Option(
-        help="Of the HF export engines load: auto (bfloat16 on CUDA, float32 on CPU), float32, "
-             "bfloat16 or input. The fp32 masters stay in OUT/train_state/.")] = "auto",
+    device: opt.TrainDevice = "auto",
+    save_dtype: opt.SaveDtype = "auto",
     force: Annotated[bool, typer.Option(
         "--force", help="Replace an existing OUT (and a stale OUT.partial).")] = False,
 ) -> None:

@@ -92,6 +92,28 @@ JudgeCache = Annotated[str | None, typer.Option(
                          "~/.cache/marscli/judge.sqlite).")]
 
 
+# training (update and sft); each stage gives its own defaults
+PolicyIn = Annotated[str, typer.Option(help="Input checkpoint (HF folder); left untouched.")]
+OutCkpt = Annotated[str, typer.Option(help="Output checkpoint folder (must not exist).")]
+AdamBeta1 = Annotated[float, typer.Option()]
+AdamBeta2 = Annotated[float, typer.Option()]
+AdamEps = Annotated[float, typer.Option()]
+WeightDecay = Annotated[float, typer.Option()]
+GradClip = Annotated[float, typer.Option(help="Clip the gradient norm (0: off).")]
+FreezeVision = Annotated[bool, typer.Option(
+    "--freeze-vision", help="Do not train the vision tower and projector.")]
+GradientCheckpointing = Annotated[bool, typer.Option(
+    "--gradient-checkpointing", help="Recompute activations in backward.")]
+DeepSpeed = Annotated[str | None, typer.Option(
+    metavar="CONFIG", help="DeepSpeed JSON config (recipes/ds_zero2.json, ds_zero3.json).")]
+Metrics = Annotated[str | None, typer.Option(
+    metavar="FILE", help="Metrics JSONL, one line per step (default: OUT/metrics.jsonl).")]
+TrainDevice = Annotated[str, typer.Option(help="auto, cpu or cuda.")]
+SaveDtype = Annotated[str, typer.Option(
+    help="Of the HF export engines load: auto (bfloat16 on CUDA, float32 on CPU), float32, "
+         "bfloat16 or input. The fp32 masters stay in OUT/train_state/.")]
+
+
 def generation_options(params: dict[str, Any]) -> GenerationOptions:
     """A command's parameters (its `locals()`) as `GenerationOptions`: the fields by name, the
     engine options given (not None) as `engine_opts`. Checked where it is used."""
