@@ -141,7 +141,7 @@ def test_no_temp_files_left(tmp_path):
 
 
 def test_redact_keeps_ordinary_keys():
-    from marscli.jsonl import redact
+    from marscli.secrets import redact
 
     cfg = {"api_key": "s", "X-API-KEY": "s", "password": "p", "max_new_tokens": 8,
            "num_key_value_heads": 1, "pad_token_id": 0}

@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 
 from marscli import options as opt
-from marscli.errors import BadInput, MarsError, check_range
+from marscli.errors import BadInput, MarsError, check_range, os_error
 
 app = typer.Typer(
     name="marscli",
@@ -45,6 +45,12 @@ def main() -> None:
             raise
         print(f"error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
+    except OSError as e:  # a full disk or a read-only folder met outside a guard
+        err = os_error(e)
+        if err is None or os.environ.get("MARSCLI_DEBUG"):
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(err.exit_code)
 
 
 @contextlib.contextmanager
@@ -57,6 +63,11 @@ def guard() -> Iterator[None]:
         if os.environ.get("MARSCLI_DEBUG"):
             raise
         fail(e)
+    except OSError as e:
+        err = os_error(e)
+        if err is None or os.environ.get("MARSCLI_DEBUG"):
+            raise
+        fail(err)
 
 
 # ---------------------------------------------------------------------------------- commands

@@ -50,3 +50,24 @@ def check_range(name: str, v: float | None, lo: float | None = None, hi: float |
         hi_s = "" if hi is None else f"{'<' if hi_open else '<='} {hi}"
         must = " and ".join(x for x in (lo_s, hi_s) if x)
         raise BadInput(f"{name}: {v} is out of range — must be {must}")
+
+
+# errno values that are the user's environment, not a bug: one line, never a traceback.
+_OS_ERRORS = {"ENOSPC": ("no space left on the device", RuntimeFailure),
+              "EDQUOT": ("disk quota exceeded", RuntimeFailure),
+              "EROFS": ("read-only file system", BadInput),
+              "EACCES": ("permission denied", BadInput)}
+
+
+def os_error(e: BaseException) -> MarsError | None:
+    """The one-line error for a full disk, a quota, a read-only or forbidden folder (naming
+    the path when the OS gave one); None for any other error, which stays a traceback."""
+    import errno
+
+    for name, (what, kind) in _OS_ERRORS.items():
+        if isinstance(e, OSError) and e.errno == getattr(errno, name, None):
+            where_ = f"{e.filename}: " if e.filename else ""
+            return kind(f"{where_}{what} — free space or pick another output folder"
+                        if kind is RuntimeFailure else
+                        f"{where_}{what} — pick an output folder you can write to")
+    return None

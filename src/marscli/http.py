@@ -38,7 +38,7 @@ import orjson
 import requests
 
 from marscli.errors import RuntimeFailure
-from marscli.jsonl import redact
+from marscli.secrets import redact
 
 MAX_BACKOFF_S = 30.0
 MAX_RETRY_AFTER_S = 60.0

@@ -16,7 +16,6 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
-import re
 import shutil
 import sys
 import time
@@ -28,6 +27,7 @@ import orjson
 
 from marscli import __version__
 from marscli.errors import BadInput
+from marscli.secrets import redact
 
 SCHEMA_VERSION = 1
 _DUMP_OPTS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
@@ -263,27 +263,6 @@ def sha256_file(path: str | Path) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-# Names of config keys holding credentials (`api_key`, `x-api-key`, `password`...), but not
-# `max_new_tokens` or `num_key_value_heads`.
-_SECRET_KEY = re.compile(r"(api[_-]?key|secret|password|passwd|authorization|bearer|"
-                         r"access[_-]?token|auth[_-]?token|^token$|^key$)", re.I)
-_SECRET_ENV = ("SERPER_API_KEY", "OPENAI_API_KEY", "JUDGE_API_KEY", "SUMMARIZER_API_KEY")
-
-
-def redact(obj: Any) -> Any:
-    """Drop secret-looking config values and any known API key's value, wherever it appears."""
-    secrets = [os.environ[k] for k in _SECRET_ENV if os.environ.get(k)]
-    if isinstance(obj, dict):
-        return {k: ("<redacted>" if _SECRET_KEY.search(str(k)) and v else redact(v))
-                for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [redact(v) for v in obj]
-    if isinstance(obj, str):
-        for s in secrets:
-            obj = obj.replace(s, "<redacted>")
-    return obj
 
 
 def write_sidecar(out: str, *, stage: str, seed: int | None = None, config: dict | None = None,

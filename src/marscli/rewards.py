@@ -41,9 +41,10 @@ from pathlib import Path
 from typing import Any
 
 from marscli.errors import BadInput, RuntimeFailure
-from marscli.jsonl import AtomicJsonl, get_field, read_rows, redact, write_sidecar
+from marscli.jsonl import AtomicJsonl, get_field, read_rows, write_sidecar
 from marscli.judge import Judge, JudgeError, JudgeOptions, make_judge
 from marscli.protocol import last_answer
+from marscli.secrets import redact
 
 LETTERS = "ABCDE"
 _PUNCT = set(string.punctuation)

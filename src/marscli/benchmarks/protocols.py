@@ -44,10 +44,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from marscli.benchmarks import benchmark_info
-from marscli.jsonl import redact
 from marscli.judge import Judge, JudgeError
 from marscli.registry import Registry
 from marscli.rewards import extract_choice, normalize, response_answer, score_answer
+from marscli.secrets import redact
 
 
 @dataclass

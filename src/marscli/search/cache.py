@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from marscli.jsonl import redact
+from marscli.secrets import redact
 
 _URL_SECRET = re.compile(r"(?i)([?&](?:key|api_key|apikey|token|secret)=)[^&]*")
 _USERINFO = re.compile(r"(//)[^/@]*@")
