@@ -33,18 +33,23 @@ test-fast: setup
 bench: setup
 	$(PY) benchmarks/run.py
 
-# Build the tiny model and ask it about a picture, tracing the agent live.
+# A replayed expert on a 4K scene through the real agent loop and zoom tool: a zoom on the small
+# sign, the crop, the answer, in seconds on 2 cores (the tiny model only supplies the tokenizer).
 ask-demo: setup
 	mkdir -p runs/ask-demo
 	test -f runs/ask-demo/tiny/config.json || $(MARSCLI) tiny-model runs/ask-demo/tiny
-	$(PY) scripts/demo_image.py runs/ask-demo/scene.png
+	$(PY) scripts/demo_image.py runs/ask-demo/scene.png --replies runs/ask-demo/replies.json
 	$(MARSCLI) ask runs/ask-demo/scene.png "What is written on the small sign?" \
-	  --policy runs/ask-demo/tiny --max-turns 3 --max-turn-tokens 48 --crops-dir runs/ask-demo/crops
+	  --engine replay --replies runs/ask-demo/replies.json --policy runs/ask-demo/tiny \
+	  --crops-dir runs/ask-demo/crops
 
 # ---------------------------------------------------------------------------------------------
 # RL loop. Each stage is a file target, so an interrupted iteration resumes at the first
-# missing file; a stage's sidecar (FILE.meta.json) is written last, so it marks completion
-# (rollout and eval append records as they go and resume from them).
+# missing file. A stage's target is the file it writes last: the sidecar FILE.meta.json of a
+# JSONL stage (a data file without its sidecar, from a kill between the two, is redone), an
+# eval's summary, a checkpoint's config.json (the folder appears whole, by one rename). A
+# failed stage writes no sidecar, so make retries it (rollout and eval append records as they
+# go and resume from them; reward keeps its scored rows in FILE.partial).
 #   make rl-iter RECIPE=recipes/tiny.mk ITER=k [SLURM=1]   one iteration: ckpt-k → ckpt-(k+1)
 #   make rl ITERS=n                                        iterations 0..n-1
 # Layout: $(RUN)/ckpt-k (HF checkpoints; ckpt-0 = the cold-start SFT model),
@@ -124,23 +129,25 @@ $(RUN)/ckpt-0/config.json: $(SFT_DATA).meta.json
 	$(call single,SFT,stages/sft.sh,$(SFT_DATA) $(BASE) $(RUN)/ckpt-0 $(SFT_OPTS) --force --metrics $(RUN)/sft/metrics.jsonl,$(TRAIN_ENV))
 endif
 
-# This iteration's prompts: PROMPTS_PER_ITER consecutive rows, cycling through the file.
+# This iteration's prompts: PROMPTS_PER_ITER consecutive rows, cycling through the file,
+# written to a name of this shell's own (PID) and renamed.
 $(IT)/prompts.jsonl: $(PROMPTS) $(RECIPE_INPUTS)
 	mkdir -p $(IT)
-	n=$$(grep -c . $(PROMPTS)); a=$$(( $(ITER) * $(PROMPTS_PER_ITER) % n )); \
-	  awk -v a=$$a -v p=$(PROMPTS_PER_ITER) -v t=$$n 'NF && ((NR - 1 - a + t) % t) < p' $(PROMPTS) > $@.tmp && mv $@.tmp $@
+	tmp=$@.tmp-$$$$; trap 'rm -f "$$tmp"' EXIT; \
+	  n=$$(grep -c . $(PROMPTS)); a=$$(( $(ITER) * $(PROMPTS_PER_ITER) % n )); \
+	  awk -v a=$$a -v p=$(PROMPTS_PER_ITER) -v t=$$n 'NF && ((NR - 1 - a + t) % t) < p' $(PROMPTS) > "$$tmp" && mv "$$tmp" $@
 
 $(IT)/rollouts.jsonl.meta.json: $(IT)/prompts.jsonl $(RUN)/ckpt-$(ITER)/config.json
 	$(call sharded,ROLLOUT,stages/rollout.sh,$(IT)/rollouts.jsonl,$(IT)/prompts.jsonl $(RUN)/ckpt-$(ITER) $(IT)/rollouts.jsonl $(ROLLOUT_OPTS) --seed $(RL_SEED) --image-dir $(dir $(PROMPTS)))
 
-$(IT)/scored.jsonl: $(IT)/rollouts.jsonl.meta.json
-	$(call single,REWARD,stages/reward.sh,$(IT)/rollouts.jsonl $@ $(REWARD_OPTS))
+$(IT)/scored.jsonl.meta.json: $(IT)/rollouts.jsonl.meta.json
+	$(call single,REWARD,stages/reward.sh,$(IT)/rollouts.jsonl $(IT)/scored.jsonl $(REWARD_OPTS))
 
-$(IT)/advantages.jsonl: $(IT)/scored.jsonl
-	$(call single,ADVANTAGES,stages/advantages.sh,$< $@ $(ADV_OPTS) --seed $(RL_SEED))
+$(IT)/advantages.jsonl.meta.json: $(IT)/scored.jsonl.meta.json
+	$(call single,ADVANTAGES,stages/advantages.sh,$(IT)/scored.jsonl $(IT)/advantages.jsonl $(ADV_OPTS) --seed $(RL_SEED))
 
-$(RUN)/ckpt-$(NEXT)/config.json: $(IT)/advantages.jsonl $(RUN)/ckpt-$(ITER)/config.json
-	$(call single,UPDATE,stages/update.sh,$< $(RUN)/ckpt-$(ITER) $(RUN)/ckpt-$(NEXT) $(UPDATE_OPTS) --seed $(RL_SEED) --force --metrics $(IT)/metrics.jsonl,$(TRAIN_ENV))
+$(RUN)/ckpt-$(NEXT)/config.json: $(IT)/advantages.jsonl.meta.json $(RUN)/ckpt-$(ITER)/config.json
+	$(call single,UPDATE,stages/update.sh,$(IT)/advantages.jsonl $(RUN)/ckpt-$(ITER) $(RUN)/ckpt-$(NEXT) $(UPDATE_OPTS) --seed $(RL_SEED) --force --metrics $(IT)/metrics.jsonl,$(TRAIN_ENV))
 	$(call prune_state,$(NEXT))
 
 # Training state (fp32 masters, AdamW's moments: ckpt-k/train_state/) is what only the next
@@ -156,7 +163,9 @@ rl-iter: setup $(RUN)/ckpt-$(NEXT)/config.json
 rl: setup
 	for i in $$(seq 0 $$(( $(ITERS) - 1 ))); do $(MAKE) --no-print-directory rl-iter ITER=$$i || exit $$?; done
 
-# Test-split evaluation of every checkpoint 0..ITERS, then the per-iteration table.
+# Test-split evaluation of every checkpoint 0..ITERS, then the per-iteration table. The
+# summary is what eval (or, after a merge, eval --summarize) writes last, and not at all when
+# the eval fails.
 $(RUN)/eval/ckpt-%.summary.json: $(RUN)/ckpt-%/config.json $(TEST)
 	mkdir -p $(RUN)/eval
 	$(call sharded,EVAL,stages/eval.sh,$(RUN)/eval/ckpt-$*.jsonl,$(TEST) $(RUN)/ckpt-$* $(RUN)/eval/ckpt-$*.jsonl $(EVAL_OPTS))

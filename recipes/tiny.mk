@@ -73,17 +73,22 @@ SFT_OPTS ?= --epochs 8 --lr 2e-3 --batch-size 4 --schedule cosine
 EVAL_OPTS ?= --mode agent --temperature 0 --max-turns $(MAX_TURNS) \
   --max-turn-tokens $(MAX_TURN_TOKENS) $(AGENT_OPTS)
 
-# The toy world, the tokenizer-aware tiny model, the text index and the expert trajectories.
-$(WORLD)/train.jsonl:
+# The toy world, the tokenizer-aware tiny model, the text index and the expert trajectories;
+# each target is the sidecar its command writes last (WORLD.meta.json beside the folder), so
+# a kill between a folder and its sidecar redoes it. The world's files need the sidecar to
+# exist (order-only: it is always newer than they are).
+$(WORLD).meta.json:
 	$(MARSCLI) toy-world $(WORLD) $(WORLD_OPTS) --force
 
-$(WORLD)/text.sqlite: $(WORLD)/train.jsonl
-	$(MARSCLI) index text $(WORLD)/corpus.jsonl -o $@
+$(WORLD)/train.jsonl $(WORLD)/test.jsonl $(WORLD)/sft.jsonl: | $(WORLD).meta.json ;
 
-$(BASE)/config.json: $(WORLD)/train.jsonl
+$(WORLD)/text.sqlite.meta.json: $(WORLD).meta.json
+	$(MARSCLI) index text $(WORLD)/corpus.jsonl -o $(WORLD)/text.sqlite
+
+$(BASE).meta.json: $(WORLD).meta.json
 	$(MARSCLI) tiny-model $(BASE) --text $(WORLD)/vocab.txt $(MODEL_OPTS) --force
 
-$(SFT_DATA).meta.json: $(BASE)/config.json $(WORLD)/text.sqlite
+$(SFT_DATA).meta.json: $(BASE).meta.json $(WORLD)/text.sqlite.meta.json
 	stages/rollout.sh $(WORLD)/sft.jsonl $(BASE) $(SFT_DATA) --engine replay -n 1 $(AGENT_OPTS)
 
-RECIPE_INPUTS = $(WORLD)/text.sqlite
+RECIPE_INPUTS = $(WORLD)/text.sqlite.meta.json

@@ -32,6 +32,7 @@ def check(run: Path, k: int) -> list[str]:
             if name == "advantages":
                 assert math.isfinite(get_field(r, "advantage", (int, float), path, n))
         assert Path(path + ".meta.json").is_file(), f"{path}: no sidecar"
+        assert not Path(path + ".partial").exists(), f"{path}.partial: left by a failed run"
         done.append(f"{name}.jsonl: {len(rows)} records")
     metrics = read_rows(str(it / "metrics.jsonl"))
     assert all("loss" in r for _, r in metrics)

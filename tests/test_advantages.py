@@ -240,7 +240,6 @@ def test_run_minibatches_field_and_stats():
     (lambda r: r.pop("prompt_id"), r"s\.jsonl:2: prompt_id: missing"),
     (lambda r: r.update(id=5), r"s\.jsonl:2: id: expected str"),
     (lambda r: r.update(id="a#0"), r"s\.jsonl:2: id: duplicate id 'a#0' \(first at line 1\)"),
-    (lambda r: r["reward"].update(status="unscored"), r"s\.jsonl:2: reward\.status: .*rerun"),
 ])
 def test_run_bad_rows(mutate, match):
     rows = _rows(("a", 1), ("a", 0), ("b", 1))

@@ -118,6 +118,7 @@ class Case:
     code: int = 2
     out: str = "out.jsonl"  # the output this case names (pre-created with known bytes)
     out_dir: bool = False  # the output is a folder (a checkpoint: --out with --force)
+    earlier: bool = True  # the output holds a record of an earlier run (else: it is new)
 
 
 def R(*a):  # rollout through the replay engine (no model weights needed)
@@ -161,10 +162,13 @@ CASES = [
          ["image search backend", "tineye", "data", "local", "serper-lens"]),
     Case("rollout-checkpoint-without-config",
          ["rollout", "{d}/prompts.jsonl", "-o", "{o}", "--policy", "{d}/ckpt-noconfig",
-          "--engine", "replay"], ["--policy", "ckpt-noconfig", "config.json"]),
+          "--engine", "replay"], ["--policy", "ckpt-noconfig", "config.json"], earlier=False),
     Case("rollout-truncated-safetensors",
          ["rollout", "{d}/prompts.jsonl", "-o", "{o}", "--policy", "{d}/ckpt-trunc",
-          "--engine", "replay"], ["--policy", "model.safetensors", "truncated"]),
+          "--engine", "replay"], ["--policy", "model.safetensors", "truncated"], earlier=False),
+    # records of an earlier run, but nothing says with which settings: never mixed
+    Case("rollout-earlier-records-without-settings", R("{d}/prompts.jsonl"),
+         ["out.jsonl", "holds 1 records but no out.jsonl.settings.json", "--force"]),
     Case("rollout-output-is-a-folder", R("{d}/prompts.jsonl"), ["out.jsonl", "is a folder"],
          out="out.jsonl", out_dir=True),
     # advantages
@@ -269,7 +273,7 @@ def _prepare(case: Case, d: Path, m: Path, root: Path) -> tuple[list[str], Path,
     if case.out_dir:
         out.mkdir()
         (out / "keep.txt").write_bytes(b"an earlier checkpoint\n")
-    elif case.out:
+    elif case.out and case.earlier:
         out.write_bytes(b'{"v": 1, "id": "earlier#0"}\n')  # a record an earlier run wrote
     args = [a.format(d=d, m=m, o=out) for a in case.args]
     before = {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None

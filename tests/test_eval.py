@@ -177,12 +177,17 @@ def test_kill_9_then_resume(tiny_model, tmp_path):
     assert s["benchmarks"]["vstar"]["accuracy"] == 66.67  # 4 samples each, all alike
 
 
-def test_finished_eval_loads_no_model(tiny_model, tmp_path):
+def test_finished_eval_loads_no_model(tiny_model, tmp_path, monkeypatch):
     bench = write_bench(tmp_path / "b.jsonl", MIXED[:2])
     out = tmp_path / "r.jsonl"
     run_eval(str(bench), str(out), **replay(tiny_model))
     before = out.read_bytes()
-    again = run_eval(str(bench), str(out), **replay(tmp_path / "gone"))  # no such checkpoint
+
+    def no_engine(*a, **kw):
+        raise AssertionError("the engine was loaded")
+
+    monkeypatch.setattr("marscli.generate.make_engine", no_engine)
+    again = run_eval(str(bench), str(out), **replay(tiny_model))
     assert out.read_bytes() == before and again["trajectories"] == 2
 
 
@@ -240,7 +245,7 @@ def test_samples_average_per_item(tmp_path):
     assert fv["unscored"] == 2 and s["over_unscored"]
     with pytest.raises(RuntimeFailure, match=r"2 of 5 trajectories unscored.*--rescore"):
         run_summarize(str(res))
-    assert summary_path(res).is_file()  # written before failing
+    assert not summary_path(res).exists()  # nothing make would take for done
 
 
 def test_rescore_switches_protocol(tiny_model, tmp_path):
@@ -275,7 +280,9 @@ def test_judge_failure_is_unscored_and_exits_1(tiny_model, tmp_path):
     recs = {r["id"]: r["score"] for r in read_jsonl(out)}
     assert recs["o1#0"]["accuracy"] == 1.0  # exact: the judge was not needed
     assert recs["o2#0"]["status"] == "unscored" and "connection failed" in recs["o2#0"]["error"]
-    s = orjson.loads(summary_path(out).read_bytes())
+    # the results are kept (resumable), but nothing make would take for a finished eval
+    assert not summary_path(out).exists() and not Path(f"{out}.meta.json").exists()
+    s = summarize(str(out), max_unscored=1.0)
     assert s["benchmarks"]["fvqa"]["accuracy"] == 100.0 and s["unscored"] == 1
 
 
@@ -306,6 +313,7 @@ def test_tsv_missing_column_exits_2(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--mode", "direct", "--text-search", "serper"], "--text-search: not used with --mode"),
     (["--samples", "0"], "--samples"),
+    (["--samples", "5000"], "--samples"),
     (["--protocol", "nope"], "unknown --protocol 'nope'"),
     (["--shard", "2/2"], "--shard"),
     (["--judge", "nope"], "--judge 'nope'"),

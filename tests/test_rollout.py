@@ -144,14 +144,18 @@ def test_kill_9_then_resume_loses_and_duplicates_nothing(tiny_model, tmp_path):
     assert {r["id"]: strip_ms(r) for r in resumed} == by_id
 
 
-def test_finished_run_is_not_redone(tiny_model, tmp_path):
+def test_finished_run_is_not_redone(tiny_model, tmp_path, monkeypatch):
     prompts = write_prompts(tmp_path / "p.jsonl", ["a"], replies=[ZOOM_THEN_ANSWER[1]])
     out = tmp_path / "t.jsonl"
     first = run_rollout(str(prompts), str(out), policy=str(tiny_model), engine="replay", n=3,
                         progress=False)
     before = out.read_bytes()
-    # nothing left to do: the engine is not even loaded (this checkpoint does not exist)
-    again = run_rollout(str(prompts), str(out), policy=str(tmp_path / "gone"), engine="replay",
+    # nothing left to do: the engine is not even loaded
+    def no_engine(*a, **kw):
+        raise AssertionError("the engine was loaded")
+
+    monkeypatch.setattr("marscli.generate.make_engine", no_engine)
+    again = run_rollout(str(prompts), str(out), policy=str(tiny_model), engine="replay",
                         n=3, progress=False)
     assert out.read_bytes() == before
     assert first["new"] == 3 and again["new"] == 0 and again["skipped"] == 3
@@ -229,7 +233,8 @@ def test_undecodable_image_and_duplicate_ids(tiny_model, tmp_path):
     (["--top-p", "0"], "--top-p"),
     (["--max-turns", "0"], "--max-turns"),
     (["--base-url", "http://127.0.0.1:1/v1"], "--base-url"),
-    (["-o", "-"], "-o -"),
+    (["-n", "1000000000000"], "-n"),  # an upper bound, before anything is read
+    (["--batch-size", "100000"], "--batch-size"),
     (["--engine", "nope"], "unknown engine 'nope'"),
 ])
 def test_bad_options_exit_2(tiny_model, tmp_path, args, option):
@@ -266,7 +271,7 @@ def test_hostile_id_writes_only_inside_the_media_folder(tiny_model, tmp_path):
     media = (root / "a" / "b" / "t.media").resolve()
     files = {p.resolve() for p in root.rglob("*") if p.is_file()}
     outside = files - {prompts.resolve(), (root / "scene.png").resolve(), out.resolve(),
-                       Path(f"{out}.meta.json").resolve()}
+                       Path(f"{out}.meta.json").resolve(), Path(f"{out}.settings.json").resolve()}
     assert outside and all(p.parent == media for p in outside)
     assert len(outside) == 4  # one crop per trajectory, none overwriting another
     assert not list(tmp_path.rglob("evil*")) and not Path("/abs").exists()

@@ -6,6 +6,10 @@ BN-GSPO (the paper's estimator) normalises twice. Group step, within the G sampl
 `ESTIMATORS` shares one signature and works on one minibatch; `compute` runs it per minibatch and
 `run` turns scored rows into advantage rows.
 
+Rows that `reward` left unscored (a judge failure it tolerated under `--max-unscored`) are
+left out: they are not in the output, their groups are the scored rows only, and the sidecar
+and the stderr line count them (`unscored_rows`). Every row unscored is bad input.
+
 `--mask-truncated` (off by default, as Mini-o3's over-turn masking): a trajectory that the turn
 limit or the response-token budget stopped (`stop` "max_turns" or "max_tokens", agent.py) was cut
 off, not finished, and its reward says nothing about the policy's answer. It keeps its reward in
@@ -28,7 +32,12 @@ Where marscli departs from the paper or the released code (verl `core_algos.py`)
 4. `--filter-zero-std` (off by default) drops groups whose rewards are all equal, groups of one
    included, before the batch step, as DAPO's dynamic sampling does but without resampling.
    Such groups carry no learning signal yet would shift the batch mean and shrink its std.
-5. The advantage is one number per trajectory. Broadcasting it over tokens with the loss mask
+5. A flat group (every reward equal, a group of one included) gets advantage exactly 0 under
+   every estimator, also after the batch step. In exact arithmetic it is 0 anyway (the group
+   step's values of a batch sum to 0); in floating point the batch mean is ~1e-17, which would
+   give every flat row a tiny advantage that `update` trains on. With `--mask-truncated` the
+   batch mean is not 0 even in exact arithmetic; flat groups still get 0 (no signal).
+6. The advantage is one number per trajectory. Broadcasting it over tokens with the loss mask
    (model tokens 1, prompt and tool tokens 0) happens in `update`, not here.
 """
 
@@ -119,7 +128,9 @@ def compute(rewards: Sequence[float] | np.ndarray, group_ids: Sequence[Hashable]
             eps_group: float = 1e-6, eps_batch: float = 1e-9,
             masked: Sequence[bool] | np.ndarray | None = None) -> np.ndarray:
     """Advantages [N] (float64, input order); the estimator runs within each minibatch.
-    `masked` [N]: rows that keep their reward in the group statistics but get advantage 0."""
+    `masked` [N]: rows that keep their reward in the group statistics but get advantage 0.
+    A flat group (all rewards equal, a group of one included) gets exactly 0: it carries no
+    signal, where the batch step's mean, 0 in exact arithmetic, would leave ~1e-17."""
     fn = ESTIMATORS.get(estimator)
     r = np.asarray(rewards, dtype=np.float64)  # [N]
     if len(group_ids) != len(r):
@@ -127,20 +138,20 @@ def compute(rewards: Sequence[float] | np.ndarray, group_ids: Sequence[Hashable]
     live = np.ones(len(r), bool) if masked is None else ~np.asarray(masked, bool)  # [N]
     if len(live) != len(r):
         raise ValueError(f"{len(r)} rewards but {len(live)} masked flags")
+    gid, n = codes(group_ids)  # [N]
+    signal = live & (group_stats(r, gid, n)[3] > 0)[gid]  # [N] live rows of groups not flat
     if minibatch_ids is None:
-        g, n = codes(group_ids)
-        return np.where(live, fn(r, g, n, eps_group, eps_batch, live), 0.0)
+        return np.where(signal, fn(r, gid, n, eps_group, eps_batch, live), 0.0)
     mb, _ = codes(minibatch_ids)  # [N]
     if len(mb) != len(r):
         raise ValueError(f"{len(r)} rewards but {len(mb)} minibatch ids")
-    gid, _ = codes(group_ids)  # [N]
     order = np.argsort(mb, kind="stable")  # rows grouped by minibatch
     cuts = np.flatnonzero(np.diff(mb[order])) + 1
     out = np.empty_like(r)
     for rows in np.split(order, cuts):  # a loop over minibatches, not rows
         _, g = np.unique(gid[rows], return_inverse=True)
         out[rows] = fn(r[rows], g.reshape(-1), int(g.max()) + 1, eps_group, eps_batch, live[rows])
-    return np.where(live, out, 0.0)
+    return np.where(signal, out, 0.0)
 
 
 def assign_minibatches(prompt_ids: Sequence[Hashable] | np.ndarray, m: int,
@@ -178,13 +189,15 @@ def _validate(rows: list[tuple[int, dict]], src: str,
                            f"— each trajectory must appear once")
         first[rid] = line
         pids.append(get_field(row, "prompt_id", str, src, line))
-        reward = row.get("reward")
-        if isinstance(reward, dict) and reward.get("status") == "unscored":
-            raise BadInput(f"{src}:{line}: reward.status: row is unscored — rerun `marscli "
-                           f"reward` on it before computing advantages")
         rewards[i] = get_field(row, "reward.total", (int, float), src, line)
         stop.append(get_field(row, "stop", str, src, line) if stops else None)
     return pids, rewards, stop
+
+
+def is_unscored(row: dict) -> bool:
+    """`reward` left the row unscored (its judge failed, within `--max-unscored`)."""
+    reward = row.get("reward")
+    return isinstance(reward, dict) and reward.get("status") == "unscored"
 
 
 def run(rows: list[tuple[int, dict]], src: str, estimator: str = "bn-gspo", minibatches: int = 1,
@@ -192,10 +205,16 @@ def run(rows: list[tuple[int, dict]], src: str, estimator: str = "bn-gspo", mini
         mask_truncated: bool = False) -> tuple[list[dict], dict]:
     """Scored rows → the same rows (dicts updated in place, input order) with `advantage`,
     `group`, when M > 1 `minibatch`, and with `mask_truncated` `"masked": "truncated"` on rows
-    the turn limit or the token budget stopped; also the stage statistics for the sidecar."""
+    the turn limit or the token budget stopped; also the stage statistics for the sidecar.
+    Unscored rows are left out (and counted): groups are made of the scored rows only."""
     ESTIMATORS.get(estimator)  # fail on a bad name before looking at the data
     if minibatches < 1:
         raise BadInput(f"--minibatches: {minibatches} is out of range — must be >= 1")
+    unscored = sum(is_unscored(row) for _, row in rows)
+    if unscored == len(rows):
+        raise BadInput(f"{src}: all {len(rows)} rows are unscored — re-run `marscli reward` "
+                       "once the judge works")
+    rows = [(line, row) for line, row in rows if not is_unscored(row)]
     pids, r, stop = _validate(rows, src, stops=mask_truncated)
     cut = np.array([s in TRUNCATED_STOPS for s in stop], bool)  # [N] all False without the flag
     g, n = codes(pids)
@@ -228,6 +247,7 @@ def run(rows: list[tuple[int, dict]], src: str, estimator: str = "bn-gspo", mini
         "estimator": estimator,
         "groups": n_kept,
         "rows": len(out),
+        "unscored_rows": unscored,
         "dropped_groups": n - n_kept,
         "dropped_rows": len(r) - len(out),
         "zero_std_groups": int(flat.sum()),
@@ -260,6 +280,8 @@ def main(input: str, output: str = "-", estimator: str = "bn-gspo", minibatches:
     dropped = f", dropped {stats['dropped_groups']} flat groups" if filter_zero_std else ""
     if mask_truncated:
         dropped += f", masked {stats['masked_truncated']} truncated"
+    if stats["unscored_rows"]:
+        dropped += f", skipped {stats['unscored_rows']} unscored rows"
     print(f"advantages ({estimator}): {stats['rows']} rows in {stats['groups']} groups{dropped}, "
           f"zero-std groups {stats['zero_std_groups']}, "
           f"wrote {'stdout' if output == '-' else output}",

@@ -17,6 +17,7 @@ import typer
 
 from marscli import options as opt
 from marscli.errors import BadInput, MarsError, check_range, os_error
+from marscli.generate import MAX_TOKENS
 
 app = typer.Typer(
     name="marscli",
@@ -24,9 +25,12 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # click's plain help: typer 0.29's rich panels print a value (`--json <bool>`, even
+    # `--help <bool>`) after every flag, as if flags took one
+    rich_markup_mode=None,
 )
 index_app = typer.Typer(help="Build search indexes (text: SQLite FTS5; images: perceptual hashes).",
-                        no_args_is_help=True)
+                        no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(index_app, name="index")
 
 
@@ -56,7 +60,11 @@ def main() -> None:
 @contextlib.contextmanager
 def guard() -> Iterator[None]:
     """`with guard():` around a command body maps MarsError to one stderr line and its exit
-    code (`MARSCLI_DEBUG=1`: the traceback instead)."""
+    code (`MARSCLI_DEBUG=1`: the traceback instead). Each command starts and ends with no
+    remembered inputs (the outputs-never-clobber-inputs check is per command)."""
+    from marscli.jsonl import forget_inputs
+
+    forget_inputs()
     try:
         yield
     except MarsError as e:
@@ -68,6 +76,8 @@ def guard() -> Iterator[None]:
         if err is None or os.environ.get("MARSCLI_DEBUG"):
             raise
         fail(err)
+    finally:
+        forget_inputs()
 
 
 # ---------------------------------------------------------------------------------- commands
@@ -102,7 +112,7 @@ def advantages(
 ) -> None:
     """Add `advantage` and `group` statistics to scored rows (numpy only, no torch)."""
     with guard():
-        check_range("--minibatches", minibatches, 1)
+        check_range("--minibatches", minibatches, 1, 1 << 20)
         from marscli.advantages import main as advantages_main
 
         advantages_main(scored, output, estimator, minibatches, filter_zero_std, seed,
@@ -140,8 +150,13 @@ def ask(
     image: Annotated[str, typer.Argument(help="Image file (any size; the zoom tool crops it).")],
     question: Annotated[str, typer.Argument(help="The question.")],
     policy: opt.Policy = opt.DEFAULT_POLICY,
+    engine: Annotated[str, typer.Option(
+        help="hf (default), vllm, or replay (scripted turns from --replies).")] = "hf",
+    replies: Annotated[str | None, typer.Option(
+        metavar="FILE", help="--engine replay: the assistant's turns to replay through the "
+        "real tools (a JSON list of strings; scripts/demo_image.py --replies writes one).")] = None,
     json_out: Annotated[bool, typer.Option(
-        "--json", help="Print the trajectory record to stdout.")] = False,
+        "--json", help="Print the trajectory record to stdout (image paths absolute).")] = False,
     max_turns: opt.MaxTurns = opt.GEN.max_turns,
     max_turn_tokens: opt.MaxTurnTokens = opt.GEN.max_turn_tokens,
     max_new_tokens: Annotated[int | None, typer.Option(
@@ -159,11 +174,14 @@ def ask(
     gen = opt.generation_options({**locals(), "batch_size": 1})
     with guard():
         if max_new_tokens is not None:  # the old name of --max-turn-tokens, kept working
-            check_range("--max-new-tokens", max_new_tokens, 1)
+            check_range("--max-new-tokens", max_new_tokens, 1, MAX_TOKENS)
             gen.max_turn_tokens = max_new_tokens
         from marscli.ask import ask as run_ask
+        from marscli.ask import load_replies
 
-        rec = run_ask(image, question, gen, crops_dir=crops_dir, live=not json_out)
+        scripted = load_replies(replies) if replies is not None else None
+        rec = run_ask(image, question, gen, crops_dir=crops_dir, live=not json_out,
+                      replies=scripted)
         if json_out:
             from marscli.jsonl import dumps
 
@@ -245,8 +263,8 @@ def search(
 ) -> None:
     """Print what text_search_tool(QUERY) or image_search_tool() would return to the model."""
     with guard():
-        check_range("--k", k, 1)
-        check_range("--max-chars", max_chars, 1)
+        check_range("--k", k, 1, 100)
+        check_range("--max-chars", max_chars, 1, 1 << 24)
         if (query is None) == (image is None and row is None):
             raise BadInput("give either a QUERY (text search) or --image/--row (image search)")
         from marscli.errors import RuntimeFailure
@@ -303,10 +321,13 @@ def rollout(
     prompts: Annotated[str, typer.Argument(
         metavar="PROMPTS.jsonl", help="Prompt rows (marscli or MARS form; - for stdin).")],
     output: Annotated[str, typer.Option(
-        "-o", "--output", help="Trajectory JSONL, appended to and resumed; crops go to "
-                               "OUT.media/ beside it.")],
+        "-o", "--output", help="Trajectory JSONL, appended to and resumed (with the settings "
+        "it was written with: OUT.settings.json); crops go to OUT.media/ beside it. - streams "
+        "records to stdout as they finish, with no resume, crops in ./rollout.media/ and "
+        "absolute image paths.")],
     policy: opt.Policy = None,
-    n: Annotated[int, typer.Option("-n", help="Samples per prompt (G); ids PROMPTID#k.")] = 8,
+    n: Annotated[int, typer.Option(
+        "-n", help="Samples per prompt (G, at most 1024); ids PROMPTID#k.")] = 8,
     engine: opt.Engine = opt.GEN.engine,
     shard: opt.Shard = None,
     temperature: opt.Temperature = opt.GEN.temperature,
@@ -332,6 +353,10 @@ def rollout(
     image_dir: opt.ImageDir = None,
     search_timeout: opt.SearchTimeout = opt.GEN.search_timeout,
     search_retries: opt.SearchRetries = opt.GEN.search_retries,
+    media_dir: Annotated[str | None, typer.Option(
+        metavar="DIR", help="Where crops and thumbnails go (default: OUT.media/, or "
+                            "./rollout.media/ with -o -).")] = None,
+    force: opt.Force = False,
 ) -> None:
     """Sample N trajectories per prompt with the agent; resumable, shardable."""
     gen = opt.generation_options(locals())
@@ -339,7 +364,8 @@ def rollout(
         from marscli.generate import parse_shard
         from marscli.rollout import run_rollout
 
-        run_rollout(prompts, output, gen, n=n, shard=parse_shard(shard), image_dir=image_dir)
+        run_rollout(prompts, output, gen, n=n, shard=parse_shard(shard), image_dir=image_dir,
+                    force=force, media=media_dir)
 
 
 @app.command("toy-world")
@@ -366,9 +392,9 @@ def toy_world(
     """Write a synthetic MARS-like world (logos, scenes, corpus, prompts, expert replies)."""
     with guard():
         check_range("--entities", entities, 5, 96)
-        check_range("--train", train, 0)
-        check_range("--test", test, 0)
-        check_range("--sft", sft, 0)
+        check_range("--train", train, 0, 1_000_000)
+        check_range("--test", test, 0, 1_000_000)
+        check_range("--sft", sft, 0, 1_000_000)
         check_range("--size", size, 256, 8192)
         from marscli.toy.world import main as toy_main
 
@@ -507,7 +533,7 @@ def report(
     """Write one self-contained HTML page: curves, iteration table, filterable trajectories."""
     with guard():
         check_range("--max-trajectories", max_trajectories, 0)
-        check_range("--image-px", image_px, 16)
+        check_range("--image-px", image_px, 16, 8192)
         from marscli.report import report as run_report
 
         info = run_report(source, output, max_trajectories, image_px, title)
@@ -521,8 +547,9 @@ def eval_cmd(
         metavar="BENCH", help="Benchmark file or folder (MARS data.jsonl folder, parquet, "
                               "JSONL + images, TSV).")] = None,
     output: Annotated[str | None, typer.Option(
-        "-o", "--output", help="Results JSONL, appended to and resumed; the summary goes to "
-                               "RESULTS.summary.json beside it.")] = None,
+        "-o", "--output", help="Results JSONL, appended to and resumed (with the settings "
+        "it was written with: RESULTS.jsonl.settings.json); the summary goes to "
+        "RESULTS.summary.json beside it.")] = None,
     fmt: Annotated[str, typer.Option(
         "--format", help="auto, mars, mmsearch, hr-mmsearch, fvqa, infoseek, simplevqa, "
                          "livevqa, vstar, hrbench or mme-realworld.")] = "auto",
@@ -574,6 +601,7 @@ def eval_cmd(
     tensor_parallel: opt.TensorParallel = None,
     search_timeout: opt.SearchTimeout = opt.GEN.search_timeout,
     search_retries: opt.SearchRetries = opt.GEN.search_retries,
+    force: opt.Force = False,
 ) -> None:
     """Evaluate a policy on a benchmark (agent or direct); resumable, shardable; summary
     beside the paper's numbers."""
@@ -604,7 +632,8 @@ def eval_cmd(
 
         run_eval(bench, output, gen, fmt=fmt, mode=mode, samples=samples, judge_spec=judge,
                  protocol=protocol or "mars", shard=parse_shard(shard), benchmark=benchmark,
-                 image_dir=image_dir, max_unscored=max_unscored, judge_opts=jopts)
+                 image_dir=image_dir, max_unscored=max_unscored, judge_opts=jopts,
+                 force=force)
 
 
 @app.command()
@@ -612,13 +641,16 @@ def merge(
     output: Annotated[str, typer.Argument(help="Merged JSONL to write.")],
     shards: Annotated[list[str], typer.Argument(help="Shard files, in order.")],
 ) -> None:
-    """Join the shards of a rollout or eval array job; duplicate ids are refused."""
+    """Join the shards of a rollout or eval array job; duplicate ids are refused, sidecars
+    (*.meta.json, *.settings.json, *.summary.json) and media folders a glob matches skipped."""
     with guard():
         from marscli.merge import merge as run_merge
 
         stats = run_merge(output, shards)
-        print(f"merged {stats['records']:,} records from {len(shards)} shard(s) into {output}",
-              file=sys.stderr)
+        skipped = (f" (skipped {len(stats['skipped'])} sidecar or media names)"
+                   if stats["skipped"] else "")
+        print(f"merged {stats['records']:,} records from {len(stats['shards'])} shard(s) into "
+              f"{output}{skipped}", file=sys.stderr)
 
 
 @app.command()

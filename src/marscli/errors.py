@@ -55,6 +55,8 @@ def check_range(name: str, v: float | None, lo: float | None = None, hi: float |
 # errno values that are the user's environment, not a bug: one line, never a traceback.
 _OS_ERRORS = {"ENOSPC": ("no space left on the device", RuntimeFailure),
               "EDQUOT": ("disk quota exceeded", RuntimeFailure),
+              "EFBIG": ("file too large for this process's file-size limit (ulimit -f)",
+                        RuntimeFailure),
               "EROFS": ("read-only file system", BadInput),
               "EACCES": ("permission denied", BadInput)}
 
@@ -70,4 +72,35 @@ def os_error(e: BaseException) -> MarsError | None:
             return kind(f"{where_}{what} — free space or pick another output folder"
                         if kind is RuntimeFailure else
                         f"{where_}{what} — pick an output folder you can write to")
+    return None
+
+
+_ROOM = 256 << 20  # free bytes under which a failed torch.save is put down to a full disk
+
+
+def save_error(e: BaseException, path: object) -> MarsError | None:
+    """The one-line error for a full disk that a saver reports in its own words: safetensors
+    as "... (os error 28)", torch.save as "[enforce fail at inline_container.cc] unexpected
+    pos" with no errno at all (then: ENOSPC when the folder's disk has under 256 MiB free,
+    EFBIG when a file-size limit is set). None for anything else."""
+    import errno
+    import os
+    import re
+    import resource
+    import shutil
+    from pathlib import Path
+
+    m = re.search(r"\(os error (\d+)\)", str(e))
+    if m:
+        n = int(m.group(1))
+        return os_error(OSError(n, os.strerror(n), str(path)))
+    if not (isinstance(e, RuntimeError) and "inline_container" in str(e)):
+        return None
+    if resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY:
+        return os_error(OSError(errno.EFBIG, os.strerror(errno.EFBIG), str(path)))
+    here = Path(str(path))
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    if shutil.disk_usage(here).free < _ROOM:
+        return os_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)))
     return None

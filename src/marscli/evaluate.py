@@ -12,17 +12,25 @@ trajectory, and summarise per benchmark and category beside the paper's numbers.
   the mean over its scored samples.
 - Resumable and shardable like `rollout`, through the same loop (`generate`): records are
   appended one at a time, a re-run skips the ids already there, `--shard i/N` keeps the items
-  whose id hashes to i. Each record is the agent's trajectory record plus `benchmark`,
-  `category`, `mode` and `score` (`benchmarks/protocols.py`).
+  whose id hashes to i. As in `rollout`, a re-run into records made with other settings
+  (policy weights, sampling, limits, tools, system prompt, seed, and here also mode, samples,
+  protocol, judge, format and benchmark) exits 2 naming the setting; they are kept in
+  `RESULTS.jsonl.settings.json`, written before the first record. `--force` starts over
+  (removes the results, their media, summary, sidecar and settings). Each record is the
+  agent's trajectory record plus `benchmark`, `category`, `mode` and `score`
+  (`benchmarks/protocols.py`).
 - The summary is computed from the whole results file at the end (so it is right after a
-  resume) and written atomically to `RESULTS.summary.json`; a table goes to stderr, and the
-  sidecar `RESULTS.jsonl.meta.json` is written last. `--summarize RESULTS.jsonl` recomputes it
-  without generating (after `cat shard*.jsonl > all.jsonl`); with `--rescore` it first
-  re-scores every record (under `--protocol`, with `--judge`) and rewrites the file atomically
-  — the way to retry rows a failing judge left unscored, or to switch protocol.
+  resume); a table goes to stderr, then the sidecar `RESULTS.jsonl.meta.json` is written, and
+  `RESULTS.summary.json` last (atomically): it is what `make` takes for a finished eval.
+  `--summarize RESULTS.jsonl` recomputes it without generating (after `marscli merge`); with
+  `--rescore` it first re-scores every record (under `--protocol`, with `--judge`) and rewrites
+  the file atomically — the way to retry rows a failing judge left unscored, or to switch
+  protocol (the settings file then names the new judge and protocol).
 - Unscored records (the judge gave no verdict, the engine failed) are excluded from accuracy,
   counted per benchmark, and warned about; more than `--max-unscored` of them (default 5%)
-  exits 1, after the results, summary and sidecar are written. Never a silent 0.
+  exits 1 with the results kept but no sidecar and no summary (a stale one is removed), so
+  `make` does not take the eval for done. A run whose every trajectory failed at the engine
+  exits 1 the same way. Never a silent 0.
 
 Departures from the release's evaluation are listed in `benchmarks/protocols.py`; marscli's
 system prompts are its own (`--system-prompt FILE` replaces them).
@@ -44,7 +52,15 @@ from marscli.benchmarks import LoadContext, format_names, load_benchmark
 from marscli.benchmarks.paper import reported
 from marscli.benchmarks.protocols import ScoreContext, make_protocol
 from marscli.errors import BadInput, RuntimeFailure, check_range, unknown_name
-from marscli.generate import GenerationOptions, check_images, generate, in_shard
+from marscli.generate import (
+    MAX_SAMPLES,
+    GenerationOptions,
+    check_images,
+    generate,
+    in_shard,
+    sample_settings,
+    start_over,
+)
 from marscli.jsonl import AtomicFile, AtomicJsonl, iter_rows, write_sidecar
 from marscli.judge import JudgeOptions, make_judge
 from marscli.protocol import read_system_prompt
@@ -74,13 +90,13 @@ def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
              shard: tuple[int, int] = (0, 1), benchmark: str | None = None,
              image_dir: str | None = None, max_unscored: float = 0.05,
              judge_opts: JudgeOptions | None = None, progress: bool = True,
-             **fields: Any) -> dict:
+             force: bool = False, **fields: Any) -> dict:
     """Generate and score the missing trajectories of BENCH (this shard) into `output`, then
     write the summary; return it. `fields`: `GenerationOptions` fields, set over `gen`
-    (default: greedy, and the turns `--mode` implies)."""
+    (default: greedy, and the turns `--mode` implies); `force`: start over."""
     started = time.time()
     gen = replace(gen or GenerationOptions(temperature=0.0, max_turns=None), **fields)
-    check_range("--samples", samples, 1)
+    check_range("--samples", samples, 1, MAX_SAMPLES)
     check_range("--max-unscored", max_unscored, 0, 1)
     if output == "-":
         raise BadInput("-o -: eval appends to a file so that it can resume — name one, "
@@ -110,6 +126,11 @@ def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
                   "will be identical (greedy) — set a temperature to average real samples",
                   file=sys.stderr)
         sctx = ScoreContext(judge=judge, base=Path(output).parent)
+        if force:
+            start_over(output, summary_path(output))
+        settings = sample_settings(gen, base_prompt, mode=mode, samples=samples,
+                                   protocol=protocol, judge=judge_spec, format=loaded.fmt,
+                                   benchmark=loaded.benchmark, shard=f"{shard[0]}/{shard[1]}")
 
         def score(rec: dict) -> None:
             rec["mode"] = mode
@@ -118,7 +139,7 @@ def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
         res = generate([(p, k) for _, p in rows for k in range(samples)], gen,
                        gen.tools() if mode == "agent" else [], output=output,
                        system_prompt=base_prompt, label=f"eval ({mode})", on_record=score,
-                       progress=progress)
+                       progress=progress, settings=settings)
     finally:
         judge.close()
     run = res.stats
@@ -126,24 +147,25 @@ def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
     print(f"eval: {run['new']} new, {run['skipped']} already in {output}{speed}",
           file=sys.stderr)
     summary = summarize(output, max_unscored=max_unscored)
-    write_summary(summary, output)
     print_summary(summary)
+    if res.all_failed:
+        summary_path(output).unlink(missing_ok=True)
+        raise RuntimeFailure(f"every trajectory of this run failed at the engine (first: "
+                             f"{run['first_error']}) — they are recorded unscored; fix the "
+                             "engine, drop them (jq -c 'select(.stop != \"engine_error\")') "
+                             "and re-run")
+    _fail_if_unscored(summary, output)
     config = {**gen.sidecar(res.engine), "bench": bench, "format": loaded.fmt,
               "benchmark": loaded.benchmark, "mode": mode, "protocol": protocol,
               "judge": judge.config(), "samples": samples, "shard": f"{shard[0]}/{shard[1]}",
-              "max_unscored": max_unscored}
+              "max_unscored": max_unscored, "weights": settings["weights"]}
     stats = {"items_loaded": len(rows), "rows_read": loaded.rows, "rows_skipped": loaded.skipped,
              **run, "trajectories": summary["trajectories"], "unscored": summary["unscored"]}
     inputs = [bench] if Path(bench).is_file() else []
     write_sidecar(output, stage="eval", seed=gen.seed, config=config,
                   inputs=inputs + ([gen.system_prompt] if gen.system_prompt else []),
                   stats=stats, started=started)
-    if res.all_failed:
-        raise RuntimeFailure(f"every trajectory of this run failed at the engine (first: "
-                             f"{run['first_error']}) — they are recorded unscored; fix the "
-                             "engine, drop them (jq -c 'select(.stop != \"engine_error\")') "
-                             "and re-run")
-    _fail_if_unscored(summary, output)
+    write_summary(summary, output)  # last: make takes it for done
     return summary
 
 
@@ -319,12 +341,14 @@ def print_summary(summary: dict) -> None:
 
 
 def _fail_if_unscored(summary: dict, results: str) -> None:
+    """Too many unscored: no summary (a stale one is removed), so make retries the stage."""
     if summary["over_unscored"]:
+        summary_path(results).unlink(missing_ok=True)
         raise RuntimeFailure(
             f"{summary['unscored']} of {summary['trajectories']} trajectories unscored (over "
-            f"{summary['max_unscored']:.0%}) — {results} and its summary were written; fix the "
-            f"judge and re-score them: marscli eval --summarize {results} --rescore --judge "
-            "SPEC (cached verdicts are reused)")
+            f"{summary['max_unscored']:.0%}) — {results} keeps them, no summary was written; "
+            f"fix the judge and re-score them: marscli eval --summarize {results} --rescore "
+            "--judge SPEC (cached verdicts are reused)")
 
 
 # ----------------------------------------------------------------------------- summarize only
@@ -342,26 +366,47 @@ def run_summarize(results: str, *, rescore: bool = False, protocol: str | None =
         raise BadInput(f"--summarize {results}: no such file")
     if rescore:
         _rescore(results, protocol, judge_spec, judge_opts)
+        _rescored_settings(results, protocol, judge_spec)
     elif protocol is not None:
         raise BadInput("--protocol: with --summarize it needs --rescore (the records hold "
                        "their scores; --rescore re-scores them under --protocol)")
     summary = summarize(results, max_unscored=max_unscored)
-    write_summary(summary, results)
     print_summary(summary)
+    _fail_if_unscored(summary, results)
     if rescore:
         write_sidecar(results, stage="eval --rescore", config={
             "protocol": protocol, "judge": judge_spec, "max_unscored": max_unscored},
             inputs=[results], stats={"trajectories": summary["trajectories"],
                                      "unscored": summary["unscored"]}, started=started)
-    _fail_if_unscored(summary, results)
+    write_summary(summary, results)
     return summary
+
+
+def _rescored_settings(results: str, protocol: str | None, judge_spec: str) -> None:
+    """After `--rescore`, the settings file names the judge (and protocol) the records now
+    carry, so that a resume with them is not refused."""
+    from marscli.generate import settings_path
+    from marscli.secrets import redact
+
+    path = settings_path(results)
+    if not path.is_file():
+        return
+    doc = orjson.loads(path.read_bytes())
+    doc["settings"].update(redact({"judge": judge_spec}))
+    if protocol is not None:
+        doc["settings"]["protocol"] = protocol
+    with AtomicFile(path) as fh:
+        fh.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
 
 
 def _rescore(results: str, protocol: str | None, judge_spec: str,
              judge_opts: JudgeOptions | None) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
+    from marscli.jsonl import forget_inputs
+
     rows = [r for _, r in iter_rows(results)]
+    forget_inputs()  # rewriting the results in place (atomically) is what --rescore is for
     judge = make_judge(judge_spec, judge_opts)
     try:
         ctx = ScoreContext(judge=judge, base=Path(results).parent)

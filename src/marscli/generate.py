@@ -9,18 +9,30 @@
   samples of a prompt share its shard.
 - `check_images`: every image must exist and decode before any generation (a draft decode of
   at most `CHECK_PIXELS`), so a bad row costs no model load and writes no output.
-- `generate`: an existing output is opened first (cutting a torn tail) and the ids already in
-  it are skipped, so a finished run re-run loads no model; the engine loads only when something
-  is pending, and a new output is created only once it has. Each complete record goes through
-  the stage's `on_record` hook (eval scores it), then is appended. Crops and thumbnails go to
+- `generate`: an existing output is opened first (locked, a torn tail cut) and the ids already
+  in it are skipped, so a finished run re-run loads no model; the engine loads only when
+  something is pending, and a new output (locked from the start) is created only once it has,
+  so a policy that fails to load leaves nothing behind. Each complete record goes through the
+  stage's `on_record` hook (eval scores it), then is appended. Crops and thumbnails go to
   `OUT.media/`; records hold paths relative to the output's folder.
+- Settings: the stage's `sample_settings` (what decides the samples: policy and a cheap
+  fingerprint of its weights, engine, sampling, limits, tools, system prompt, seed, plus the
+  stage's own) are written to `OUT.settings.json` before the first record; adding to records
+  made with other settings is refused (`check_settings`: BadInput naming the setting, old →
+  new). `start_over` is `--force`.
+- Output `-` (`StdoutSink`): every job runs (no resume) and each record goes to stdout as one
+  flushed line, its image paths absolute.
+- Counts have upper bounds (`MAX_SAMPLES`, `MAX_BATCH`, ...), checked with the options.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import re
+import shutil
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -36,6 +48,14 @@ if TYPE_CHECKING:  # the CLI imports this module for the defaults: the rest load
     from marscli.records import Prompt
 
 CHECK_PIXELS = 1_000_000  # the up-front image check decodes at most this (JPEG draft mode)
+# Upper bounds of the counts, so that a typo (-n 1000000000000) is refused before anything is
+# read rather than growing memory until the OOM killer: far above any real setting.
+MAX_SAMPLES = 1024  # -n, --samples: trajectories per prompt
+MAX_BATCH = 4096  # --batch-size
+MAX_TURNS = 100  # --max-turns (the paper: 10)
+MAX_TOKENS = 1 << 20  # --max-turn-tokens, --max-response-tokens (the paper: 16,384)
+MAX_RETRIES = 100  # --search-retries, --judge-retries
+MAX_TIMEOUT = 86_400.0  # seconds: --search-timeout, --judge-timeout
 
 
 @dataclass
@@ -73,12 +93,12 @@ class GenerationOptions:
         check_range("--temperature", self.temperature, 0)
         check_range("--top-p", self.top_p, 0, 1, lo_open=True)
         check_range("--top-k", self.top_k, 0)
-        check_range("--max-turns", self.max_turns, 1)
-        check_range("--max-turn-tokens", self.max_turn_tokens, 1)
-        check_range("--max-response-tokens", self.max_response_tokens, 1)
-        check_range("--batch-size", self.batch_size, 1)
-        check_range("--search-timeout", self.search_timeout, 0, lo_open=True)
-        check_range("--search-retries", self.search_retries, 0)
+        check_range("--max-turns", self.max_turns, 1, MAX_TURNS)
+        check_range("--max-turn-tokens", self.max_turn_tokens, 1, MAX_TOKENS)
+        check_range("--max-response-tokens", self.max_response_tokens, 1, MAX_TOKENS)
+        check_range("--batch-size", self.batch_size, 1, MAX_BATCH)
+        check_range("--search-timeout", self.search_timeout, 0, MAX_TIMEOUT, lo_open=True)
+        check_range("--search-retries", self.search_retries, 0, MAX_RETRIES)
         check_engine(self.engine, self.policy, self.engine_opts)
 
     @property
@@ -188,30 +208,45 @@ def generate(jobs: list[tuple[Prompt, int]], gen: GenerationOptions, tools: list
              output: str | None, system_prompt: str | None, label: str,
              on_record: Callable[[dict], None] | None = None, on_event: Event | None = None,
              media: Path | None = None, rel_to: Path | None = None,
-             progress: bool = True) -> Generated:
+             progress: bool = True, settings: dict | None = None) -> Generated:
     """Run the agent over the jobs not yet in `output` and append each record (after
     `on_record`). A job (prompt, k) is trajectory PROMPTID#k. Without an output (`ask`) every
     job runs and records reach `on_record` only; `media` and `rel_to` then say where crops go
-    and what record paths are relative to. `on_event` replaces the progress bar (labelled
-    `label`, shown on a terminal only)."""
+    and what record paths are relative to. `output` "-" streams every job's record to stdout
+    (no resume; image paths absolute). `settings` (`sample_settings`): what the records
+    already in `output` must have been made with (`check_settings`), recorded in
+    `OUT.settings.json` before the first record. `on_event` replaces the progress bar
+    (labelled `label`, shown on a terminal only)."""
     from marscli.agent import Agent
-    from marscli.jsonl import AppendJsonl
+    from marscli.jsonl import AppendJsonl, OutputLock
+    from marscli.progress import progress_bar
 
     with contextlib.ExitStack() as stack:
-        out = stack.enter_context(AppendJsonl(output)) if output and Path(output).exists() else None
+        out: AppendJsonl | StdoutSink | None = None
+        if output == "-":
+            out = StdoutSink(rel_to or Path.cwd())
+        elif output and Path(output).exists():  # opened (locked) before its settings are read
+            out = stack.enter_context(AppendJsonl(output))
+            if settings is not None:
+                check_settings(output, settings, out.ids)
+        elif output:  # a new output: locked now, created once the engine has loaded
+            _make_parent(output)
+            stack.enter_context(OutputLock(output))
         pending = [(p, k) for p, k in jobs if out is None or f"{p.id}#{k}" not in out.ids]
         eng = make_engine(gen.engine, gen.policy, device=gen.device, max_batch=gen.batch_size,
                           **gen.engine_opts) if pending else None
         if output and out is None:
+            if settings is not None:
+                check_settings(output, settings, frozenset())
             out = stack.enter_context(AppendJsonl(output))
         run = {"new": 0, "skipped": len(jobs) - len(pending), "new_engine_errors": 0,
                "first_error": None, "generated_tokens": 0}
         t0 = time.perf_counter()
         if pending:
-            with _progress(label, len(pending), progress and on_event is None) as advance:
+            base = rel_to or (Path.cwd() if output == "-" else Path(output).parent)
+            with progress_bar(label, len(pending), progress and on_event is None) as advance:
                 agent = Agent(eng, tools, gen.agent_config(system_prompt),
-                              media_dir=media or media_dir(output),
-                              rel_to=rel_to or Path(output).parent,
+                              media_dir=media or media_dir(output), rel_to=base,
                               policy_name=gen.policy_name, on_event=on_event or advance)
                 _append(agent.run(pending), out, on_record, run)
     wall = time.perf_counter() - t0
@@ -224,35 +259,15 @@ def generate(jobs: list[tuple[Prompt, int]], gen: GenerationOptions, tools: list
     return Generated(run, eng)
 
 
-@contextlib.contextmanager
-def _progress(label: str, total: int, show: bool) -> Iterator[Event]:
-    """A progress bar on stderr (a terminal only) and the agent event that advances it."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    from marscli.trace import stderr_console
-
-    console = stderr_console()
-    bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   TimeRemainingColumn(), console=console,
-                   disable=not (show and console.is_terminal))
-    task = bar.add_task(label, total=total)
-
-    def advance(kind: str, traj: Any, data: dict) -> None:
-        if kind == "stop":
-            bar.advance(task)
-
-    with bar:
-        yield advance
+def _make_parent(output: str) -> None:
+    """The output's folder, made (BadInput naming it when it cannot be)."""
+    try:
+        Path(output).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BadInput(f"{output}: cannot write here ({e.strerror or e})") from None
 
 
-def _append(records: Iterator[dict], out: AppendJsonl | None,
+def _append(records: Iterator[dict], out: AppendJsonl | StdoutSink | None,
             on_record: Callable[[dict], None] | None, run: dict) -> None:
     """Each record through `on_record`, then appended, and counted in `run`."""
     for rec in records:
@@ -265,3 +280,131 @@ def _append(records: Iterator[dict], out: AppendJsonl | None,
         if rec["stop"] == "engine_error":
             run["new_engine_errors"] += 1
             run["first_error"] = run["first_error"] or rec.get("error")
+
+
+class StdoutSink:
+    """`-o -`: each complete record to stdout as one flushed line, so a pipe's next stage
+    reads trajectories as they finish. Nothing is resumed (`ids` stays empty), and image
+    paths become absolute (from `base`, the folder the agent made them relative to), so
+    whichever file the pipe ends in, `reward` and `update` find the crops."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = Path(base).resolve()
+        self.ids: frozenset[str] = frozenset()
+
+    def write(self, rec: dict) -> None:
+        from marscli.jsonl import dumps
+
+        for ref in rec.get("images") or []:
+            ref["path"] = os.path.normpath(self.base / ref["path"])
+        sys.stdout.buffer.write(dumps(rec))
+        sys.stdout.buffer.flush()
+
+
+# ----------------------------------------------------------------------------- run settings
+# A resumed output must not mix runs: the records already there and the ones this run adds
+# must come from the same settings. They are written to OUT.settings.json before the first
+# record (the sidecar comes only at the end of a complete run, so a killed run has none).
+
+WEIGHT_FILES = ("*.safetensors", "*.bin")
+_WHOLE = 32 << 20  # weight files up to this are hashed whole; larger ones by samples
+_BLOCKS, _BLOCK = 32, 128 << 10  # 32 evenly spaced 128 KiB samples: 4 MiB a file
+
+
+def weights_fingerprint(policy: str | None) -> str | None:
+    """A cheap sha256 of a checkpoint folder's weights: config.json, and each weight file's
+    name, size and content (whole up to 32 MiB, else 32 evenly spaced 128 KiB blocks, so an 8B
+    checkpoint costs ~16 MiB of reads: an RL update changes every block of a tensor it
+    trains). None for a hub id or a served model (the name is all there is)."""
+    if not policy or not Path(policy).is_dir():
+        return None
+    root = Path(policy)
+    h = hashlib.sha256()
+    files = sorted({f for pat in WEIGHT_FILES for f in root.glob(pat)})
+    for f in [root / "config.json", *files]:
+        if not f.is_file():
+            continue
+        size = f.stat().st_size
+        h.update(f"{f.name}\0{size}\0".encode())
+        with f.open("rb") as fh:
+            if size <= _WHOLE:
+                h.update(fh.read())
+                continue
+            for i in range(_BLOCKS):
+                fh.seek((size - _BLOCK) * i // (_BLOCKS - 1))
+                h.update(fh.read(_BLOCK))
+    return h.hexdigest()
+
+
+def sample_settings(gen: GenerationOptions, system_prompt: str | None, **stage: Any) -> dict:
+    """What decides the samples of a run, flat, named like the options (`stage`: the stage's
+    own, e.g. n and shard). Batch size, device, progress, timeouts and retries do not change
+    what is sampled and are left out. Secrets in URLs are redacted."""
+    from marscli.secrets import redact
+
+    engine_opts = {k: gen.engine_opts.get(k) for k in ("base_url", "model", "tokenize_with")}
+    prompt = None if system_prompt is None else hashlib.sha256(system_prompt.encode()).hexdigest()
+    return redact({
+        "policy": gen.policy_name, "weights": weights_fingerprint(gen.policy),
+        "engine": gen.engine, **engine_opts, "temperature": gen.temperature,
+        "top_p": gen.top_p, "top_k": gen.top_k, "seed": gen.seed, "max_turns": gen.max_turns,
+        "max_turn_tokens": gen.max_turn_tokens, "max_response_tokens": gen.max_response_tokens,
+        "system_prompt": prompt, "text_search": gen.text_search,
+        "image_search": gen.image_search, "search_options": dict(sorted(gen.search_opts.items())),
+        **stage})
+
+
+def settings_path(output: str | Path) -> Path:
+    """`runs/traj.jsonl` → `runs/traj.jsonl.settings.json`."""
+    return Path(f"{output}.settings.json")
+
+
+def _option(key: str) -> str:
+    return {"n": "-n", "weights": "--policy (its weights)"}.get(key, "--" + key.replace("_", "-"))
+
+
+def check_settings(output: str, settings: dict, ids: set[str] | frozenset[str]) -> None:
+    """Refuse to add to records made with other settings (BadInput naming the first setting
+    that differs, old → new); record `settings` when `output` holds no record yet. The policy
+    path itself may differ (a moved run folder) when the weights are the same."""
+    import orjson
+
+    from marscli.jsonl import AtomicFile
+
+    path = settings_path(output)
+    if not ids:
+        with AtomicFile(path) as fh:
+            fh.write(orjson.dumps({"v": 1, "settings": settings}, option=orjson.OPT_INDENT_2))
+        return
+    try:
+        old = orjson.loads(path.read_bytes())["settings"]
+    except FileNotFoundError:
+        raise BadInput(f"{output}: holds {len(ids)} records but no {path.name} says what made "
+                       "them (an older marscli, or a merged file) — add --force to start over, "
+                       "or pick another -o") from None
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        raise BadInput(f"{path}: not a settings file — add --force to start over") from None
+    for key in ["weights", *settings, *(k for k in old if k not in settings)]:
+        a, b = old.get(key), settings.get(key)
+        if a == b or (key == "policy" and a and old.get("weights") and
+                      old.get("weights") == settings.get("weights")):
+            continue
+        if key == "weights":
+            if not (a and b):  # a hub id or served model on one side: the names tell
+                continue
+            a, b = (f"{old.get('policy')}, sha256 {a[:12]}",
+                    f"{settings.get('policy')}, sha256 {b[:12]}")
+        raise BadInput(f"{output}: {_option(key)} differs from the run that wrote its "
+                       f"{len(ids)} records ({a} → {b}) — re-run with the same settings to "
+                       "resume, or add --force to start over")
+
+
+def start_over(output: str, *also: Path) -> None:
+    """`--force`: remove the output, its media folder, sidecar and settings (and `also`),
+    holding the output's lock (a writer still at work is not pulled from under)."""
+    from marscli.jsonl import OutputLock
+
+    with OutputLock(output):
+        for p in (Path(output), Path(f"{output}.meta.json"), settings_path(output), *also):
+            p.unlink(missing_ok=True)
+        shutil.rmtree(media_dir(output), ignore_errors=True)

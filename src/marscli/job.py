@@ -34,7 +34,7 @@ from marscli.distributed import (
     seed_everything,
 )
 from marscli.errors import BadInput, check_range
-from marscli.jsonl import dumps, remove_stale_tmp
+from marscli.jsonl import OutputLock, check_not_input, dumps, remove_stale_tmp
 from marscli.optim import OptimConfig
 
 
@@ -104,6 +104,7 @@ class Job:
         self.inputs, self.started = inputs, started
         self.dist = Dist()
         self.folder: Path | None = None  # OUT.tmp-PID while output() is open
+        self.pid = os.getpid()  # rank 0's pid once output() is open
         self.io = {"load_seconds": 0.0, "save_seconds": 0.0, "bytes_written": 0}
 
     def __enter__(self) -> Self:
@@ -128,6 +129,7 @@ class Job:
         d = self.dist
         out = Path(self.out)
         pid = int(all_reduce([os.getpid() if d.main else 0], d)[0])  # rank 0's: shared by all
+        self.pid = pid  # for other temporaries every rank must name alike (sft's partial state)
         with AtomicDir(out, active=d.main, tmp=out.with_name(f"{out.name}.tmp-{pid}")) as od:
             self.folder = od.tmp
             mpath = self.opts.metrics or od.tmp / "metrics.jsonl"
@@ -190,16 +192,21 @@ class Job:
 
 class MetricsWriter:
     """One JSON line per optimiser step, flushed as it is written (watch it with `tail -f`).
-    With `atomic`, lines go to `PATH.tmp-PID`, renamed onto PATH by `close(ok=True)`. A writer
-    without a path (ranks other than 0) writes nothing."""
+    With `atomic` (a `--metrics FILE` outside OUT), lines go to `PATH.tmp-PID`, renamed onto
+    PATH by `close(ok=True)`, and PATH is refused if it is an input and locked while open
+    (jsonl.OutputLock). A writer without a path (ranks other than 0) writes nothing."""
 
     def __init__(self, path: str | Path | None, atomic: bool = True) -> None:
         self.path = Path(path) if path else None
         self.fh = None
+        self.lock: OutputLock | None = None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.tmp = (self.path.with_name(f"{self.path.name}.tmp-{os.getpid()}") if atomic
                         else self.path)
+            if atomic:
+                check_not_input(self.path)
+                self.lock = OutputLock(self.path).__enter__()
             remove_stale_tmp(self.path)
             self.fh = self.tmp.open("wb")
 
@@ -211,13 +218,21 @@ class MetricsWriter:
     def close(self, ok: bool) -> None:
         if self.fh is None:
             return
-        self.fh.close()
-        self.fh = None
-        if self.tmp != self.path:
-            if ok:
-                os.replace(self.tmp, self.path)
-            else:
-                self.tmp.unlink(missing_ok=True)
+        try:
+            self.fh.close()
+            self.fh = None
+            if self.tmp != self.path:
+                if ok:
+                    os.replace(self.tmp, self.path)
+                else:
+                    self.tmp.unlink(missing_ok=True)
+        except OSError:
+            self.tmp.unlink(missing_ok=True)  # a full disk while flushing: no half file
+            raise
+        finally:
+            if self.lock is not None:
+                self.lock.__exit__()
+                self.lock = None
 
 
 class Timer:

@@ -1,22 +1,40 @@
 """`marscli merge OUT SHARD...`: join the shards of a rollout or eval array job.
 
-Refuses duplicate ids (two shards that overlap would double-count samples), keeps the shards'
-order, writes OUT atomically with a sidecar, and removes nothing: delete the shards yourself
-once you are happy with OUT.
+- Refuses duplicate ids (two shards that overlap would double-count samples), keeps the shards'
+  order, writes OUT atomically with a sidecar, and removes nothing: delete the shards yourself
+  once you are happy with OUT.
+- Skips what a shard's glob also matches but is not a shard (`merge OUT OUT.shard-*`, as
+  stages/rollout.sh and eval.sh document): the sidecars `*.meta.json`, rollout's and eval's
+  `*.settings.json`, eval's `*.summary.json`, `*.lock` files, `*.tmp-PID` leftovers and
+  folders (a shard's `.media/`). The skipped names are in the sidecar's stats.
 """
 
 from __future__ import annotations
 
+import re
 import time
+from pathlib import Path
 
 from marscli.errors import BadInput
 from marscli.jsonl import AtomicJsonl, get_field, iter_rows, write_sidecar
 
+COMPANIONS = (".meta.json", ".settings.json", ".summary.json", ".lock")  # beside a data file
+_TMP = re.compile(r"\.tmp-\d+$")
+
+
+def is_companion(path: str) -> bool:
+    """A sidecar, lock, temporary or media folder beside a shard, not a shard itself."""
+    return path.endswith(COMPANIONS) or bool(_TMP.search(path)) or Path(path).is_dir()
+
 
 def merge(out: str, shards: list[str]) -> dict:
-    if not shards:
-        raise BadInput("merge: give at least one shard file")
+    """Join `shards` (companions skipped) into `out`; return the sidecar statistics."""
     started = time.time()
+    skipped = [s for s in shards if is_companion(s)]
+    shards = [s for s in shards if not is_companion(s)]
+    if not shards:
+        raise BadInput("merge: give at least one shard file"
+                       + (f" ({len(skipped)} sidecar or media names skipped)" if skipped else ""))
     seen: dict[str, str] = {}
     per_shard = {}
     with AtomicJsonl(out) as w:
@@ -30,6 +48,6 @@ def merge(out: str, shards: list[str]) -> dict:
                 w.write(row)
                 n += 1
             per_shard[path] = n
-    stats = {"records": len(seen), "shards": per_shard}
+    stats = {"records": len(seen), "shards": per_shard, "skipped": skipped}
     write_sidecar(out, stage="merge", inputs=shards, stats=stats, started=started)
     return stats

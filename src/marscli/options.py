@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from marscli.errors import check_range
-from marscli.generate import GenerationOptions
+from marscli.generate import MAX_RETRIES, MAX_TIMEOUT, GenerationOptions
 from marscli.policy import DEFAULT_POLICY  # noqa: F401 - ask's default, re-exported
 
 GEN = GenerationOptions()  # the shared defaults
@@ -75,9 +75,14 @@ SearchTimeout = Annotated[float, typer.Option(
 SearchRetries = Annotated[int, typer.Option(
     help="Retries after a failed search request (0: one attempt).")]
 
+Force = Annotated[bool, typer.Option(
+    "--force", help="Start over: remove the output, its media, sidecar and settings first "
+                    "(without it, a rerun resumes, and refuses other settings).")]
+
 # judging (reward and eval); the defaults are judge.JudgeOptions' (not imported: it loads
 # an HTTP client), --judge-retries counting the attempts after the first
 JUDGE, MAX_UNSCORED, JUDGE_TIMEOUT, JUDGE_RETRIES, JUDGE_CONCURRENCY = "exact", 0.05, 60.0, 2, 8
+MAX_JUDGE_CONCURRENCY = 256  # threads, each holding a request in flight
 Judge = Annotated[str, typer.Option(
     help="exact (no judge: non-exact answers score 0) or openai:MODEL@URL (an OpenAI-compatible "
          "chat API; key from OPENAI_API_KEY or JUDGE_API_KEY); the release judges with GPT-4o.")]
@@ -124,6 +129,6 @@ def generation_options(params: dict[str, Any]) -> GenerationOptions:
 
 def check_judge_options(timeout: float, retries: int, concurrency: int) -> None:
     """The judge options reward and eval share, in range (BadInput naming the option)."""
-    check_range("--judge-timeout", timeout, 0, lo_open=True)
-    check_range("--judge-retries", retries, 0)
-    check_range("--judge-concurrency", concurrency, 1)
+    check_range("--judge-timeout", timeout, 0, MAX_TIMEOUT, lo_open=True)
+    check_range("--judge-retries", retries, 0, MAX_RETRIES)
+    check_range("--judge-concurrency", concurrency, 1, MAX_JUDGE_CONCURRENCY)

@@ -17,10 +17,14 @@ Format: `format_weight` when the trajectory ended with a non-empty answer (stop 
 made no invalid tool call (a tool segment with ok false, or stop "format_error").
 
 Failures: a judge that gives no verdict after its retries leaves the row
-`{"status": "unscored", "error": ...}` with no `total`, never a silent 0. When more than
-`max_unscored` of the rows are unscored the stage exits 1, but only after writing the output
-and sidecar anyway: the scored rows (and their cached verdicts) are not lost, a re-run asks the
-judge only about what is missing, and `advantages` refuses rows without a total.
+`{"status": "unscored", "error": ...}` with no `total`, never a silent 0.
+- Up to `max_unscored` of the rows may be unscored: the output and sidecar are written, the
+  unscored rows marked so, and `advantages` leaves them out (counting them).
+- More than that, and the stage exits 1 leaving neither output nor sidecar (a pre-existing
+  output is untouched), so `make` retries it. The rows that were scored go to `OUT.partial`
+  (their rewards, keyed by id and a hash of the row and the scoring settings); a re-run takes
+  them from there and asks the judge only about the rest, then removes it. With `-o -` there is
+  no partial file (the judge's verdict cache still saves the calls).
 
 Departures from the paper / released code:
 1. The judge prompt is marscli's own wording of the paper's grading principles.
@@ -32,6 +36,7 @@ Nothing here imports torch or transformers (a test checks `marscli reward` in a 
 
 from __future__ import annotations
 
+import hashlib
 import re
 import string
 import sys
@@ -40,8 +45,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from marscli.errors import BadInput, RuntimeFailure
-from marscli.jsonl import AtomicJsonl, get_field, read_rows, write_sidecar
+from marscli.jsonl import AtomicJsonl, get_field, iter_rows, read_rows, write_sidecar
 from marscli.judge import Judge, JudgeError, JudgeOptions, make_judge
 from marscli.protocol import last_answer
 from marscli.secrets import redact
@@ -202,19 +209,27 @@ def _ask_judge(judge: Judge, question: str, gold: list[str], answer: str,
 
 
 def run(rows: list[tuple[int, dict]], src: str, judge: Judge, format_weight: float = 0.5,
-        max_unscored: float = 0.05, concurrency: int = 8) -> tuple[list[dict], dict]:
+        max_unscored: float = 0.05, concurrency: int = 8,
+        known: dict[str, dict] | None = None) -> tuple[list[dict], dict]:
     """Score rows (validated first, so bad input costs no judge call). Returns the rows with
     `reward` and the stage statistics; `stats["over_unscored"]` is true when more than
-    `max_unscored` of them are unscored (the caller decides to fail, after writing)."""
+    `max_unscored` of them are unscored (the caller decides what to write). `known`: rewards
+    by `row_key`, from an earlier run's partial file, taken instead of scoring again."""
     images = [_validate(row, src, line, judge) for line, row in rows]
+    known = known or {}
+    keys = [row_key(row, judge.config(), format_weight) for _, row in rows]
+
+    def one(i: int) -> dict:
+        return known.get(keys[i]) or _score(rows[i][1], images[i], judge, format_weight)
+
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        rewards = list(pool.map(lambda ri: _score(ri[0][1], ri[1], judge, format_weight),
-                                zip(rows, images)))
+        rewards = list(pool.map(one, range(len(rows))))
     out = [{**row, "reward": rw} for (_, row), rw in zip(rows, rewards)]
     scored = [r for r in rewards if "total" in r]
     unscored = len(rewards) - len(scored)
     stats = {
-        "rows": len(rows), "accuracy_mean": _mean(scored, "accuracy"),
+        "rows": len(rows), "reused": sum(k in known for k in keys),
+        "accuracy_mean": _mean(scored, "accuracy"),
         "format_mean": _mean(scored, "format"), "total_mean": _mean(scored, "total"),
         "judge_calls": judge.stats.calls,
         "judge_requests": judge.stats.requests, "judge_retries": judge.stats.retries,
@@ -229,12 +244,58 @@ def _mean(rewards: list[dict], key: str) -> float | None:
     return round(sum(r[key] for r in rewards) / len(rewards), 6) if rewards else None
 
 
+# ----------------------------------------------------------------------------- partial results
+
+
+_VERDICT_CONFIG = ("judge", "url", "prompt_version", "max_tokens")  # not timeouts or retries
+
+
+def row_key(row: dict, judge_config: dict, format_weight: float) -> str:
+    """What a reward depends on: the row (less any old reward), the judge (not how patiently
+    it is asked: a re-run with a longer --judge-timeout reuses the rewards) and the format
+    weight."""
+    body = {k: v for k, v in row.items() if k != "reward"}
+    judge = {k: judge_config.get(k) for k in _VERDICT_CONFIG}
+    blob = orjson.dumps([judge, format_weight, body],
+                        option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY)
+    return hashlib.sha256(blob).hexdigest()
+
+
+def partial_path(output: str) -> Path:
+    return Path(f"{output}.partial")
+
+
+def load_partial(output: str) -> dict[str, dict]:
+    """The rewards an earlier failed run kept, by `row_key` (none for stdout or no file)."""
+    path = partial_path(output)
+    if output == "-" or not path.is_file():
+        return {}
+    return {str(r["key"]): r["reward"] for _, r in iter_rows(str(path))
+            if isinstance(r.get("reward"), dict) and "total" in r["reward"]}
+
+
+def save_partial(output: str, rows: list[dict], judge_config: dict,
+                 format_weight: float) -> int:
+    """Keep the scored rows' rewards for the re-run; return how many."""
+    if output == "-":
+        return 0
+    kept = [{"v": 1, "id": r.get("id"), "key": row_key(r, judge_config, format_weight),
+             "reward": r["reward"]} for r in rows if "total" in r["reward"]]
+    if not kept:
+        partial_path(output).unlink(missing_ok=True)
+        return 0
+    with AtomicJsonl(str(partial_path(output))) as w:
+        w.write_all(kept)
+    return len(kept)
+
+
 def main(input: str, output: str = "-", judge_spec: str = "exact", format_weight: float = 0.5,
          max_unscored: float = 0.05, judge_timeout: float = 60.0, judge_retries: int = 2,
          judge_concurrency: int = 8, judge_cache: str | None = None,
          judge_backoff: float = 1.0) -> dict[str, Any]:
-    """`marscli reward`: read, score, write all-or-nothing, write the sidecar; raise
-    RuntimeFailure (exit 1) after writing when too many rows are unscored."""
+    """`marscli reward`: read, score, write all-or-nothing, write the sidecar. When too many
+    rows are unscored: keep the scored ones in `OUT.partial`, write nothing else, and raise
+    RuntimeFailure (exit 1)."""
     started = time.time()
     opts = JudgeOptions(timeout_s=judge_timeout, attempts=judge_retries + 1,
                         concurrency=judge_concurrency, cache_path=judge_cache,
@@ -242,21 +303,33 @@ def main(input: str, output: str = "-", judge_spec: str = "exact", format_weight
     judge = make_judge(judge_spec, opts)  # a bad spec fails before the input is read
     try:
         rows = read_rows(input)
-        out, stats = run(rows, input, judge, format_weight, max_unscored, judge_concurrency)
+        out, stats = run(rows, input, judge, format_weight, max_unscored, judge_concurrency,
+                         known=load_partial(output))
     finally:
         judge.close()
+    _summary(stats)
+    if stats["over_unscored"]:
+        kept = save_partial(output, out, judge.config(), format_weight)
+        where = f"; the {kept} scored rows are kept in {partial_path(output)}" if kept else ""
+        raise RuntimeFailure(
+            f"{stats['unscored']} of {stats['rows']} rows unscored (over {max_unscored:.0%}), "
+            f"first error: {stats['first_error']} — the judge is failing; nothing was written"
+            f"{where}; fix the judge and re-run (scored rows and cached verdicts are reused)")
     with AtomicJsonl(output) as w:
         w.write_all(out)
     config = {**judge.config(), "format_weight": format_weight, "max_unscored": max_unscored}
     write_sidecar(output, stage="reward", config=config, inputs=[input], stats=stats,
                   started=started)
-    print(f"reward: {stats['rows']} rows, accuracy {stats['accuracy_mean']}, format "
-          f"{stats['format_mean']}, judge calls {stats['judge_calls']} (cache hits "
-          f"{stats['cache_hits']}), unscored {stats['unscored']}", file=sys.stderr)
-    if stats["over_unscored"]:
-        raise RuntimeFailure(
-            f"{stats['unscored']} of {stats['rows']} rows unscored (over {max_unscored:.0%}), "
-            f"first error: {stats['first_error']} — the judge is failing; {output} was written "
-            "with those rows marked unscored; fix the judge and re-run "
-            "(cached verdicts are reused)")
+    if output != "-":
+        partial_path(output).unlink(missing_ok=True)
     return stats
+
+
+def _summary(stats: dict) -> None:
+    """One line on stderr; "no row scored" rather than an accuracy of None."""
+    scores = (f"accuracy {stats['accuracy_mean']}, format {stats['format_mean']}"
+              if stats["rows"] > stats["unscored"] else "no row scored")
+    reused = f", {stats['reused']} from the partial file" if stats["reused"] else ""
+    print(f"reward: {stats['rows']} rows, {scores}, judge calls {stats['judge_calls']} "
+          f"(cache hits {stats['cache_hits']}{reused}), unscored {stats['unscored']}",
+          file=sys.stderr)

@@ -34,9 +34,10 @@
    see trainstate.py) and renames it onto OUT at the end.
 
 Resume (`--save-every-epoch`): after each epoch but the last, the state is saved atomically in
-`OUT.partial/` (built in `OUT.partial.tmp` by checkpoint.AtomicDir, renamed over the previous
-one): a checkpoint as OUT will be (the HF export, and `train_state/` with the fp32 masters and
-AdamW's state: plain torch's optimizer.pt, or DeepSpeed's own checkpoint, one shard per rank),
+`OUT.partial/` (built in `OUT.partial.tmp-PID` by checkpoint.AtomicDir, renamed over the
+previous one): a checkpoint as OUT will be (the HF export, and `train_state/` with the fp32
+masters and AdamW's state: plain torch's optimizer.pt, or DeepSpeed's own checkpoint, one shard
+per rank),
 `rng-RANK.pt` (Python, NumPy and torch RNG states), `metrics.jsonl` (the steps so far) and
 `state.json` (epochs done, steps done and a fingerprint of the data, the policy and the options
 that change the result).
@@ -405,20 +406,22 @@ def _set_rng_state(st: dict) -> None:
 def _save_partial(job: Job, model, part: Path, policy, processor, fp, epoch, step,
                   history) -> None:
     """Write the resumable state of `epoch` epochs done (module docstring) atomically. Every
-    rank writes into the same `OUT.partial.tmp` (DeepSpeed's shards, its RNG state)."""
+    rank writes into the same `OUT.partial.tmp-PID` (rank 0's pid: DeepSpeed's shards, its
+    RNG state)."""
     import torch
 
-    from marscli.checkpoint import AtomicDir
+    from marscli.checkpoint import AtomicDir, save_errors
     from marscli.jsonl import dumps
     from marscli.trainstate import save_all
 
     d = job.dist
-    with AtomicDir(part, active=d.main, tmp=part.with_name(f"{part.name}.tmp")) as ad:
+    with AtomicDir(part, active=d.main, tmp=part.with_name(f"{part.name}.tmp-{job.pid}")) as ad:
         tmp = ad.tmp
         barrier(d)  # rank 0 made the folder
         save_all(model, tmp, policy, processor, job.export_dtype(policy), optimizer=True,
                  steps=step, ds_cfg=job.ds_cfg)
-        torch.save(_rng_state(), tmp / f"rng-{d.rank}.pt")
+        with save_errors(tmp):
+            torch.save(_rng_state(), tmp / f"rng-{d.rank}.pt")
         if d.main:
             (tmp / "metrics.jsonl").write_bytes(b"".join(dumps(r) for r in history))
             state = {"v": 1, "epoch": epoch, "step": step, "world": d.world, "fingerprint": fp}

@@ -33,7 +33,7 @@ import struct
 from collections.abc import Iterable
 from pathlib import Path
 
-from marscli.checkpoint import AtomicDir
+from marscli.checkpoint import AtomicDir, save_errors
 from marscli.errors import BadInput
 
 # ids 0..6, in this order, special=True (skipped by decode(skip_special_tokens=True))
@@ -505,12 +505,13 @@ def build_tiny_model(out: str | Path, seed: int = 0, texts: Iterable[str] = (),
         was_on = hf_logging.is_progress_bar_enabled()
         hf_logging.disable_progress_bar()  # no "Writing model shards" bar on stderr
         try:
-            model.save_pretrained(ad.tmp, safe_serialization=True)
+            with save_errors(ad.tmp):
+                model.save_pretrained(ad.tmp, safe_serialization=True)
+                # tokenizer files, processor_config.json, chat_template.jinja
+                processor.save_pretrained(ad.tmp)
         finally:
             if was_on:
                 hf_logging.enable_progress_bar()
-        # tokenizer files, processor_config.json, chat_template.jinja
-        processor.save_pretrained(ad.tmp)
     return out
 
 

@@ -116,6 +116,15 @@ def save_all(model: Any, folder: Path, policy: str, processor: Any, dtype: str, 
              optimizer: bool, steps: int, ds_cfg: dict | None) -> dict:
     """Write the HF export (rank 0) and train_state/ (collective: every rank must call it).
     Returns {"save_seconds", "bytes_written"} (bytes on rank 0: the whole folder)."""
+    from marscli.checkpoint import save_errors
+
+    with save_errors(folder):  # a full disk: one line, whichever writer meets it
+        return _save_all(model, folder, policy, processor, dtype, optimizer=optimizer,
+                         steps=steps, ds_cfg=ds_cfg)
+
+
+def _save_all(model: Any, folder: Path, policy: str, processor: Any, dtype: str, *,
+              optimizer: bool, steps: int, ds_cfg: dict | None) -> dict:
     from marscli.checkpoint import save_checkpoint
     from marscli.distributed import barrier
 
