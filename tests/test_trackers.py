@@ -190,3 +190,40 @@ def test_wandb_missing_is_one_line(monkeypatch):
     ("runs/demo/rollouts.jsonl", 0), ("runs/myiter-7/a.jsonl", 0)])
 def test_iteration_of_reads_the_run_folder_layout(path, k):
     assert iteration_of(path) == k
+
+
+def test_stages_send_their_metrics_to_the_tracker(tiny_model, tmp_path, monkeypatch):
+    """Wired end to end: `rollout --track` logs its summary at the iteration of its path, and
+    `sft` (through `MARSCLI_TRACK`, as `make rl` passes it) one line per optimiser step,
+    the same rows as its metrics file."""
+    from helpers import invoke, read_jsonl, write_prompts
+
+    prompts = write_prompts(tmp_path / "p.jsonl", ["a", "b"])
+    traj = tmp_path / "run" / "iter-2" / "rollouts.jsonl"
+    track = tmp_path / "track.jsonl"
+    code, _, err = invoke(["rollout", str(prompts), "--policy", str(tiny_model), "--engine",
+                           "replay", "-n", "2", "-o", str(traj), "--track", f"jsonl:{track}"])
+    assert code == 0, err
+    (line,) = read_jsonl(track)
+    assert line["run"] == "run/rollout" and line["step"] == 2
+    assert line["metrics"]["trajectories"] == 4
+
+    monkeypatch.setenv("MARSCLI_TRACK", f"jsonl:{tmp_path / 'sft-track.jsonl'}")
+    out = tmp_path / "run" / "ckpt-0"
+    code, _, err = invoke(["sft", str(traj), "--policy", str(tiny_model), "--out", str(out),
+                           "--epochs", "2", "--batch-size", "2"])
+    assert code == 0, err
+    steps = read_jsonl(out / "metrics.jsonl")
+    logged = read_jsonl(tmp_path / "sft-track.jsonl")
+    assert [r["step"] for r in logged] == [r["step"] for r in steps] and len(steps) == 4
+    assert all(r["run"] == "run/ckpt-0" for r in logged)
+    assert logged[0]["metrics"]["loss"] == pytest.approx(steps[0]["loss"])
+
+
+def test_a_bad_track_spec_is_refused_before_anything_loads(tmp_path, monkeypatch):
+    from helpers import invoke
+
+    monkeypatch.setenv("MARSCLI_TRACK", "mlflow:x")
+    code, _, err = invoke(["sft", str(tmp_path / "none.jsonl"), "--policy", str(tmp_path),
+                           "--out", str(tmp_path / "o")])
+    assert code == 2 and "MARSCLI_TRACK: 'mlflow:x': unknown tracker" in err, err

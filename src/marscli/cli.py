@@ -11,6 +11,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -357,15 +358,25 @@ def rollout(
         metavar="DIR", help="Where crops and thumbnails go (default: OUT.media/, or "
                             "./rollout.media/ with -o -).")] = None,
     force: opt.Force = False,
+    track: opt.Track = None,
 ) -> None:
     """Sample N trajectories per prompt with the agent; resumable, shardable."""
     gen = opt.generation_options(locals())
     with guard():
         from marscli.generate import parse_shard
         from marscli.rollout import run_rollout
+        from marscli.trackers import check_tracker, log_stats
 
-        run_rollout(prompts, output, gen, n=n, shard=parse_shard(shard), image_dir=image_dir,
-                    force=force, media=media_dir)
+        check_tracker(track)
+        stats = run_rollout(prompts, output, gen, n=n, shard=parse_shard(shard),
+                            image_dir=image_dir, force=force, media=media_dir)
+        if output != "-":
+            log_stats(track, run=_run_name(output, "rollout"), output=output, stats=stats)
+
+
+def _run_name(output: str, stage: str) -> str:
+    """`runs/demo/iter-3/rollouts.jsonl` → `demo/rollout` (a tracker run per stage of a run)."""
+    return f"{Path(output).resolve().parent.parent.name}/{stage}"
 
 
 @app.command("toy-world")
@@ -452,6 +463,7 @@ def update(
         "POLICY/train_state/ when present, write it to OUT/train_state/ (DeepSpeed: the same "
         "ranks and ZeRO stage).")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing OUT.")] = False,
+    track: opt.Track = None,
 ) -> None:
     """Policy-gradient update (BN-GSPO / GRPO) of a checkpoint. Data-parallel / ZeRO: launch
     with `torchrun --nproc_per_node N -m marscli update ...`, `deepspeed --no_local_rank
@@ -468,7 +480,7 @@ def update(
             grad_clip=grad_clip, warmup_steps=warmup_steps, lr_schedule=lr_schedule,
             deepspeed=deepspeed, gradient_checkpointing=gradient_checkpointing,
             freeze_vision=freeze_vision, seed=seed, metrics=metrics, device=device,
-            save_dtype=save_dtype, keep_optimizer=keep_optimizer, force=force)
+            save_dtype=save_dtype, keep_optimizer=keep_optimizer, force=force, track=track)
         run_update(adv, policy, out, cfg)
 
 
@@ -602,6 +614,7 @@ def eval_cmd(
     search_timeout: opt.SearchTimeout = opt.GEN.search_timeout,
     search_retries: opt.SearchRetries = opt.GEN.search_retries,
     force: opt.Force = False,
+    track: opt.Track = None,
 ) -> None:
     """Evaluate a policy on a benchmark (agent or direct); resumable, shardable; summary
     beside the paper's numbers."""
@@ -629,11 +642,14 @@ def eval_cmd(
             raise BadInput("--rescore: only with --summarize RESULTS.jsonl")
         from marscli.evaluate import run_eval
         from marscli.generate import parse_shard
+        from marscli.trackers import check_tracker, log_stats
 
-        run_eval(bench, output, gen, fmt=fmt, mode=mode, samples=samples, judge_spec=judge,
-                 protocol=protocol or "mars", shard=parse_shard(shard), benchmark=benchmark,
-                 image_dir=image_dir, max_unscored=max_unscored, judge_opts=jopts,
-                 force=force)
+        check_tracker(track)
+        summary = run_eval(bench, output, gen, fmt=fmt, mode=mode, samples=samples,
+                           judge_spec=judge, protocol=protocol or "mars",
+                           shard=parse_shard(shard), benchmark=benchmark, image_dir=image_dir,
+                           max_unscored=max_unscored, judge_opts=jopts, force=force)
+        log_stats(track, run=_run_name(output, "eval"), output=output, stats=summary)
 
 
 @app.command()
@@ -696,6 +712,7 @@ def sft(
     save_dtype: opt.SaveDtype = "auto",
     force: Annotated[bool, typer.Option(
         "--force", help="Replace an existing OUT (and a stale OUT.partial).")] = False,
+    track: opt.Track = None,
 ) -> None:
     """Supervised fine-tuning (cold start) on trajectories or conversations; loss on the
     model's turns only. Data-parallel / ZeRO: launch as `update` (torchrun, deepspeed, srun)."""
@@ -710,7 +727,7 @@ def sft(
             freeze_vision=freeze_vision, gradient_checkpointing=gradient_checkpointing,
             deepspeed=deepspeed, system_prompt=system_prompt, seed=seed,
             save_every_epoch=save_every_epoch, metrics=metrics, skip_bad=skip_bad, device=device,
-            save_dtype=save_dtype, force=force)
+            save_dtype=save_dtype, force=force, track=track)
         run_sft(data, policy, out, cfg)
 
 

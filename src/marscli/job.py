@@ -58,6 +58,7 @@ class TrainOptions:
     device: str = "auto"
     save_dtype: str = "auto"  # of the HF export: auto (bf16 on CUDA, else fp32) | float32 | ...
     force: bool = False
+    track: str | None = None  # --track SPEC (None: $MARSCLI_TRACK, then none): trackers.py
 
     def adamw(self, **schedule: Any) -> OptimConfig:
         """AdamW's options with the stage's schedule (warmup_steps, schedule, min_lr_ratio)."""
@@ -70,6 +71,9 @@ class TrainOptions:
         check_range("--epochs", self.epochs, 1)
         optim.check(schedule_option)
         check_save_dtype(self.save_dtype)
+        from marscli.trackers import check_tracker
+
+        check_tracker(self.track)
 
 
 def check_paths(opts: TrainOptions, out: str, *inputs: str) -> None:
@@ -133,7 +137,8 @@ class Job:
         with AtomicDir(out, active=d.main, tmp=out.with_name(f"{out.name}.tmp-{pid}")) as od:
             self.folder = od.tmp
             mpath = self.opts.metrics or od.tmp / "metrics.jsonl"
-            writer = MetricsWriter(mpath if d.main else None, atomic=self.opts.metrics is not None)
+            writer = MetricsWriter(mpath if d.main else None, atomic=self.opts.metrics is not None,
+                                   tracker=self._tracker() if d.main else None)
             try:
                 yield writer
                 writer.close(ok=True)
@@ -142,6 +147,17 @@ class Job:
                 raise
         barrier(d)
         self.log(f"{self.stage}: wrote {self.out}")
+
+    def _tracker(self) -> Any:
+        """The experiment tracker each optimiser step's metrics also go to (rank 0), named
+        RUN/OUT (e.g. demo/ckpt-3)."""
+        from dataclasses import asdict
+
+        from marscli.trackers import open_tracker
+
+        out = Path(self.out)
+        return open_tracker(self.opts.track, run=f"{out.parent.name}/{out.name}",
+                            config={"stage": self.stage, **asdict(self.opts)})
 
     def build(self, policy: str, **kw: Any) -> Any:
         """`trainer.build_model` for this job, timed into the sidecar's load_seconds."""
@@ -196,9 +212,10 @@ class MetricsWriter:
     PATH by `close(ok=True)`, and PATH is refused if it is an input and locked while open
     (jsonl.OutputLock). A writer without a path (ranks other than 0) writes nothing."""
 
-    def __init__(self, path: str | Path | None, atomic: bool = True) -> None:
+    def __init__(self, path: str | Path | None, atomic: bool = True, tracker: Any = None) -> None:
         self.path = Path(path) if path else None
         self.fh = None
+        self.tracker = tracker  # trackers.Tracker or None: each row also logged at its step
         self.lock: OutputLock | None = None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -214,8 +231,13 @@ class MetricsWriter:
         if self.fh is not None:
             self.fh.write(dumps(row))
             self.fh.flush()
+        if self.tracker is not None:
+            self.tracker.log(row, step=int(row.get("step", 0)))
 
     def close(self, ok: bool) -> None:
+        if self.tracker is not None:
+            self.tracker.close()
+            self.tracker = None
         if self.fh is None:
             return
         try:

@@ -114,6 +114,9 @@ DeepSpeed = Annotated[str | None, typer.Option(
 Metrics = Annotated[str | None, typer.Option(
     metavar="FILE", help="Metrics JSONL, one line per step (default: OUT/metrics.jsonl).")]
 TrainDevice = Annotated[str, typer.Option(help="auto, cpu or cuda.")]
+Track = Annotated[str | None, typer.Option(
+    metavar="SPEC", help="Also send metrics to a tracker: tensorboard:DIR, wandb:PROJECT "
+    "(offline) or jsonl:FILE (default: $MARSCLI_TRACK, else none).")]
 SaveDtype = Annotated[str, typer.Option(
     help="Of the HF export engines load: auto (bfloat16 on CUDA, float32 on CPU), float32, "
          "bfloat16 or input. The fp32 masters stay in OUT/train_state/.")]

@@ -56,22 +56,45 @@ EXAMPLES = {"tensorboard": "tensorboard:runs/tb", "wandb": "wandb:marscli",
 def open_tracker(spec: str | None, *, run: str, config: dict) -> Tracker:
     """The tracker `spec` names (None: `$MARSCLI_TRACK`, then none). BadInput, one line
     naming the option, for an unknown kind, a missing argument or a missing package."""
+    parsed = _parse(spec)
+    if parsed is None:
+        return NullTracker()
+    kind, arg, option = parsed
+    try:
+        return TRACKERS.get(kind)(arg, run, config)
+    except BadInput as e:
+        raise BadInput(f"{option}: {e}") from None
+
+
+def check_tracker(spec: str | None) -> None:
+    """Refuse a malformed `--track`/`$MARSCLI_TRACK` before anything loads (opens nothing)."""
+    _parse(spec)
+
+
+def _parse(spec: str | None) -> tuple[str, str, str] | None:
+    """(kind, argument, the option it came from), or None for no tracker."""
     option = "--track"
     if spec is None:
         spec, option = os.environ.get(ENV), ENV
     if spec is None or spec.strip() in ("", "none"):
-        return NullTracker()
+        return None
     kind, _, arg = spec.partition(":")
     if kind not in TRACKERS:
         raise BadInput(f"{option}: {spec!r}: unknown tracker {kind!r} — choose one of: "
                        f"{', '.join(TRACKERS.names())} (as KIND:ARG, e.g. tensorboard:runs/tb)")
     if not arg:
-        raise BadInput(f"{option}: {spec!r}: {kind} needs an argument — e.g. "
-                       f"{EXAMPLES[kind]}")
+        raise BadInput(f"{option}: {spec!r}: {kind} needs an argument — e.g. {EXAMPLES[kind]}")
+    return kind, arg, option
+
+
+def log_stats(spec: str | None, *, run: str, output: str | Path, stats: dict) -> None:
+    """A stage's summary statistics (rollout, eval) as one tracker step: the iteration k of
+    the output's `iter-k`/`ckpt-k` path (0 when there is none)."""
+    tracker = open_tracker(spec, run=run, config={})
     try:
-        return TRACKERS.get(kind)(arg, run, config)
-    except BadInput as e:
-        raise BadInput(f"{option}: {e}") from None
+        tracker.log(stats, step=iteration_of(output))
+    finally:
+        tracker.close()
 
 
 def flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, float]:
