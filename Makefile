@@ -8,6 +8,8 @@ MARSCLI := $(VENV)/bin/marscli
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export DS_BUILD_OPS ?= 0
+# `make rl MARSCLI_TRACK=tensorboard:runs/tb`: every stage also logs to that tracker.
+export MARSCLI_TRACK
 
 .PHONY: setup lint test test-fast bench clean ask-demo
 

@@ -6,7 +6,9 @@
 ends with), or is one script for every path; `on(path, *replies)` sets a route. A script is a
 callable `(path, body, attempt) -> (status, body[, delay[, headers]])`: the request body parsed
 as JSON (None when empty, the raw bytes when not JSON); `attempt` counts from 1 per distinct
-(path, request body); a reply body is bytes, text, or a JSON-able object. Inside a script,
+(path, request body); a reply body is bytes, text, a JSON-able object, or a hostile stream:
+`Trickle(data, every)` (a few bytes at a time, seconds apart) or `Huge(size)` (`size` bytes
+written in chunks, never held in memory; with `declare=False`, no Content-Length). Inside a script,
 `current()` is the request being answered (path, body, headers, digest, attempt).
 
 The server records every request in `log` (dicts as `current()`), attempts in `attempts`
@@ -24,12 +26,42 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
 
 Reply = tuple  # (status, body[, delay[, headers]])
 Script = Callable[[str, Any, int], Reply]
 _local = threading.local()
+
+
+@dataclass
+class Trickle:
+    """A reply body sent `step` bytes at a time, `every` seconds apart (Content-Length true)."""
+
+    data: bytes
+    every: float = 0.5
+    step: int = 1
+
+    def chunks(self):
+        for i in range(0, len(self.data), self.step):
+            if i:
+                time.sleep(self.every)
+            yield self.data[i:i + self.step]
+
+
+@dataclass
+class Huge:
+    """A reply body of `size` bytes of `fill`, written 1 MiB at a time."""
+
+    size: int
+    fill: bytes = b" "
+    declare: bool = True  # send Content-Length; False: the body ends when the server hangs up
+
+    def chunks(self):
+        block = (self.fill * (2**20 // len(self.fill) + 1))[:2**20]
+        for i in range(0, self.size, len(block)):
+            yield block[:min(len(block), self.size - i)]
 
 
 def current() -> dict:
@@ -133,8 +165,10 @@ class FakeServer:
             script = next((s for p, s in self.routes.items() if path.endswith(p)),
                           always(404, {"error": "no such path"}))
             status, data, delay, headers = (*script(path, body, req["attempt"]), None, None)[:4]
-            data = data if isinstance(data, bytes) else data.encode() if isinstance(data, str) \
-                else json.dumps(data).encode()
+            if isinstance(data, str):
+                data = data.encode()
+            elif not isinstance(data, bytes | Trickle | Huge):
+                data = json.dumps(data).encode()
             if delay:
                 time.sleep(delay)
         finally:
@@ -143,14 +177,23 @@ class FakeServer:
             with self.lock:
                 self.in_flight -= 1
         try:
-            handler.send_response(status)
-            for k, v in {"Content-Type": "application/json", **(headers or {}),
-                         "Content-Length": str(len(data))}.items():
-                handler.send_header(k, v)
-            handler.end_headers()
-            handler.wfile.write(data)
+            self._reply(handler, status, data, headers or {})
         except OSError:
             pass  # the client timed out and hung up
+
+    @staticmethod
+    def _reply(handler: BaseHTTPRequestHandler, status: int, data: bytes | Trickle | Huge,
+               headers: dict) -> None:
+        size = len(data) if isinstance(data, bytes) else len(data.data) \
+            if isinstance(data, Trickle) else data.size if data.declare else None
+        handler.send_response(status)
+        length = {} if size is None else {"Content-Length": str(size)}
+        for k, v in {"Content-Type": "application/json", **headers, **length}.items():
+            handler.send_header(k, v)
+        handler.end_headers()
+        for chunk in [data] if isinstance(data, bytes) else data.chunks():
+            handler.wfile.write(chunk)
+            handler.wfile.flush()
 
     def requests(self, suffix: str = "") -> int:
         """Requests received (at paths ending with `suffix`)."""

@@ -179,6 +179,21 @@ def test_seeded_and_greedy(engine, tmp_path):
 
 
 @vllm_test
+def test_keyed_requests_sample_the_same_whatever_shares_their_call(engine, tmp_path):
+    """Seeds come from (seed, trajectory id, turn), not a call counter: a request resumed
+    alone in a later call (or in another shard) draws what it drew beside others."""
+    from marscli.engines import GenRequest, SamplingParams
+
+    toks, feats, _ = two_image_prompt(engine, tmp_path)
+    params = SamplingParams(temperature=1.0, seed=3)
+    a, b = (GenRequest(toks, feats, 16, key=f"p#{k}", turn=1) for k in range(2))
+    both = engine.generate([a, b], params)
+    alone = engine.generate([b], params)
+    assert alone[0].tokens == both[1].tokens
+    assert both[0].tokens != both[1].tokens  # the G samples of a prompt still differ
+
+
+@vllm_test
 def test_agent_loop_logprobs_match_forward(engine, hf_model, tmp_path):
     """The agent loop (tools and all) over vLLM: every model token's recorded log-prob equals
     a forward over the whole trajectory, images included."""

@@ -15,6 +15,20 @@ token-exact segments as the hf engine's (`<|im_end|>` added when a reply stopped
 segments carry text only and only the generated tokens (as the server counts them) count
 against `max_response_tokens`. A request that keeps failing ends its trajectory with
 `stop: "engine_error"` and the reason in `error`.
+
+Events (`on_event(kind, traj, data)`, for live traces and progress bars), in order per turn:
+- `"text"`, `{"delta": str}`: a new piece of the reply being generated, when the engine streams
+  (`engine.streams`: the hf engine) and the listener has not set `wants_text = False`. The
+  pieces of a turn add up to exactly the text of its `"model"` event (no `<|im_end|>`); they
+  come before it, and `traj.turns` still counts the finished replies only. Engines that do
+  not stream send none: the `"model"` event carries the whole reply.
+- `"model"`, `{"text", "action"}`: the reply and what it parsed to.
+- `"tool"`, `{"name", "args", "text", "ok", "images"}`: the observation of a tool call or
+  of a format error (`name` None).
+- `"stop"`, `{"stop", "answer"}`: the trajectory ended.
+
+Crop files are named from the trajectory id (`safe_name`): an id that had to be changed to be
+a file name carries a hash of the whole id, so no two trajectories share a crop file.
 """
 
 from __future__ import annotations
@@ -38,6 +52,7 @@ from marscli.records import Prompt, Segment, new_record
 from marscli.tokens import (
     IMAGE_MARK,
     ImageFeatures,
+    StreamDecoder,
     encode_parts,
     image_features,
     prompt_parts,
@@ -96,9 +111,16 @@ class Traj:
 
 
 def safe_name(s: str) -> str:
-    """A record id as a file name: no separators, no leading dots, bounded length."""
+    """A record id as a file name: no separators, no leading dots, bounded length.
+
+    Distinct ids give distinct names: an id kept as it is stays as it is, and one that had to
+    be changed (sanitised, or cut at 80 characters) gets `+` and a hash of the full id — `+`
+    never survives sanitising, so such a name cannot equal a kept id's name either. Without the
+    hash, two ids sharing their first 80 characters overwrote each other's crops."""
     name = re.sub(r"[^A-Za-z0-9._#=-]", "_", s).lstrip(".")[:80] or "_"
-    return name if name == s[:80] else f"{name}-{hashlib.sha1(s.encode()).hexdigest()[:8]}"
+    if name == s:
+        return name
+    return f"{name}+{hashlib.sha256(s.encode()).hexdigest()[:16]}"
 
 
 def message_content(text: str, image_idxs: list[int]) -> list[dict]:
@@ -129,6 +151,10 @@ class Agent:
         self.media_dir, self.rel_to = Path(media_dir), Path(rel_to)
         self.policy_name = policy_name
         self.on_event = on_event or (lambda kind, traj, data: None)
+        # Stream replies as "text" events: someone listens (and has not said
+        # `wants_text = False`), the engine streams, and there are tokens to decode.
+        self.streaming = (on_event is not None and getattr(on_event, "wants_text", True)
+                          and bool(getattr(engine, "streams", False)) and self.tok is not None)
 
     # ------------------------------------------------------------------ public
 
@@ -180,17 +206,19 @@ class Agent:
                                    row=t.prompt.extra, turn=t.turns, messages=t.messages,
                                    image_files=t.files, key=t.id))
         t0 = time.perf_counter()
-        gens = self.engine.generate(reqs, self.cfg.sampling)
+        gens, streams = self._generate(active, reqs)
         gen_ms = (time.perf_counter() - t0) * 1000 / max(1, len(active))
         calls: list[tuple[Traj, ToolCall | FormatError, bool]] = []
-        for t, g in zip(active, gens):
+        for t, g, stream in zip(active, gens, streams):
             if g.finish == "error":  # the engine gave up on this request: end it, recorded
                 t.stop, t.error = "engine_error", g.error or "engine error"
                 continue
-            t.turns += 1
-            t.ms["generate"] += gen_ms
             closed = g.finish == "stop"
             text, toks, logprobs = self._reply(g, closed)
+            if stream is not None and (rest := stream.rest(text)):  # what was held back
+                self.on_event("text", t, {"delta": rest})
+            t.turns += 1
+            t.ms["generate"] += gen_ms
             t.segments.append(Segment("model", toks, logprobs=logprobs, text=text))
             if t.messages is not None:
                 t.messages.append({"role": "assistant", "content": text})
@@ -216,6 +244,20 @@ class Agent:
                 t.stop = "max_turns"
             if t.stop:
                 self.on_event("stop", t, {"stop": t.stop, "answer": t.final_answer})
+
+    def _generate(self, active: list[Traj], reqs: list[GenRequest]
+                  ) -> tuple[list[Generation], list[StreamDecoder | None]]:
+        """The engine's replies; streamed as `"text"` events when someone listens and the
+        engine streams (one decoder per request, whose leftovers the caller emits)."""
+        if not self.streaming:
+            return self.engine.generate(reqs, self.cfg.sampling), [None] * len(reqs)
+        decoders = [StreamDecoder(self.tok, self.ids.im_end) for _ in reqs]
+
+        def on_tokens(i: int, ids: list[int]) -> None:
+            if piece := decoders[i].push(ids):
+                self.on_event("text", active[i], {"delta": piece})
+
+        return self.engine.generate(reqs, self.cfg.sampling, on_tokens=on_tokens), decoders
 
     def _reply(self, g: Generation, closed: bool) -> tuple[str, list[int] | None,
                                                           list[float] | None]:

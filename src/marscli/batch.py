@@ -5,6 +5,9 @@
   it into an `Example`: expanded ids, the loss mask (1 on `model` tokens) and image paths in
   the order their placeholder runs appear. Nothing is decoded here but image headers, so a
   large file validates quickly and holds no pixels in memory.
+  Every image whose reference carries `sha256` must still hash to it (each file hashed once
+  per process, cached by path, size and mtime), so a changed or overwritten image is refused
+  with FILE:LINE rather than trained on.
 - `shard(examples, rank, world)` splits a minibatch across data-parallel ranks by sequence,
   balancing tokens; `micro_batches(lengths, max_tokens)` buckets sequences by length so that a
   micro-batch's padded size (longest × count) stays under the token budget; `plan(...)` does
@@ -28,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from marscli.errors import BadInput
+from marscli.jsonl import sha256_file
 from marscli.records import parse_image_refs, parse_segments
 from marscli.tokens import assemble
 
@@ -155,8 +159,31 @@ def _image_paths(row: dict, src: str, line: int, base: Path, segs: list, runs: l
         p = p if p.is_absolute() else base / p
         if not p.is_file():
             raise BadInput(f"{src}:{line}: images[{i}].path: {p}: image not found")
+        _check_sha256(p, refs[i].get("sha256"), f"{src}:{line}: images[{i}].sha256")
         paths.append(p)
     return paths
+
+
+_DIGESTS: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> sha256, per process
+
+
+def _check_sha256(path: Path, want: Any, where: str) -> None:
+    """The file is the one the record was written with (rows without `sha256`, such as
+    message rows, are taken as they are). Each file is hashed once per process: the G samples
+    of a prompt and every epoch share their images."""
+    if want is None:
+        return
+    if not isinstance(want, str):
+        raise BadInput(f"{where}: expected a hex string, got {type(want).__name__}")
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _DIGESTS:
+        _DIGESTS[key] = sha256_file(path)
+    got = _DIGESTS[key]
+    if got != want.lower():
+        raise BadInput(f"{where}: {path}: the file's sha256 is {got[:12]}…, the record's "
+                       f"{want[:12]}… — the image changed since the record was written; "
+                       "restore it or re-run the rollout")
 
 
 def placeholder_count(processor: Any, path: Path) -> int | None:

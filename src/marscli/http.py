@@ -2,12 +2,22 @@
 search backends (retriever, Serper, Lens, the summariser, page and thumbnail downloads).
 
 It owns, so that no caller repeats them:
-- a timeout per attempt, and at most `concurrency` requests in flight (one Session per thread);
+- a total deadline per attempt, `timeout` seconds from the moment a request slot is free to the
+  last byte of the body (connect and headers are bounded by what is left of it, and before each
+  read of the body the socket's timeout is set to what is left, so a server trickling one byte
+  every half second is cut off at the deadline, not after `timeout` per byte); at most
+  `concurrency` requests in flight (one Session per thread). Not bounded in total: a server
+  trickling its status line and headers (each read then waits at most `timeout`);
+- a byte cap on every reply body, `max_bytes` per client (default `MAX_JSON_BYTES`, 8 MiB: far
+  above any chat completion or search reply) or per call (downloads): the body is streamed
+  and the request fails past the cap (or at once when Content-Length says so), decompressed
+  bytes counted, so a 300 MB reply never costs more than the cap. Redirects (GET only, at most
+  `MAX_REDIRECTS`) are followed here, so their bodies are never read at all;
 - bounded retries, `attempts` in all. Retried: connection errors, timeouts, HTTP 429 and 5xx,
   and a reply that parses badly — not JSON, or JSON the caller's `validate` rejects (it raises
   KeyError, IndexError, TypeError or ValueError). Other 4xx, local errors (a bad URL), a reply
-  over `max_bytes` and a redirect of a POST (never followed: it would carry an API key header to
-  another host) fail at once;
+  over the byte cap (it would be too big again) and a redirect of a POST (never followed: it
+  would carry an API key header to another host) fail at once;
 - the wait before retry k: a 429/5xx's `Retry-After`, up to a minute, else
   min(30 s, backoff * 2^(k-1)) * (floor + U[0, 1)) — full jitter at floor 0 — drawn from a
   private generator, so that no stage's seeded `random` is consumed;
@@ -15,9 +25,11 @@ It owns, so that no caller repeats them:
   `METHOD URL: reason (after N attempts)`, with `reason`, `attempts` and `transient` (the
   attempts ran out, rather than a request that retrying cannot fix) for callers that say it
   their own way;
-- secrets: every message goes through `redact` and loses the credentials this client sent (the
-  token of an Authorization or X-API-KEY header), so that a server echoing a key back never
-  puts it in a record;
+- secrets: a URL's userinfo (`http://user:PW@host/`) is sent as Basic auth and never kept in
+  the URL; every message goes through `redact` (URL userinfo, secret query parameters, known
+  keys) and loses the credentials this client sent (the token of an Authorization or X-API-KEY
+  header, the password and Basic token of a userinfo), so that a server echoing them back
+  never puts them in a record;
 - counts for the sidecars: `attempts` (requests sent) and `failures` (calls that gave up).
 
 A small loop rather than urllib3's `Retry` on a requests adapter: `Retry` cannot retry a 200
@@ -28,24 +40,34 @@ sidecars count and the tests bound.
 
 from __future__ import annotations
 
+import base64
 import random
 import threading
 import time
 from collections.abc import Callable
+from time import monotonic
 from typing import Any
+from urllib.parse import urljoin, urlsplit
 
 import orjson
 import requests
+import urllib3.exceptions
 
 from marscli.errors import RuntimeFailure
-from marscli.secrets import redact
+from marscli.secrets import REDACTED, redact, split_userinfo
 
 MAX_BACKOFF_S = 30.0
 MAX_RETRY_AFTER_S = 60.0
+MAX_JSON_BYTES = 8 * 2**20  # per reply of a JSON API: chat completions are ~100 KB
+MAX_REDIRECTS = 5
+CHUNK = 64 * 1024
 SNIPPET = 200  # characters of a failing reply quoted in the message
 _JITTER = random.Random()
 _MALFORMED = (KeyError, IndexError, TypeError, ValueError)
 _CREDENTIALS = ("authorization", "x-api-key")
+_TIMEOUTS = (requests.Timeout, urllib3.exceptions.TimeoutError, TimeoutError)
+_BROKEN = (requests.ConnectionError, requests.exceptions.ChunkedEncodingError,
+           urllib3.exceptions.HTTPError, OSError)
 
 
 class HttpError(RuntimeFailure):
@@ -70,11 +92,14 @@ class HttpClient:
     def __init__(self, *, timeout: float = 30.0, attempts: int = 3, backoff: float = 0.5,
                  backoff_floor: float = 0.0, concurrency: int = 32,
                  headers: dict[str, str] | None = None, error: type[HttpError] = HttpError,
-                 auth_hint: str = "") -> None:
-        """`headers` go with every request; `auth_hint` is added to a 401/403's reason."""
+                 auth_hint: str = "", max_bytes: int = MAX_JSON_BYTES) -> None:
+        """`headers` go with every request; `auth_hint` is added to a 401/403's reason;
+        `timeout` is the total per attempt; `max_bytes` caps every reply body."""
         if attempts < 1:
             raise ValueError("attempts must be >= 1")
-        self.timeout, self.max_attempts = timeout, attempts
+        if max_bytes < 1:
+            raise ValueError("max_bytes must be >= 1")
+        self.timeout, self.max_attempts, self.max_bytes = timeout, attempts, max_bytes
         self.backoff, self.backoff_floor = backoff, backoff_floor
         self.headers, self.error, self.auth_hint = headers or {}, error, auth_hint
         self._sem = threading.BoundedSemaphore(concurrency)
@@ -84,22 +109,24 @@ class HttpClient:
         self.failures = 0  # calls that gave up
 
     def post_json(self, url: str, payload: Any, *, headers: dict[str, str] | None = None,
-                  validate: Callable[[Any], Any] | None = None) -> Any:
+                  validate: Callable[[Any], Any] | None = None,
+                  max_bytes: int | None = None) -> Any:
         """POST JSON (`payload` as requests encodes it, or bytes already encoded); the parsed
         reply, or what `validate` makes of it."""
         return self._request("POST", url, payload=payload, validate=validate,
+                             max_bytes=max_bytes,
                              headers={"Content-Type": "application/json", **(headers or {})})
 
     def get_bytes(self, url: str, *, max_bytes: int, attempts: int | None = None) -> bytes:
         """GET a body of at most `max_bytes` (streamed, so a huge page costs nothing)."""
         return self._request("GET", url, max_bytes=max_bytes, attempts=attempts)
 
-    def scrub(self, msg: str, headers: dict[str, str] | None = None) -> str:
-        """`msg` without any known API key or any credential this client sends."""
+    def scrub(self, msg: str, headers: dict[str, str] | None = None, url: str = "") -> str:
+        """`msg` without any known API key or any credential this client sends (headers, and
+        the userinfo of `url`)."""
         msg = redact(msg)
-        for name, value in {**self.headers, **(headers or {})}.items():
-            token = value.rpartition(" ")[2] if name.lower() in _CREDENTIALS else ""
-            msg = msg.replace(token, "<redacted>") if token else msg
+        for token in _sent_secrets({**self.headers, **(headers or {})}, url):
+            msg = msg.replace(token, REDACTED)
         return msg
 
     def _request(self, method: str, url: str, *, payload: Any = None,
@@ -112,15 +139,16 @@ class HttpClient:
                 time.sleep(self._wait(i, failed.wait))
             self._count("attempts")
             try:
-                return self._attempt(method, url, payload, headers, validate, max_bytes)
+                return self._attempt(method, url, payload, headers, validate,
+                                     max_bytes or self.max_bytes)
             except _Failed as e:
                 failed = e
                 if not e.transient:
                     break
         self._count("failures")
-        reason = self.scrub(str(failed), headers)
+        reason = self.scrub(str(failed), headers, url)
         raise self.error(self.scrub(f"{method} {url}: {reason} (after {i + 1} attempt"
-                                    f"{'s' if i else ''})", headers),
+                                    f"{'s' if i else ''})", headers, url),
                          reason, i + 1, failed.transient)
 
     def _wait(self, i: int, retry_after: float | None) -> float:
@@ -130,22 +158,20 @@ class HttpClient:
         return step * (self.backoff_floor + _JITTER.random())
 
     def _attempt(self, method: str, url: str, payload: Any, headers: dict[str, str],
-                 validate: Callable | None, max_bytes: int | None) -> Any:
-        raw = isinstance(payload, bytes)
-        try:
-            with self._sem:
-                r = self._session().request(
-                    method, url, data=payload if raw else None, json=None if raw else payload,
-                    headers=headers, timeout=self.timeout, stream=max_bytes is not None,
-                    allow_redirects=method == "GET")
-                body = r.content if max_bytes is None else _read_limited(r, max_bytes)
-        except requests.Timeout as e:
-            raise _Failed(f"timed out after {self.timeout:g} s ({type(e).__name__})",
-                          True) from None
-        except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError) as e:
-            raise _Failed(f"connection failed ({type(e).__name__})", True) from None
-        except requests.RequestException as e:
-            raise _Failed(f"{type(e).__name__}: {e}", False) from None
+                 validate: Callable | None, max_bytes: int) -> Any:
+        with self._sem:  # the deadline starts once a slot is ours: queueing is not the server's
+            deadline = monotonic() + self.timeout
+            try:
+                r = self._send(method, url, payload, headers, deadline)
+                body = _read_body(r, max_bytes, deadline)
+            except _TIMEOUTS as e:
+                raise self._timed_out(e) from None
+            except _BROKEN as e:
+                if monotonic() >= deadline:  # the deadline cut a read short
+                    raise self._timed_out(e) from None
+                raise _Failed(f"connection failed ({type(e).__name__})", True) from None
+            except requests.RequestException as e:
+                raise _Failed(f"{type(e).__name__}: {e}", False) from None
         if r.status_code >= 300:  # 3xx: a POST redirect not followed
             code, text = r.status_code, _snippet(body)
             transient = code == 429 or code >= 500
@@ -154,25 +180,109 @@ class HttpClient:
                           _retry_after(r) if transient else None)
         if method == "GET":
             return body
-        try:
-            data = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            raise _Failed(f"malformed JSON reply: {_snippet(body)!r}", True) from None
-        try:
-            return data if validate is None else validate(data)
-        except _MALFORMED as e:
-            raise _Failed(f"malformed reply ({type(e).__name__}: {e}): {_snippet(body)!r}",
-                          True) from None
+        return _parse(body, validate)
+
+    def _timed_out(self, e: BaseException) -> _Failed:
+        return _Failed(f"timed out after {self.timeout:g} s in all ({type(e).__name__})", True)
+
+    def _send(self, method: str, url: str, payload: Any, headers: dict[str, str],
+              deadline: float) -> requests.Response:
+        """The response with its headers read and its body not; GET redirects followed here,
+        so that no redirect's body is read, and credentials never go to another host."""
+        raw = isinstance(payload, bytes)
+        for _ in range(MAX_REDIRECTS + 1):
+            left = max(0.001, deadline - monotonic())
+            plain, auth = split_userinfo(url)
+            r = self._session().request(
+                method, plain, data=payload if raw else None, json=None if raw else payload,
+                headers=headers, auth=auth, timeout=(left, left), stream=True,
+                allow_redirects=False)
+            if method != "GET" or not r.is_redirect:
+                return r
+            url = urljoin(plain, r.headers["Location"])
+            r.close()
+            if urlsplit(url).netloc != urlsplit(plain).netloc:
+                headers = {k: v for k, v in headers.items() if k.lower() not in _CREDENTIALS}
+        raise _Failed(f"more than {MAX_REDIRECTS} redirects", False)
 
     def _session(self) -> requests.Session:
         s = getattr(self._local, "session", None)
         if s is None:
-            s = self._local.session = requests.Session()
+            s = self._local.session = _Session()
         return s
 
     def _count(self, name: str) -> None:
         with self._lock:
             setattr(self, name, getattr(self, name) + 1)
+
+
+class _Session(requests.Session):
+    """A Session that leaves a 3xx reply's body unread: even with `allow_redirects=False`,
+    requests reads it whole (to prepare `Response.next`), however big or slow it is.
+    `HttpClient._send` follows redirects itself."""
+
+    def resolve_redirects(self, resp: Any, req: Any, **kwargs: Any) -> Any:
+        yield None
+
+
+def _sent_secrets(headers: dict[str, str], url: str) -> list[str]:
+    """What this request sends that must never be shown: header tokens, the userinfo's
+    password and its Basic token."""
+    out = [v.rpartition(" ")[2] for k, v in headers.items() if k.lower() in _CREDENTIALS]
+    _, auth = split_userinfo(url)
+    if auth:
+        user, password = auth
+        out.append(base64.b64encode(f"{user}:{password}".encode()).decode())
+        out.append(password if len(password) >= 4 else "")  # a 1-letter one would maul text
+    return [t for t in out if t]
+
+
+def _read_body(r: requests.Response, max_bytes: int, deadline: float) -> bytes:
+    """The body, decompressed, of at most `max_bytes`, read before `deadline`: each read waits
+    at most what is left (the socket's timeout is set before it)."""
+    ok = False
+    try:
+        declared = r.headers.get("Content-Length", "")
+        if declared.isdigit() and int(declared) > max_bytes:
+            raise _Failed(f"a {int(declared):,} byte reply, over the {max_bytes:,} byte limit",
+                          False)
+        sock = getattr(getattr(r.raw, "connection", None), "sock", None)
+        before = sock.gettimeout() if sock is not None else None
+        chunks, size = [], 0
+        while True:
+            left = deadline - monotonic()
+            if left <= 0:
+                raise TimeoutError("deadline passed while reading the body")
+            if sock is not None:
+                sock.settimeout(left)
+            chunk = r.raw.read1(CHUNK, decode_content=True)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > max_bytes:
+                raise _Failed(f"over the {max_bytes:,} byte limit", False)
+            chunks.append(chunk)
+        if sock is not None:
+            sock.settimeout(before)  # a kept-alive connection sends its next request unhurried
+        ok = True
+        return b"".join(chunks)
+    finally:
+        if ok:
+            r.raw.release_conn()
+        else:
+            r.close()
+
+
+def _parse(body: bytes, validate: Callable | None) -> Any:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise _Failed(f"malformed JSON reply: {_snippet(body)!r}", True) from None
+    try:
+        return data if validate is None else validate(data)
+    except _MALFORMED as e:
+        raise _Failed(f"malformed reply ({type(e).__name__}: {e}): {_snippet(body)!r}",
+                      True) from None
 
 
 def _snippet(body: bytes) -> str:
@@ -184,18 +294,3 @@ def _retry_after(r: requests.Response) -> float | None:
         return max(0.0, float(r.headers.get("Retry-After", "")))
     except ValueError:
         return None
-
-
-def _read_limited(r: requests.Response, max_bytes: int) -> bytes:
-    declared = r.headers.get("Content-Length")
-    if declared and declared.isdigit() and int(declared) > max_bytes:
-        r.close()
-        raise _Failed(f"{declared} bytes, over the {max_bytes:,} byte limit", False)
-    chunks, size = [], 0
-    for chunk in r.iter_content(64 * 1024):
-        size += len(chunk)
-        if size > max_bytes:
-            r.close()
-            raise _Failed(f"over the {max_bytes:,} byte limit", False)
-        chunks.append(chunk)
-    return b"".join(chunks)

@@ -1,8 +1,16 @@
-"""Image loading that refuses bad files before they cost memory, and Qwen's smart resize."""
+"""Image loading that refuses bad files before they cost memory, and Qwen's smart resize.
+
+- `open_image` opens only regular files: a folder, a named pipe (which would block the open
+  forever), a device or a socket is refused from `os.stat` alone with one line naming the path
+  (`check_regular_file`, for every other image-reading path too).
+- Decompression bombs are refused from the header, before any pixel is decoded.
+"""
 
 from __future__ import annotations
 
 import math
+import os
+import stat
 from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
@@ -27,11 +35,7 @@ def open_image(path: str | Path, *, max_pixels: int | None = None,
     With `max_pixels`, large images are downscaled on load (JPEG draft mode decodes at a
     fraction of the size, so an 8000x6000 input never occupies full-resolution memory twice).
     """
-    p = Path(path)
-    if not p.exists():
-        raise BadInput(f"{path}: {what} not found")
-    if p.is_dir():
-        raise BadInput(f"{path}: {what} path is a folder, expected an image file")
+    p = check_regular_file(path, what)
     try:
         im = Image.open(p)
         w, h = im.size
@@ -52,6 +56,27 @@ def open_image(path: str | Path, *, max_pixels: int | None = None,
         nh, nw = fit_pixels(im.height, im.width, max_pixels)
         im = im.resize((nw, nh), Image.BICUBIC)
     return im
+
+
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"))
+
+
+def check_regular_file(path: str | Path, what: str = "image") -> Path:
+    """`path` as a Path if it is a regular file (links followed); BadInput otherwise. Checked
+    with `os.stat`, which never blocks, before anything opens it: opening a FIFO waits for a
+    writer that may never come."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise BadInput(f"{path}: {what} not found") from None
+    except OSError as e:
+        raise BadInput(f"{path}: {what} cannot be read ({e.strerror})") from None
+    if not stat.S_ISREG(mode):
+        kind = next((k for test, k in _KINDS if test(mode)), "not a regular file")
+        raise BadInput(f"{path}: {what} path is {kind}, expected an image file")
+    return Path(path)
 
 
 def fit_pixels(h: int, w: int, max_pixels: int) -> tuple[int, int]:

@@ -6,14 +6,20 @@ Specs (`--judge`):
 - `openai:MODEL@URL` (or `openai:MODEL`, URL from `OPENAI_BASE_URL`, default OpenAI's): an
   OpenAI-compatible `POST {URL}/chat/completions` (vLLM, SGLang, OpenAI...). The API key comes
   from `OPENAI_API_KEY` or `JUDGE_API_KEY` and is only ever put in the Authorization header.
+  The spec is split at the first `@` followed by `http://` or `https://`, so a URL with
+  credentials (`openai:m@http://user:PW@host/v1`) parses; they are sent as Basic auth, and the
+  URL is redacted in the sidecar, in every message and in the cache key.
 
 An HTTP judge asks through `marscli.http`, which retries connection errors, timeouts, HTTP
 429/5xx and malformed replies (no verdict tag counts as one) with exponential backoff and
 jitter, up to `attempts` in all; other 4xx are not retried (asking again will not help). When it
 gives up it raises `JudgeError`, which the reward stage records as an
 unscored row. Successful verdicts are cached in SQLite (WAL, one connection per thread, safe for
-several processes) keyed by sha256 of (prompt version, model, question, gold, response), so a
-re-run after a partial failure only asks what it has not asked yet.
+several processes) keyed by sha256 of (prompt version, endpoint, model, question, gold,
+response), the endpoint without its credentials: a re-run after a partial failure only asks what
+it has not asked yet, and another server serving a model of the same name is asked afresh.
+Replies are read with the HTTP client's byte cap (`max_reply_bytes`); a bigger one is not
+retried (it would be too big again) and leaves the row unscored.
 """
 
 from __future__ import annotations
@@ -33,12 +39,14 @@ from pathlib import Path
 import orjson
 
 from marscli.errors import BadInput, RuntimeFailure
-from marscli.http import HttpClient, HttpError
+from marscli.http import MAX_JSON_BYTES, HttpClient, HttpError
 from marscli.registry import Registry
+from marscli.secrets import REDACTED, public, redact
 
 PROMPT_VERSION = 1  # part of the cache key: a new prompt must not reuse the old prompt's verdicts
 IMAGE_MAX_SIDE = 512  # the judge needs the gist of the image, not its pixels
 _VERDICT = re.compile(r"<judge>\s*(yes|no)\b[^<]*</judge>", re.IGNORECASE)
+_URL_AT = re.compile(r"@(?=https?://)", re.IGNORECASE)
 
 PROMPT = """You grade answers to questions about an image. Compare the candidate answer with the \
 reference answer (the ground truth) and decide whether the candidate is correct.
@@ -75,6 +83,7 @@ class JudgeOptions:
     cache_path: str | None = None  # None: $MARSCLI_CACHE_DIR/judge.sqlite or ~/.cache/marscli
     backoff_s: float = 1.0  # first retry waits backoff_s * (1..2), then doubles
     max_tokens: int = 256  # room for a judge that thinks before its tag
+    max_reply_bytes: int = MAX_JSON_BYTES  # a bigger reply fails the call, unretried
 
 
 @dataclass
@@ -133,27 +142,31 @@ class OpenAIJudge(Judge):
 
     def __init__(self, arg: str, opts: JudgeOptions) -> None:
         super().__init__(arg, opts)
-        model, _, url = arg.rpartition("@") if "@" in arg else (arg, "", "")
+        model, url = split_model_url(arg)
         url = url or os.environ.get("OPENAI_BASE_URL", "https://api.openai.com/v1")
         if not model:
-            raise BadInput(f"--judge openai:{arg}: no model name — use openai:MODEL@URL, "
+            raise BadInput(f"--judge openai:{_hide(arg)}: no model name — use openai:MODEL@URL, "
                            "e.g. openai:Qwen2.5-VL-72B-Instruct@http://localhost:8000/v1")
         if not re.match(r"https?://", url):
-            raise BadInput(f"--judge openai:{arg}: URL {url!r} must start with http:// or https://")
+            raise BadInput(f"--judge openai:{model}@{_hide(url)}: the URL must start with "
+                           "http:// or https://")
         self.model, self.url, self.opts = model, url.rstrip("/") + "/chat/completions", opts
+        self.endpoint = public(self.url)  # what the cache key and the sidecar name
         self.name = f"openai:{model}"
         # the semaphore inside bounds callers that bring their own threads too
         self.http = HttpClient(timeout=opts.timeout_s, attempts=opts.attempts,
                                backoff=opts.backoff_s, backoff_floor=1.0,
-                               concurrency=opts.concurrency, headers=_headers())
+                               concurrency=opts.concurrency, headers=_headers(),
+                               max_bytes=opts.max_reply_bytes)
         self._lock = threading.Lock()
         self.cache = VerdictCache(opts.cache_path or default_cache_path())
 
     def config(self) -> dict:
         o = self.opts
-        return {"judge": self.name, "url": self.url, "timeout_s": o.timeout_s,
+        return {"judge": self.name, "url": redact(self.url), "timeout_s": o.timeout_s,
                 "attempts": o.attempts, "concurrency": o.concurrency, "cache": self.cache.path,
-                "prompt_version": PROMPT_VERSION, "max_tokens": o.max_tokens}
+                "prompt_version": PROMPT_VERSION, "max_tokens": o.max_tokens,
+                "max_reply_bytes": o.max_reply_bytes}
 
     @property
     def stats(self) -> JudgeStats:
@@ -161,7 +174,7 @@ class OpenAIJudge(Judge):
         return replace(self.counts, requests=sent, retries=sent - self.counts.calls)
 
     def verdict(self, question: str, gold: str, response: str, image: str | None) -> bool:
-        key = cache_key(self.model, question, gold, response)
+        key = cache_key(self.endpoint, self.model, question, gold, response)
         cached = self.cache.get(key)
         if cached is not None:
             self._count("cache_hits")
@@ -207,6 +220,24 @@ def parse_spec(spec: str) -> tuple[str, str]:
     return name, arg
 
 
+def split_model_url(arg: str) -> tuple[str, str]:
+    """`MODEL@URL` -> (MODEL, URL), split at the first `@` that a scheme follows, so that a URL
+    with userinfo (`m@http://user:pw@host`) keeps its own `@`; without one, at the first `@`
+    (the URL is then refused for its missing scheme)."""
+    m = _URL_AT.search(arg)
+    if m:
+        return arg[:m.start()], arg[m.end():]
+    model, _, url = arg.partition("@")
+    return model, url
+
+
+def _hide(text: str) -> str:
+    """`text` for an error message: redacted, and anything before a last `@` dropped (a
+    userinfo without a scheme, which `redact` cannot recognise)."""
+    text = redact(text)
+    return f"{REDACTED}@{text.rpartition('@')[2]}" if "@" in text else text
+
+
 def make_judge(spec: str, opts: JudgeOptions | None = None) -> Judge:
     name, arg = parse_spec(spec)
     return JUDGES.get(name)(arg, opts or JudgeOptions())
@@ -237,8 +268,10 @@ def image_data_url(path: str) -> str:
     return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def cache_key(model: str, question: str, gold: str, response: str) -> str:
-    blob = orjson.dumps([PROMPT_VERSION, model, question, gold, response])
+def cache_key(endpoint: str, model: str, question: str, gold: str, response: str) -> str:
+    """What determines a verdict: the prompt, the server (without credentials), the model,
+    the inputs."""
+    blob = orjson.dumps([PROMPT_VERSION, endpoint, model, question, gold, response])
     return hashlib.sha256(blob).hexdigest()
 
 

@@ -7,6 +7,9 @@ special token, so encoding the pieces separately gives exactly the ids of encodi
 rendered conversation: the test in tests/test_tokens.py checks that against the processor.
 
 Image placeholders are stored compactly: a negative id -n stands for n `<|image_pad|>` tokens.
+
+`StreamDecoder` turns a reply's tokens into text pieces as they are generated (`ask`'s live
+trace), multi-byte characters held back until complete.
 """
 
 from __future__ import annotations
@@ -181,3 +184,38 @@ def assemble(segments: Sequence[Any], image_pad: int) -> Sequence_:
         seg_lp = (s.logprobs if hasattr(s, "logprobs") else s.get("logprobs")) if is_model else None
         lps += list(seg_lp) if seg_lp is not None else [None] * len(toks)
     return Sequence_(ids, mask, lps)
+
+
+class StreamDecoder:
+    """The text of a reply as its tokens arrive, piece by piece, for live display.
+
+    `push(ids)` returns the text the new ids add (vLLM's incremental detokenising): the ids
+    since the last piece are decoded after the ids of the piece before (the tokenizer's own
+    decode, so a leading space or a byte-level merge comes out as in the whole text), and
+    text ending in U+FFFD, a character cut between tokens, is held back until it is complete.
+    Each push decodes a few tokens, whatever the reply's length. `stop` (the closing
+    `<|im_end|>`) is not part of a reply's text. `rest(text)`: what the pieces have not shown
+    yet of the reply's final text, so that the pieces add up to exactly that text."""
+
+    def __init__(self, tokenizer: Any, stop: int) -> None:
+        self.tok, self.stop = tokenizer, stop
+        self.sent = ""  # every piece returned so far, concatenated
+        self._ids: list[int] = []
+        self._prefix = self._read = 0  # ids[prefix:read]: the last piece's ids
+
+    def push(self, ids: Sequence[int]) -> str:
+        self._ids += [i for i in ids if i != self.stop]
+        before = self._decode(self._ids[self._prefix:self._read])
+        text = self._decode(self._ids[self._prefix:])
+        if len(text) <= len(before) or text.endswith("\ufffd"):
+            return ""
+        piece = text[len(before):]
+        self._prefix, self._read = self._read, len(self._ids)
+        self.sent += piece
+        return piece
+
+    def rest(self, text: str) -> str:
+        return text[len(self.sent):] if text.startswith(self.sent) else ""
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=False) if ids else ""

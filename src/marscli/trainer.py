@@ -253,6 +253,8 @@ def build_model(policy: str, d: Dist, *, optim: OptimConfig | None = None,
     lm = load_model(policy, device="cpu", dtype="bfloat16" if bf16 else "float32")
     sources = fp32_sources(policy) if Path(policy).is_dir() else []
     master = master_file(policy) if Path(policy).is_dir() else None
+    if master:
+        check_masters(lm, master)
     if master and not bf16:
         with tensor_reader([master]) as get, torch.no_grad():  # the masters, not the export
             for name, p in lm.named_parameters():
@@ -291,6 +293,31 @@ def build_model(policy: str, d: Dist, *, optim: OptimConfig | None = None,
                           zero_stage=stage, bf16=bf16, fp32_sources=sources)
     module.to(d.device)
     return TrainModel(module, d, optimizer=opt, grad_clip=optim.grad_clip, autocast=amp)
+
+
+def check_masters(lm: nn.Module, master: Path) -> None:
+    """The fp32 masters cover exactly the model's parameters, each in its shape (from the
+    file's header: nothing is read). A master missing would leave that weight at its 16-bit
+    export value, a wrong shape would not copy; both are refused (BadInput) naming the file."""
+    from marscli.errors import BadInput
+    from marscli.policy import SHOWN_KEYS, safetensors_header
+
+    header = safetensors_header(master)
+    params = {n: list(p.shape) for n, p in lm.named_parameters()}
+    problems = [
+        ("missing", sorted(set(params) - set(header))),
+        ("not parameters of the model", sorted(set(header) - set(params))),
+        ("of another shape than the model's", sorted(
+            f"{n} {header[n]['shape']} vs {shape}" for n, shape in params.items()
+            if n in header and header[n]["shape"] != shape)),
+    ]
+    for what, keys in problems:
+        if keys:
+            more = f" (+{len(keys) - SHOWN_KEYS} more)" if len(keys) > SHOWN_KEYS else ""
+            raise BadInput(f"--policy: {master}: {len(keys)} fp32 master(s) {what}: "
+                           f"{', '.join(keys[:SHOWN_KEYS])}{more} — the training state does "
+                           f"not belong to this checkpoint; delete {master.parent} to train "
+                           "from the HF weights with a fresh optimiser")
 
 
 def _seed_fp32_masters(module: PolicyLM, sources: list[Path], stage: int | None) -> None:

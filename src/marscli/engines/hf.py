@@ -8,10 +8,24 @@ trainer recomputes (`logprobs_mode = "raw"`): the log-softmax of `generate`'s
 `output_logits`, which are the logits before temperature, top-k/top-p and the suppression of
 vision placeholders. They are the sampling distribution's only at temperature 1 without
 top-k/top-p (placeholders aside, which the model gives ~0 mass once trained).
+
+Sampling is per row: each request draws from its own `torch.Generator`, seeded from
+(`--seed`, trajectory id, turn) (`engines.request_seed`), so a trajectory samples the same
+tokens whatever shares its batch (a resumed run, a shard, an uninterrupted run). `generate`
+has one global RNG per batch, so the sampling happens in a last logits processor
+(`RowSampler`): after the suppression of placeholders it applies temperature, top-k and top-p
+(transformers' own warpers, in generate's order), draws each row's token and hands back a
+one-hot mask that greedy decoding (`do_sample=False`) picks. Different batch padding can still
+change the logits in their last bits, and so, rarely, a draw (tests/test_hardening_integrity).
+
+Streaming (`streams = True`): `generate(..., on_tokens=f)` calls `f(i, ids)` with each new
+token of request i as it is generated — the ids its Generation will hold, in order, nothing
+past its stop token or its cap.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from marscli.engines import (
@@ -20,6 +34,7 @@ from marscli.engines import (
     GenRequest,
     SamplingParams,
     check_policy,
+    request_seed,
     resolve_device,
 )
 from marscli.policy import check_checkpoint, load_model, load_processor
@@ -30,6 +45,7 @@ from marscli.tokens import expand, special_ids
 class HFEngine:
     options: tuple[str, ...] = ()  # no options of its own
     logprobs_mode = "raw"
+    streams = True  # generate(..., on_tokens=) hands out tokens as they are sampled
     check_options = staticmethod(check_policy)
 
     def __init__(self, policy: str, device: str = "auto", dtype: str | None = None,
@@ -47,11 +63,20 @@ class HFEngine:
         return {"device": self.device, "dtype": str(self.model.dtype).removeprefix("torch."),
                 "max_batch": self.max_batch}
 
-    def generate(self, requests: list[GenRequest], params: SamplingParams) -> list[Generation]:
+    def generate(self, requests: list[GenRequest], params: SamplingParams,
+                 on_tokens: Callable[[int, list[int]], None] | None = None) -> list[Generation]:
         out: list[Generation] = []
         for i in range(0, len(requests), self.max_batch):
-            out += self._generate_batch(requests[i:i + self.max_batch], params)
+            stream = None if on_tokens is None else _offset(on_tokens, i)
+            out += self._generate_batch(requests[i:i + self.max_batch], params, stream)
         return out
+
+    def _seeds(self, requests: list[GenRequest], params: SamplingParams) -> list[int]:
+        """Per-request seeds; requests without a key (direct callers) by call and position."""
+        call = self._calls
+        self._calls += 1
+        return [request_seed(params.seed, r.key or f"call {call}, request {k}", r.turn)
+                for k, r in enumerate(requests)]
 
     def _batch_inputs(self, requests: list[GenRequest]) -> dict[str, Any]:
         import torch
@@ -71,30 +96,31 @@ class HFEngine:
             inputs["image_grid_thw"] = torch.stack([f.grid_thw for f in feats])
         return {k: v.to(self.device) for k, v in inputs.items()}
 
-    def _generate_batch(
-        self, requests: list[GenRequest], params: SamplingParams
-    ) -> list[Generation]:
+    def _generate_batch(self, requests: list[GenRequest], params: SamplingParams,
+                        on_tokens: Callable[[int, list[int]], None] | None = None
+                        ) -> list[Generation]:
         import torch
+        from transformers import LogitsProcessorList
 
         inputs = self._batch_inputs(requests)
         max_new = max(r.max_new_tokens or params.max_new_tokens for r in requests)
-        # A seed per call keeps the whole run reproducible whatever ran before it.
-        torch.manual_seed(params.seed * 1_000_003 + self._calls)
-        self._calls += 1
-        greedy = params.temperature <= 0
+        caps = [r.max_new_tokens or params.max_new_tokens for r in requests]
+        seeds = self._seeds(requests, params)
+        procs = ([] if params.temperature <= 0
+                 else [RowSampler(seeds, params, inputs["input_ids"].device)])
+        streamer = None if on_tokens is None else RowStreamer(on_tokens, caps, self.ids.im_end)
         with torch.no_grad():
             res = self.model.generate(
-                **inputs, max_new_tokens=max_new, do_sample=not greedy,
-                temperature=None if greedy else params.temperature,
-                top_p=None if greedy else params.top_p, top_k=params.top_k or None,
+                **inputs, max_new_tokens=max_new, do_sample=False, temperature=None,
+                top_p=None, top_k=None, logits_processor=LogitsProcessorList(procs),
                 suppress_tokens=list(self.ids.vision), eos_token_id=self.ids.im_end,
-                pad_token_id=self.ids.pad, output_logits=True, return_dict_in_generate=True)
+                pad_token_id=self.ids.pad, output_logits=True, return_dict_in_generate=True,
+                streamer=streamer)
         new = res.sequences[:, inputs["input_ids"].shape[1]:]  # [B, T_new]
         logits = torch.stack(res.logits, dim=1).float()  # [B, T_new, V], raw (unprocessed)
         logp = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
         gens = []
-        for b, r in enumerate(requests):
-            cap = r.max_new_tokens or params.max_new_tokens
+        for b, cap in enumerate(caps):
             toks, lps = new[b].tolist(), logp[b].tolist()
             end = toks.index(self.ids.im_end) + 1 if self.ids.im_end in toks[:cap] else cap
             end = min(end, len(toks))
@@ -102,3 +128,67 @@ class HFEngine:
             gens.append(Generation(toks[:end], [float(x) for x in lps[:end]],
                                    "stop" if stopped else "length"))
         return gens
+
+
+def _offset(f: Callable[[int, list[int]], None], start: int) -> Callable[[int, list[int]], None]:
+    """`f` for a slice of the requests that starts at `start`."""
+    return lambda i, ids: f(start + i, ids)
+
+
+class RowSampler:
+    """The last logits processor: samples each row with its own generator (module docstring).
+
+    Called with the scores after generate's own processors (the suppression of vision
+    placeholders); returns 0 at each row's draw and -inf elsewhere, which greedy decoding
+    picks. The raw logits that `output_logits` records are untouched."""
+
+    def __init__(self, seeds: list[int], params: SamplingParams, device: Any) -> None:
+        import torch
+        from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+        self.generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
+        self.warpers: list[Any] = []  # generate's sampling order: temperature, top-k, top-p
+        if params.temperature != 1.0:
+            self.warpers.append(TemperatureLogitsWarper(params.temperature))
+        if params.top_k:
+            self.warpers.append(TopKLogitsWarper(top_k=params.top_k))
+        if params.top_p < 1.0:
+            self.warpers.append(TopPLogitsWarper(top_p=params.top_p))
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        for w in self.warpers:
+            scores = w(input_ids, scores)
+        probs = torch.softmax(scores, dim=-1)  # [B, V]
+        picks = torch.cat([torch.multinomial(probs[b], 1, generator=g)  # [B]
+                           for b, g in enumerate(self.generators)])
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter_(1, picks[:, None], 0.0)
+
+
+class RowStreamer:
+    """A transformers streamer (`put`, `end`) for a batch: `generate` puts the prompt [B, T]
+    first, then each step's tokens [B]; each row's tokens go to `on_tokens(row, [id])` up to
+    its stop token or its cap, and nothing after (finished rows keep receiving pad)."""
+
+    def __init__(self, on_tokens: Callable[[int, list[int]], None], caps: list[int],
+                 stop: int) -> None:
+        self.on_tokens, self.caps, self.stop = on_tokens, caps, stop
+        self.sent = [0] * len(caps)
+        self.done = [False] * len(caps)
+        self._prompt_seen = False
+
+    def put(self, value: Any) -> None:
+        if not self._prompt_seen:  # the prompt ids [B, T]: not generated
+            self._prompt_seen = True
+            return
+        for b, tok in enumerate(value.reshape(-1).tolist()):
+            if self.done[b]:
+                continue
+            self.sent[b] += 1
+            self.done[b] = tok == self.stop or self.sent[b] >= self.caps[b]
+            self.on_tokens(b, [tok])
+
+    def end(self) -> None:
+        pass

@@ -10,10 +10,14 @@ tokenises the conversation into the same token-exact segments as the hf engine's
 
 Failures: `marscli.http` retries connection errors, timeouts, 429, 5xx and malformed replies
 (bounded, exponential backoff with full jitter, `Retry-After` honoured up to a minute); other
-4xx fail at once. A request that keeps failing becomes `Generation(finish="error",
+4xx fail at once; `timeout` is a total per attempt, and a reply over `max_reply_bytes` (8 MiB)
+fails at once, unretried. A request that keeps failing becomes `Generation(finish="error",
 error=...)` — the agent ends that trajectory with `stop: "engine_error"` — never an exception
 for the whole run, never an empty answer. The API key comes from an environment variable and
-goes only into the `Authorization` header: error texts are scrubbed of it.
+goes only into the `Authorization` header: error texts are scrubbed of it. Credentials in
+`--base-url` (`http://user:PW@host/v1`) go as Basic auth and are redacted in the sidecar
+(`config()`) and in every error text. Image files are read only when they are regular files
+(a named pipe would block the request forever).
 
 Departures from token-level engines: no log-probs, recorded as `null` with `logprobs_mode`
 null (the server's tokens need not be the canonical encoding of its text, so they would not
@@ -38,7 +42,8 @@ import orjson
 
 from marscli.engines import ENGINES, Generation, GenRequest, SamplingParams
 from marscli.errors import BadInput, check_range
-from marscli.http import HttpClient, HttpError
+from marscli.http import MAX_JSON_BYTES, HttpClient, HttpError
+from marscli.secrets import redact
 
 _SENT_AS_IS = {"image/jpeg", "image/png", "image/webp", "image/gif"}
 
@@ -47,7 +52,10 @@ _SENT_AS_IS = {"image/jpeg", "image/png", "image/webp", "image/gif"}
 def data_url(path: str) -> str:
     """An image file as a `data:` URL: JPEG/PNG/WebP/GIF as they are, anything else as PNG.
     Cached: the G samples of a prompt, and every turn of a conversation, resend the same files."""
+    from marscli.images import check_regular_file  # Pillow: only once there are images
+
     mime = mimetypes.guess_type(path)[0]
+    check_regular_file(path, "image")
     if mime in _SENT_AS_IS:
         data = Path(path).read_bytes()
     else:
@@ -86,14 +94,15 @@ class OpenAIEngine:
     def __init__(self, policy: str | None = None, *, base_url: str | None = None,
                  model: str | None = None, api_key_env: str | None = "OPENAI_API_KEY",
                  tokenize_with: str | None = None, timeout: float = 300.0, retries: int = 3,
-                 concurrency: int = 8, backoff: float = 1.0, **_: Any) -> None:
+                 concurrency: int = 8, backoff: float = 1.0,
+                 max_reply_bytes: int = MAX_JSON_BYTES, **_: Any) -> None:
         if not base_url:
             raise BadInput("--engine openai needs --base-url URL — e.g. http://127.0.0.1:8000/v1 "
                            "for `vllm serve`")
         if not model:
             raise BadInput("--engine openai needs --model NAME — the model name the server serves")
         if not base_url.startswith(("http://", "https://")):
-            raise BadInput(f"--base-url: {base_url}: expected an http:// or https:// URL")
+            raise BadInput(f"--base-url: {redact(base_url)}: expected an http:// or https:// URL")
         url = base_url.rstrip("/")
         self.url = url if url.endswith("/chat/completions") else f"{url}/chat/completions"
         self.model = model
@@ -103,7 +112,8 @@ class OpenAIEngine:
         key = os.environ.get(api_key_env) if api_key_env else None
         self.http = HttpClient(timeout=timeout, attempts=retries + 1, backoff=backoff,
                                concurrency=self.concurrency, auth_hint=f"check ${api_key_env}",
-                               headers={"Authorization": f"Bearer {key}"} if key else {})
+                               headers={"Authorization": f"Bearer {key}"} if key else {},
+                               max_bytes=max_reply_bytes)
         self.processor = None
         if tokenize_with:
             from marscli.policy import check_checkpoint, load_processor
@@ -112,7 +122,7 @@ class OpenAIEngine:
 
     def config(self) -> dict:
         """What the sidecar records (never the key itself)."""
-        return {"base_url": self.url, "model": self.model, "api_key_env": self._key_env,
+        return {"base_url": redact(self.url), "model": self.model, "api_key_env": self._key_env,
                 "timeout": self.timeout, "retries": self.retries,
                 "concurrency": self.concurrency}
 
@@ -134,8 +144,9 @@ class OpenAIEngine:
             reply = self.http.post_json(self.url, data, validate=_check_reply)
         except HttpError as e:  # scrubbed of the key already
             return Generation([], None, "error", error=str(e))
-        except OSError as e:  # an image file vanished between turns
-            return Generation([], None, "error", error=self.http.scrub(f"{type(e).__name__}: {e}"))
+        except (OSError, BadInput) as e:  # an image file vanished or was swapped between turns
+            msg = str(e) if isinstance(e, BadInput) else f"{type(e).__name__}: {e}"
+            return Generation([], None, "error", error=self.http.scrub(msg))
         msg = reply["choices"][0]
         text = msg["message"]["content"]
         reasoning = msg["message"].get("reasoning_content") or msg["message"].get("reasoning")

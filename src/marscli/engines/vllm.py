@@ -18,8 +18,10 @@ How it meets the engine contract (engines/__init__.py), as checked on vLLM 0.32 
 4. Generation stops at `<|im_end|>` only (`ignore_eos` drops the checkpoint's other EOS ids,
    as the HF engine does); the stop token is kept in the returned ids. A request whose prompt
    already fills `max_model_len` comes back empty with finish "length".
-5. Each request gets its own seed, from the stage's `--seed`, a call counter and the request's
-   index: the same inputs and seed give the same tokens.
+5. Each request gets its own seed, from the stage's `--seed`, the trajectory id and the turn
+   (`engines.request_seed`; requests without a key, from direct callers, by a call counter and
+   their index): the same inputs and seed give the same tokens, and a resumed or sharded run
+   samples what an uninterrupted one does.
 6. Environment defaults (a variable already set wins): vLLM's logs go to stderr at WARNING
    (its default is stdout, marscli's data stream); on CPU with one worker the engine core runs
    in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: 25 s to load instead of 55 s on two
@@ -32,7 +34,6 @@ on GPUs from CUDA vLLM (bfloat16, tensor parallel; scripts/gpu-smoke.sh).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -45,6 +46,7 @@ from marscli.engines import (
     GenRequest,
     SamplingParams,
     check_policy,
+    request_seed,
     resolve_device,
 )
 from marscli.errors import BadInput, RuntimeFailure, check_range
@@ -170,7 +172,8 @@ class VLLMEngine:
             sps.append(VSamplingParams(
                 temperature=0.0 if greedy else params.temperature,
                 top_p=1.0 if greedy else params.top_p, top_k=params.top_k or 0,
-                max_tokens=cap, seed=self._seed(params.seed, call, i), logprobs=0,
+                max_tokens=cap, logprobs=0,
+                seed=request_seed(params.seed, r.key or f"call {call}, request {i}", r.turn),
                 stop_token_ids=[self.ids.im_end], ignore_eos=True, logit_bias=ban,
                 detokenize=False, skip_special_tokens=False))
             slots.append(i)
@@ -199,11 +202,6 @@ class VLLMEngine:
         lps = [float(step[t].logprob) for t, step in zip(toks, c.logprobs)]
         stopped = bool(toks) and toks[-1] == self.ids.im_end
         return Generation(toks, lps, "stop" if stopped else "length")
-
-    @staticmethod
-    def _seed(seed: int, call: int, index: int) -> int:
-        digest = hashlib.sha256(f"{seed}:{call}:{index}".encode()).digest()
-        return int.from_bytes(digest[:4], "big") & 0x7FFF_FFFF
 
     @staticmethod
     def _pil(feat: Any) -> Any:

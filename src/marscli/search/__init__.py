@@ -14,6 +14,11 @@ Every factory has one signature, `(arg: str | None, opts: SearchOptions) -> back
 backends have `search(query, k) -> list[Hit]`; image backends `find(ctx, k) -> list[ImageHit]`.
 Both raise `SearchError` (from `search.remote`) when the world fails and `BadInput` when the spec
 or the environment is wrong, which `check_text_spec` / `check_image_spec` surface before a run.
+
+Remote backends talk through `marscli.http`: `timeout` is a total per request, replies are
+capped (`max_reply_bytes` for JSON APIs, `max_download_bytes` for pages and thumbnails), and
+credentials in a URL (`retriever:http://user:PW@host`) travel as Basic auth, redacted from every
+message, observation and cache key.
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ class SearchOptions:
     summarizer: str | None = None  # OpenAI-compatible base URL
     summarizer_model: str | None = None
     max_download_bytes: int = 5_000_000  # per fetched page or thumbnail
+    max_reply_bytes: int = 8 * 2**20  # per JSON API reply (marscli.http.MAX_JSON_BYTES)
 
     @classmethod
     def from_opts(cls, **opts: Any) -> SearchOptions:
@@ -73,7 +79,8 @@ class SearchOptions:
             raise BadInput(f"unknown search option {unknown[0]!r} — choose from: "
                            f"{', '.join(sorted(valid))}")
         o = cls(**opts)
-        for name in ("k", "image_k", "max_chars", "attempts", "concurrency"):
+        for name in ("k", "image_k", "max_chars", "attempts", "concurrency",
+                     "max_download_bytes", "max_reply_bytes"):
             if getattr(o, name) < 1:
                 raise BadInput(f"search option {name}: {getattr(o, name)} — must be >= 1")
         if o.summarizer and not o.summarizer_model:
@@ -90,13 +97,14 @@ class SearchOptions:
         return Path(self.cache)
 
     def client(self, **kw: Any):
-        """The retrying client (`marscli.http`) a backend talks through; it fails with
-        `SearchError`."""
+        """The retrying client (`marscli.http`) a backend talks through: `timeout` a total per
+        attempt, JSON replies capped at `max_reply_bytes`; it fails with `SearchError`."""
         from marscli.http import HttpClient
         from marscli.search.remote import SearchError
 
         return HttpClient(timeout=self.timeout, attempts=self.attempts, backoff=self.backoff,
-                          concurrency=self.concurrency, error=SearchError, **kw)
+                          concurrency=self.concurrency, error=SearchError,
+                          max_bytes=self.max_reply_bytes, **kw)
 
 
 class TextBackend(Protocol):

@@ -4,8 +4,10 @@ Three kinds of outcome, told apart by `ok` and the text's first word:
 - success: `ok=True`, a numbered list (`[1] Title\\nsnippet`; images as `[1] Title <image>`);
 - the model's mistake (no query, a query that is not a string, nothing to search with):
   `ok=False`, text `error: ...` (from `marscli.tools.error`), counted by the format reward;
-- the backend failing after its retries: `ok=False`, text `search failed: ...` — a tool failure,
-  not the model's fault (`tool_failed(result)` says which). Never an exception.
+- the backend failing after its retries (a timeout is a total per request; a reply over the
+  byte cap fails unretried): `ok=False`, text `search failed: ...` — a tool failure, not the
+  model's fault (`tool_failed(result)` says which). Never an exception. The text is redacted:
+  a password in the backend's URL (`retriever:http://user:PW@host`) never reaches the model.
 Text from the web is neutralised before the model sees it: `<image>` would be read as an image
 marker and `<|...|>` as a special token.
 """
@@ -35,12 +37,19 @@ from marscli.search import (
 from marscli.search.cache import cache_key, open_cache, public_spec
 from marscli.search.remote import SearchError
 from marscli.search.summarize import LlmSummarizer, extractive
+from marscli.secrets import redact
 from marscli.tools import TOOLS, ConvImage, NewImage, ToolContext, ToolResult, error
 
 FAILED = "search failed:"
 THUMB_MAX_PIXELS = 512 * 512
 TITLE_CHARS = 200
 _SPECIAL = re.compile(r"<\|")
+
+
+def failure(e: SearchError) -> ToolResult:
+    """The observation of a backend failure, without a credential the model could read back
+    (the message is redacted at the HTTP client already; this holds for any other source)."""
+    return ToolResult(text=f"{FAILED} {redact(str(e))}", ok=False, failed=True)
 
 
 def tool_failed(result: ToolResult) -> bool:
@@ -104,7 +113,7 @@ class TextSearchTool:
             found = self.search(query)
         except SearchError as e:
             self.counts.add("failures")
-            return ToolResult(text=f"{FAILED} {e}", ok=False, failed=True)
+            return failure(e)
         return ToolResult(text=self.format(query, found))
 
     def search(self, query: str) -> dict:
@@ -118,7 +127,8 @@ class TextSearchTool:
 
         if self.cache is None:
             return compute()
-        llm = (self.summarizer.url, self.summarizer.model) if self.summarizer else None
+        llm = (public_spec(self.summarizer.url), self.summarizer.model) if self.summarizer \
+            else None
         key = cache_key("text", public_spec(self.backend.spec), query, self.opts.k, llm)
         return self.cache.through(key, compute)
 
@@ -177,7 +187,7 @@ class ImageSearchTool:
             return error(str(e))
         except SearchError as e:
             self.counts.add("failures")
-            return ToolResult(text=f"{FAILED} {e}", ok=False, failed=True)
+            return failure(e)
         if not hits:
             return ToolResult(text="No matching images were found.")
         with ThreadPoolExecutor(min(8, len(hits))) as pool:
