@@ -92,5 +92,6 @@ def progress_bar(label: str, total: int, show: bool,
         tally.update(kind, traj)
         bar.update(task, advance=1 if kind == "stop" else 0, **tally.fields())
 
+    on_event.wants_text = False  # the agent then skips decoding streamed text nobody shows
     with bar:
         yield on_event
