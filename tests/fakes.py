@@ -11,7 +11,8 @@ as JSON (None when empty, the raw bytes when not JSON); `attempt` counts from 1 
 written in chunks, never held in memory; with `declare=False`, no Content-Length). Inside a script,
 `current()` is the request being answered (path, body, headers, digest, attempt).
 
-The server records every request in `log` (dicts as `current()`), attempts in `attempts`
+The server records every request in `log` (dicts as `current()`, with `client`, the client's
+(host, port): one port for requests that shared a connection), attempts in `attempts`
 ((path, digest) -> n), and the most requests it answered at once in `max_in_flight`. The digest
 (a SHA-256 of the body) leaves this server's port out: a failure's text, which names it, can
 travel back in a later request, and runs should repeat what they send.
@@ -117,19 +118,27 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
+class _Handler11(_Handler):
+    protocol_version = "HTTP/1.1"
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128  # the default backlog (5) refuses connections under a burst
 
 
 class FakeServer:
-    def __init__(self, routes: Script | dict[str, Script] | None = None) -> None:
+    def __init__(self, routes: Script | dict[str, Script] | None = None, *,
+                 keep_alive: bool = False) -> None:
+        """`keep_alive`: speak HTTP/1.1, so a client may send several requests on one
+        connection (the default, HTTP/1.0, closes it after each reply)."""
         self.routes = dict(routes or {}) if not callable(routes) else {"": routes}
         self.log: list[dict] = []
         self.attempts: Counter = Counter()
         self.in_flight = self.max_in_flight = 0
         self.lock = threading.Lock()
-        self.httpd = _Server(("127.0.0.1", 0), _Handler)
+        handler = _Handler11 if keep_alive else _Handler
+        self.httpd = _Server(("127.0.0.1", 0), handler)
         self.httpd.fake = self
         self.url = f"http://127.0.0.1:{self.httpd.server_port}"
         self._port = str(self.httpd.server_port).encode()
@@ -157,7 +166,8 @@ class FakeServer:
         with self.lock:
             self.attempts[(path, digest)] += 1
             req = _local.request = {"path": path, "body": body, "headers": dict(handler.headers),
-                                    "digest": digest, "attempt": self.attempts[(path, digest)]}
+                                    "digest": digest, "attempt": self.attempts[(path, digest)],
+                                    "client": handler.client_address}
             self.log.append(req)
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)

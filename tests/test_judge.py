@@ -165,17 +165,17 @@ def test_slow_judge_times_out(serve, data):
     assert srv.requests() == 2 and time.time() - t0 < 3.0
 
 
-def test_permanent_500_writes_output_then_exits_1(serve, data):
+def test_permanent_500_exits_1_writing_only_the_partial_file(serve, data):
     srv = serve(always(500, "down"))
     path = data(answers=("a1", "a2", "paris", "a4"))
     out = path.with_name("scored.jsonl")
     with pytest.raises(RuntimeFailure, match=r"3 of 4 rows unscored"):
         main(str(path), str(out), srv.spec, judge_backoff=0.01)
-    rows = [orjson.loads(x) for x in out.read_bytes().splitlines()]
-    assert [r["reward"].get("status") for r in rows] == ["unscored", "unscored", None, "unscored"]
-    assert rows[2]["reward"]["total"] == 1.5  # the exact match is kept
-    meta = orjson.loads(out.with_name("scored.jsonl.meta.json").read_bytes())
-    assert meta["stats"]["unscored"] == 3 and srv.requests() == 9
+    assert not out.exists() and not out.with_name("scored.jsonl.meta.json").exists()
+    partial = out.with_name("scored.jsonl.partial")
+    kept = [orjson.loads(x) for x in partial.read_bytes().splitlines()]
+    assert [(r["id"], r["reward"]["total"]) for r in kept] == [("q#2", 1.5)]  # the exact match
+    assert srv.requests() == 9
 
 
 def test_few_unscored_rows_under_the_threshold_pass(serve, data):
@@ -263,23 +263,29 @@ def test_spec_forms(tmp_path):
 
 
 def test_api_key_never_leaks_cli(serve, data, tmp_path):
-    """A server that echoes the key in its error; the key must reach no output, sidecar or log."""
+    """A server that echoes the key in its error; the key must reach no output, sidecar or log,
+    whether the stage fails (too many unscored rows) or writes the unscored rows."""
     srv = serve(always(401, '{"error": "Incorrect API key provided: ' + SENTINEL + '"}'))
     path = data(answers=("x", "y"))
     out = tmp_path / "scored.jsonl"
     env = {**os.environ, "OPENAI_API_KEY": SENTINEL}
-    p = subprocess.run([sys.executable, "-m", "marscli", "reward", str(path), "--judge", srv.spec,
-                        "-o", str(out)], env=env, text=True, capture_output=True, timeout=60,
-                       check=False)
+
+    def reward(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "marscli", "reward", str(path), "--judge",
+                               srv.spec, "-o", str(out), *extra], env=env, text=True,
+                              capture_output=True, timeout=60, check=False)
+
+    p = reward()
     assert p.returncode == 1, p.stderr
     assert srv.log[0]["headers"]["Authorization"] == f"Bearer {SENTINEL}"  # sent, to the judge
     assert srv.requests() == 2  # 401: no retries
-    texts = [p.stdout, p.stderr, out.read_text(),
-             out.with_name("scored.jsonl.meta.json").read_text()]
-    assert all(SENTINEL not in t for t in texts)
+    assert p.stderr.strip().splitlines()[-1].startswith("error: 2 of 2 rows unscored")
+    q = reward("--max-unscored", "1")
+    assert q.returncode == 0, q.stderr
+    files = [f.read_bytes().decode("utf-8", "replace") for f in tmp_path.rglob("*")
+             if f.is_file()]
+    assert all(SENTINEL not in t for t in [p.stdout, p.stderr, q.stdout, q.stderr, *files])
     assert "<redacted>" in out.read_text()
-    err = p.stderr.strip().splitlines()
-    assert err[-1].startswith("error: 2 of 2 rows unscored"), p.stderr
 
 
 def test_cli_judge_options(serve, data, tmp_path):
@@ -290,5 +296,5 @@ def test_cli_judge_options(serve, data, tmp_path):
                         str(tmp_path / "c.sqlite"), "--max-unscored", "0", "-o", str(out)],
                        text=True, capture_output=True, timeout=60, check=False)
     assert p.returncode == 1 and srv.requests() == 1, p.stderr
-    assert orjson.loads(out.read_bytes())["reward"]["status"] == "unscored"
+    assert not out.exists()  # a failed stage leaves nothing done
     assert (tmp_path / "c.sqlite").exists()

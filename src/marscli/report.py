@@ -13,7 +13,9 @@ base64 data URLs, downscaled to at most `image_px` on their longer side and re-e
 - At most `max_trajectories` rows are shown, split evenly over the iterations: whole prompt
   groups (the G samples side by side), evenly spaced through each file, found by a second pass
   (stdin: the first rows). Statistics use every row.
-- Text is escaped with html.escape, JSON in <script> with `<\\/`.
+- Text is escaped with html.escape, JSON in <script> with `<\\/`, and redacted first
+  (`marscli.secrets.redact`): a password in a URL, a secret query parameter or a known API key
+  that an older record carries is never printed into the page.
 - Filters (text, stop reason, accuracy, iteration) run in the page, and their state is kept in
   the URL fragment (`report.html#stop=max_turns&acc=wrong`), so a filtered view can be shared;
   `&open=1` expands the trajectories shown.
@@ -43,9 +45,13 @@ from marscli.runs import (
     number,
     reward_part,
 )
+from marscli.secrets import redact
 from marscli.view import Block, blocks, describe_image, fmt_num, header, title
 
-esc = html.escape
+
+def esc(text: str) -> str:
+    """Escaped for HTML, and without secrets (URL userinfo, secret query parameters, keys)."""
+    return html.escape(redact(text))
 
 
 # ---------------------------------------------------------------------------------- images
@@ -76,6 +82,8 @@ class ImageStore:
     def _encode(self, path: Path) -> str | None:
         from PIL import Image, UnidentifiedImageError
 
+        if not path.is_file():  # a folder, a named pipe (which would block), a device
+            return None
         try:
             with Image.open(path) as im:
                 im.draft("RGB", (self.max_px, self.max_px))

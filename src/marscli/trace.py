@@ -125,6 +125,8 @@ class LiveTrace:
         from PIL import Image
 
         try:
+            if not file.is_file():  # never open a named pipe (it would block)
+                raise OSError(f"{file}: not a regular file")
             with Image.open(file) as im:
                 size = f"  [dim]{im.size[0]}×{im.size[1]} px[/]"
         except OSError:
@@ -165,6 +167,9 @@ def inline_image(path: Path, protocol: str, max_px: int = INLINE_PX) -> str:
     but the last); iTerm2: one OSC 1337 File sequence."""
     from PIL import Image
 
+    from marscli.images import check_regular_file
+
+    check_regular_file(path)
     with Image.open(path) as im:
         im = im.convert("RGB")
         im.thumbnail((max_px, max_px))

@@ -29,7 +29,6 @@ a prompt differ on servers that honour per-request seeds.
 from __future__ import annotations
 
 import base64
-import hashlib
 import io
 import mimetypes
 import os
@@ -40,7 +39,7 @@ from typing import Any
 
 import orjson
 
-from marscli.engines import ENGINES, Generation, GenRequest, SamplingParams
+from marscli.engines import ENGINES, Generation, GenRequest, SamplingParams, request_seed
 from marscli.errors import BadInput, check_range
 from marscli.http import MAX_JSON_BYTES, HttpClient, HttpError
 from marscli.secrets import redact
@@ -66,12 +65,6 @@ def data_url(path: str) -> str:
             im.convert("RGB").save(buf, format="PNG")
         data, mime = buf.getvalue(), "image/png"
     return f"data:{mime};base64,{base64.b64encode(data).decode()}"
-
-
-def request_seed(seed: int, key: str, turn: int) -> int:
-    """A stable per-request seed: same run, same seeds; different samples, different seeds."""
-    h = hashlib.sha256(f"{seed}\0{key}\0{turn}".encode()).digest()
-    return int.from_bytes(h[:4], "big") >> 1  # 31 bits: every server accepts it
 
 
 @ENGINES.register("openai")

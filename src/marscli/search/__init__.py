@@ -167,4 +167,6 @@ def need_arg(name: str, arg: str | None, what: str) -> str:
 
 def no_arg(name: str, arg: str | None) -> None:
     if arg:
-        raise BadInput(f"search backend {name!r} takes no argument, got {name}:{arg}")
+        from marscli.secrets import redact
+
+        raise BadInput(f"search backend {name!r} takes no argument, got {redact(f'{name}:{arg}')}")
