@@ -18,7 +18,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.14.1 torchvision==0.29.1
-	$(PY) -m pip install -q -e '.[dev,deepspeed,eval,viz,track]'
+	$(PY) -m pip install -q -e '.[dev,deepspeed,eval,viz,track,qwen]'
 	touch $@
 
 # ruff's rule set is in pyproject.toml (pyflakes, import order, bugbear, pyupgrade, ...).

@@ -1,7 +1,9 @@
 # recipes/mars-8b-release.mk — what the released SenseNova-MARS training script runs for
 # Qwen3-VL-8B (OpenSenseNova/SenseNova-MARS `train_multi_node.sh`, a verl 0.6.1 fork; evaluation
 # settings from its `eval_single_node.sh`), as far as marscli's stages can express it today.
-# recipes/mars-8b.mk has the paper's settings instead (lr 1e-6, KL 1e-4, BN-GSPO, cold start).
+# recipes/mars-8b.mk has the paper's settings instead (lr 1e-6, KL 1e-4, BN-GSPO, cold start);
+# recipes/eval-release.mk evaluates a released checkpoint under either of the release's two
+# evaluators, beside the paper's settings.
 #
 # Sources, as tags after each value: [release] the release's scripts (an option they set);
 # [verl] verl's default for an option the release leaves unset; [maintainers] what the
@@ -30,6 +32,9 @@
 #                 what engine implies)                                                 [release]
 #   reward        answer (exact match, else the judge) + 0.5 format (format_score=0.5);
 #                 exit if over 5% of the judge's calls fail                          [release]
+#   scoring       as the release's tool.py scores (`--protocol release`, in reward and eval):
+#                 llm_score (the judge only for a tagged answer), em_score_mcq for rows with
+#                 choices (A-D, read from the whole last turn when it has no tag)     [release]
 #   judges        training: Qwen3-VL-32B-Instruct (an OpenAI-compatible server, JUDGE), 300 s
 #                 timeout, 4 in flight; evaluation: gpt-4o-2024-11-20 (EVAL_JUDGE), 2 in
 #                 flight                                                                [release]
@@ -90,8 +95,8 @@ MAX_TURNS ?= 10
 ROLLOUT_OPTS ?= -n $(N) --engine $(ENGINE) --device $(DEVICE) --tensor-parallel $(TP) \
   --temperature 1.0 --top-p 1.0 --top-k 0 --max-turns $(MAX_TURNS) \
   --max-response-tokens 16384 --max-turn-tokens 16384 $(AGENT_OPTS)
-REWARD_OPTS ?= --judge $(JUDGE) --format-weight 0.5 --max-unscored 0.05 --judge-timeout 300 \
-  --judge-concurrency 4
+REWARD_OPTS ?= --judge $(JUDGE) --protocol release --format-weight 0.5 --max-unscored 0.05 \
+  --judge-timeout 300 --judge-concurrency 4
 ESTIMATOR ?= $(if $(filter 1,$(BN_GSPO)),bn-gspo,grpo)
 ADV_OPTS ?= --estimator $(ESTIMATOR) --minibatches 1
 LOSS ?= $(if $(filter 1,$(BN_GSPO)),gspo,grpo)
@@ -106,4 +111,4 @@ SFT_OPTS ?= --epochs 3 --lr 1e-5 --freeze-vision --deepspeed recipes/ds_zero3.js
 EVAL_OPTS ?= --mode agent --engine $(ENGINE) --device $(DEVICE) --tensor-parallel $(TP) \
   --samples 1 --temperature 1.0 --top-p 1.0 --top-k 20 --max-turns $(MAX_TURNS) \
   --max-response-tokens 16384 --max-turn-tokens 16384 --judge $(EVAL_JUDGE) \
-  --judge-timeout 300 --judge-concurrency 2 $(AGENT_OPTS)
+  --protocol release --judge-timeout 300 --judge-concurrency 2 $(AGENT_OPTS)

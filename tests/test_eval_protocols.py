@@ -205,5 +205,5 @@ def test_judge_is_asked_only_after_exact_match_fails(tmp_path):
 
 def test_unknown_protocol_lists_names():
     with pytest.raises(BadInput, match=r"unknown --protocol 'nope' — choose one of: mars, "
-                                       r"official"):
+                                       r"official, release, release-inference"):
         make_protocol("nope")

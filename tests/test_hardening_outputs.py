@@ -393,6 +393,15 @@ def test_full_disk_advantages_one_line_no_temporary(tmp_path):
     assert files(tmp_path) == ["s.jsonl"]
 
 
+def test_full_disk_index_one_line_no_temporary(tmp_path):
+    """SQLite reports a full disk as `database or disk is full`, not an OSError."""
+    rows = [{"id": str(i), "title": f"t{i}", "text": f"word{i} " * 200} for i in range(200)]
+    c = write_jsonl(tmp_path / "c.jsonl", rows)
+    code, err = _full(["index", "text", str(c), "-o", str(tmp_path / "idx.sqlite")], 64_000)
+    assert code == 1 and "idx.sqlite: no space left on the device" in one_line(err), err
+    assert files(tmp_path) == ["c.jsonl"]
+
+
 def test_full_disk_rollout_keeps_complete_records_only(tmp_path, tiny_model):
     p = write_prompts(tmp_path / "p.jsonl", [f"q{i}" for i in range(6)])
     out = tmp_path / "t.jsonl"
@@ -456,9 +465,7 @@ def without_dac_override() -> Iterator[None]:
 
 
 @pytest.mark.parametrize("stage", [
-    "rollout", "update", "sft", "tiny-model",
-    pytest.param("index", marks=pytest.mark.xfail(
-        strict=True, reason="search/text_index.py: sqlite3.OperationalError escapes (asked)"))])
+    "rollout", "update", "sft", "tiny-model", "index"])
 def test_read_only_output_folder_one_line_exit_2(stage, tmp_path, tiny_model):
     from marscli.policy import load_processor
 

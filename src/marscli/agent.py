@@ -7,6 +7,27 @@ as a `tool` segment. Model mistakes (bad JSON, unknown tool, bad arguments, uncl
 become error observations and are counted; the trajectory goes on until it answers or a limit
 (turns, response tokens) stops it.
 
+Prompt rendering has two modes:
+- Default: marscli's own system prompt (or `--system-prompt FILE`) followed by its `# Tools`
+  block, laid out by tokens.py (`prompt_parts`, `tool_parts`).
+- Chat template (`AgentConfig.tool_schemas`, from `--tools-config FILE`): the system prompt, the
+  question and the schemas go through the policy processor's `apply_chat_template(tools=...)`,
+  which writes the `# Tools` block itself (chat_template.TemplateTurns). The prompt segment is
+  that rendering with the generation prompt. After each reply, the conversation plus the reply
+  (its text as generated) and the observation as a role `tool` message is rendered again; the
+  new text must extend the old text + the reply (+ `<|im_end|>` when the model closed its turn),
+  or the run fails naming the trajectory and the turn; the tool segment is the new suffix,
+  tokenised on its own (it starts with the `\n` after `<|im_end|>`, or with the `<|im_end|>`
+  that closes a cut reply, masked). The model's ids are kept exactly as generated. Images a
+  tool returns without `<image>` markers follow its text directly, as in Qwen's role-tool
+  layout. The tools offered are exactly the schemas' (each under its schema's name): a schema
+  naming a tool this run does not offer is refused (BadInput, with the list); with no tools
+  (eval --mode direct) no tools block is rendered. A template that ignores `tools=` is refused.
+  Needs a token-level engine (hf, vllm). A release row's `input_template.arguments` (its dataset
+  manifest's `system_prompt`, `format_instruction`) and its own `prompt` messages, when the row
+  carries them, are honoured as verl's dataset builds them (`Agent._opening`); the row's system
+  prompt wins over `--system-prompt`, which wins over marscli's.
+
 Message-level engines (`engine.message_level`, the `openai` engine) take the conversation as
 chat messages rather than token ids. For them each trajectory also keeps `messages` (OpenAI
 format; images as `{"type": "image", "image": i}` parts indexing the record's `images`), which
@@ -44,10 +65,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from marscli.chat_template import TemplateTurns, check_renders_tools, content_parts, tool_names
 from marscli.engines import Engine, Generation, GenRequest, SamplingParams
+from marscli.errors import BadInput, RuntimeFailure
 from marscli.images import open_image
 from marscli.jsonl import sha256_file
-from marscli.protocol import Answer, FormatError, ToolCall, parse_turn, system_prompt
+from marscli.protocol import (
+    SYSTEM_PROMPT,
+    Answer,
+    FormatError,
+    ToolCall,
+    parse_turn,
+    system_prompt,
+    tool_content,
+)
 from marscli.records import Prompt, Segment, new_record
 from marscli.tokens import (
     IMAGE_MARK,
@@ -72,6 +103,9 @@ class AgentConfig:
     max_turn_tokens: int = 2_048  # one reply
     max_tool_chars: int = 8_192
     system_prompt: str | None = None  # None: protocol.SYSTEM_PROMPT
+    # Tool schemas rendered by the policy's chat template (`tools=`); None: marscli's own
+    # `# Tools` block in the system prompt, tokenised by marscli's layout (tokens.py).
+    tool_schemas: list[dict] | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
     batch_size: int = 32  # trajectories advanced together
     tool_workers: int = 16
@@ -93,6 +127,7 @@ class Traj:
     context: list[int]  # compact ids so far: the next prompt ([] without a tokenizer)
     files: list[Path] = field(default_factory=list)  # each image's file, as in `images`
     messages: list[dict] | None = None  # message-level engines: the conversation so far
+    rendered: TemplateTurns | None = None  # --tools-config: the chat template's rendering
     error: str | None = None  # stop == "engine_error": why
     response_tokens: int = 0
     turns: int = 0
@@ -148,6 +183,8 @@ class Agent:
         self.tok = self.processor.tokenizer if self.processor is not None else None
         self.ids = special_ids(self.tok) if self.tok is not None else None
         self.system = system_prompt([t.schema for t in tools], cfg.system_prompt)
+        self.template = cfg.tool_schemas is not None  # render through the chat template
+        self.schemas = self._offered(cfg.tool_schemas) if self.template else None
         self.media_dir, self.rel_to = Path(media_dir), Path(rel_to)
         self.policy_name = policy_name
         self.on_event = on_event or (lambda kind, traj, data: None)
@@ -155,6 +192,26 @@ class Agent:
         # `wants_text = False`), the engine streams, and there are tokens to decode.
         self.streaming = (on_event is not None and getattr(on_event, "wants_text", True)
                           and bool(getattr(engine, "streams", False)) and self.tok is not None)
+
+    def _offered(self, schemas: list[dict]) -> list[dict] | None:
+        """The schemas the template renders (`tools=`): exactly the tools this run offers, each
+        under its schema's name; None when the stage offers no tools (eval --mode direct)."""
+        from marscli.tools_config import RELEASE_TOOLS
+
+        if self.message_level:
+            raise BadInput("--tools-config: prompts are rendered by the policy's chat template, "
+                           "which needs a token-level engine — use --engine hf or vllm")
+        if not self.tools:
+            return None
+        names = tool_names(schemas)
+        missing = [n for n in names if RELEASE_TOOLS.get(n, n) not in self.tools]
+        if missing:
+            raise BadInput(f"--tools-config: {missing[0]} is in the tool schemas but this run "
+                           f"offers only {', '.join(self.tools)} — set its backend "
+                           "(--text-search, --image-search) or drop it from the file")
+        self.tools = {n: self.tools[RELEASE_TOOLS.get(n, n)] for n in names}
+        check_renders_tools(self.processor, schemas)
+        return schemas
 
     # ------------------------------------------------------------------ public
 
@@ -184,19 +241,59 @@ class Agent:
                 files.append(Path(path))
             cache[prompt.id] = (images, feats, refs, files)
         images, feats, refs, files = cache[prompt.id]
-        toks = None
-        if self.tok is not None:
+        toks, rendered = None, None
+        if self.template:
+            rendered = TemplateTurns(self.processor, self.schemas, self.ids)
+            toks = rendered.prompt(self._opening(prompt, len(images)), [f.n_tokens for f in feats])
+        elif self.tok is not None:
             parts = prompt_parts(self.system, prompt.question, [f.n_tokens for f in feats])
             toks = encode_parts(self.tok, self.ids, parts)
         seg = Segment("prompt", toks, images=list(range(len(images))))
         t = Traj(prompt, sample, list(images), list(feats), [seg], [dict(r) for r in refs],
-                 list(toks or []), files=list(files))
+                 list(toks or []), files=list(files), rendered=rendered)
         if self.message_level:  # images first unless the question places them (prompt_parts)
             q = prompt.question
             q = q if IMAGE_MARK in q else IMAGE_MARK * len(images) + q
             t.messages = [{"role": "system", "content": self.system},
                           {"role": "user", "content": message_content(q, list(range(len(images))))}]
         return t
+
+    def _opening(self, prompt: Prompt, n_images: int) -> list[dict]:
+        """The opening messages for the chat template, built as the release's dataset builds
+        them (verl's `RLHFJSONDatasetV2._build_messages`): the row's own `prompt` messages
+        when it carries them, else its question; `input_template.arguments.system_prompt`
+        inserted as the system message (else the row's, else --system-prompt, else marscli's),
+        `format_instruction` appended to the first user message after a newline, and `<image>`
+        markers as image parts (unmarked images first, as marscli places them)."""
+        where = f"prompt {prompt.id!r} (line {prompt.line})"
+        raw = prompt.extra.get("prompt")
+        if isinstance(raw, list) and raw and all(isinstance(m, dict) for m in raw):
+            msgs = [{"role": m.get("role"), "content": m.get("content")} for m in raw]
+        else:
+            msgs = [{"role": "user", "content": prompt.question}]
+        users = [m for m in msgs if m["role"] == "user"]
+        if not users or not all(isinstance(m["content"], str) for m in msgs):
+            raise BadInput(f"{where}: prompt: expected chat messages with string content and a "
+                           "user message")
+        args = _template_arguments(prompt.extra.get("input_template"))
+        has_system = any(m["role"] == "system" for m in msgs)
+        if args.get("system_prompt"):
+            if has_system:
+                raise BadInput(f"{where}: input_template.arguments.system_prompt and a system "
+                               "message in `prompt` — keep one")
+            msgs.insert(0, {"role": "system", "content": args["system_prompt"]})
+        elif not has_system:
+            msgs.insert(0, {"role": "system", "content": self.cfg.system_prompt or SYSTEM_PROMPT})
+        if args.get("format_instruction"):
+            users[0]["content"] = users[0]["content"].rstrip() + "\n" + args["format_instruction"]
+        unmarked = n_images - sum(m["content"].count(IMAGE_MARK) for m in users)
+        users[0]["content"] = IMAGE_MARK * max(0, unmarked) + users[0]["content"]
+        left = n_images
+        for m in users:
+            k = min(m["content"].count(IMAGE_MARK), left)
+            m["content"] = content_parts(m["content"], k, f"{where}: question")
+            left -= k
+        return msgs
 
     def _turn(self, active: list[Traj]) -> None:
         reqs = []
@@ -323,11 +420,15 @@ class Agent:
             t.files.append(path)
             t.refs.append({"path": self._rel(path), "sha256": sha256_file(path), **img.meta})
             new_idx.append(idx)
-        if new_idx and text.count("<image>") < len(new_idx):
-            text = text + "".join("\n<image>" for _ in range(len(new_idx) - text.count("<image>")))
+        if new_idx and text.count(IMAGE_MARK) < len(new_idx):  # unmarked images go last
+            sep = "" if self.template else "\n"  # the template: right after the text
+            text += (sep + IMAGE_MARK) * (len(new_idx) - text.count(IMAGE_MARK))
         toks = None
-        if self.tok is not None:
+        if self.template:
+            toks = self._rendered_tool(t, text, counts, closed)
+        elif self.tok is not None:
             toks = encode_parts(self.tok, self.ids, tool_parts(text, counts, closed))
+        if toks is not None:
             t.context += toks
             t.response_tokens += sum(-x if x < 0 else 1 for x in toks)
         if t.messages is not None:
@@ -344,6 +445,16 @@ class Agent:
                                   "images": [t.refs[i]["path"] for i in new_idx]})
         if t.response_tokens >= self.cfg.max_response_tokens:
             t.stop = "max_tokens"
+
+    def _rendered_tool(self, t: Traj, text: str, counts: list[int], closed: bool) -> list[int]:
+        """The tool segment's ids from the chat template's rendering (TemplateTurns.tool), the
+        observation as a role `tool` message; a rendering that does not extend the previous
+        one fails the run, naming the trajectory and the turn."""
+        try:
+            return t.rendered.tool(t.segments[-1].text, closed, tool_content(text, len(counts)),
+                                   counts, t.turns)
+        except RuntimeFailure as e:
+            raise RuntimeFailure(f"trajectory {t.id}: {e}") from None
 
     # ------------------------------------------------------------------ output
 
@@ -377,3 +488,10 @@ class Agent:
             rec["error"] = t.error
         rec["ms"] = {k: int(v) for k, v in t.ms.items()}  # timings: the only fields that vary
         return rec
+
+
+def _template_arguments(template: Any) -> dict:
+    """`input_template.arguments` of a release row (its dataset manifest's), or {}."""
+    args = template.get("arguments") if isinstance(template, dict) else None
+    return {k: v for k, v in (args or {}).items()
+            if k in ("system_prompt", "format_instruction") and isinstance(v, str)}

@@ -34,6 +34,13 @@ text, returning the new suffix: a model's sampled ids need not be the canonical 
 its text (`}` + `\\n` where the tokenizer writes `}\\n`), so the agent keeps the generated ids,
 checks the re-rendered text and tokenises only the suffix, which starts at a special-token
 boundary (`<|im_end|>` or the newline after it) and so tokenises as it would in place.
+
+For the agent (`--tools-config`): `TemplateTurns` keeps one trajectory's messages and rendering
+(through the processor's `apply_chat_template`) and gives the ids of the prompt segment and of
+each tool segment, checked with `text_extension`; `template_parts` turns a rendering into
+`tokens.encode_parts` pieces (each image its placeholder count; a rendering with another number
+of images than the conversation fails); `content_parts` writes `<image>` markers as image parts
+as verl's dataset does; `check_renders_tools` refuses a template that ignores `tools=`.
 """
 
 from __future__ import annotations
@@ -175,3 +182,111 @@ def _show(token_id: int, tokenizer: Any) -> str:
     if tokenizer is None:
         return str(token_id)
     return f"{token_id} {tokenizer.decode([token_id])!r}"
+
+
+# ------------------------------------------------------------------ the agent's turns, rendered
+
+VISION = "<|vision_start|><|image_pad|><|vision_end|>"  # one image, as a template writes it
+IMAGE_MARK = "<image>"
+
+
+def template_parts(text: str, image_counts: Sequence[int], what: str) -> list[str | int]:
+    """A rendering's text with each image as its placeholder count (`tokens.encode_parts`'s
+    input). Every piece boundary is a special token, so encoding the pieces gives the ids the
+    processor gives the whole text. RuntimeFailure when the rendering holds another number of
+    images than the conversation has (a template that drops or adds images)."""
+    pieces = text.split(VISION)
+    if len(pieces) - 1 != len(image_counts):
+        raise RuntimeFailure(f"{what}: the chat template rendered {len(pieces) - 1} images for "
+                             f"{len(image_counts)} in the conversation — use a template that "
+                             "renders every image part once")
+    parts: list[str | int] = [pieces[0]]
+    for n, piece in zip(image_counts, pieces[1:], strict=True):
+        parts += [n, piece]
+    return parts
+
+
+def content_parts(text: str, n_images: int, what: str) -> list[dict]:
+    """Chat-template content of a text with `<image>` markers, as verl builds it: one
+    `{"type": "image"}` per marker, text pieces between (empty ones dropped); images without a
+    marker follow the text directly. BadInput when there are more markers than images."""
+    pieces = text.split(IMAGE_MARK)
+    if len(pieces) - 1 > n_images:
+        from marscli.errors import BadInput
+
+        raise BadInput(f"{what}: {len(pieces) - 1} {IMAGE_MARK} markers for {n_images} images "
+                       "— one marker per image")
+    parts: list[dict] = []
+    for i, piece in enumerate(pieces):
+        if i:
+            parts.append({"type": "image"})
+        if piece:
+            parts.append({"type": "text", "text": piece})
+    return parts + [{"type": "image"}] * (n_images - (len(pieces) - 1))
+
+
+def tool_names(schemas: Sequence[dict]) -> list[str]:
+    return [s["function"]["name"] for s in schemas]
+
+
+class TemplateTurns:
+    """A trajectory's token-exact segments taken from the policy's own chat template.
+
+    `prompt` renders the opening messages with `tools=` and the generation prompt. `tool`
+    appends the model's reply (its text as generated) and the tool message, re-renders, checks
+    with `text_extension` that the new text extends the old text + the reply + `<|im_end|>`
+    (when the model closed its turn), and returns the ids of the suffix alone: the model's ids
+    are never re-tokenised. `text` is the text the ids so far stand for (images unexpanded)."""
+
+    def __init__(self, processor: Any, tools: list[dict] | None, ids: Any) -> None:
+        self.processor, self.tools, self.ids = processor, tools or None, ids
+        self.messages: list[dict] = []
+        self.text = ""
+
+    def render(self) -> str:
+        return self.processor.apply_chat_template(self.messages, tools=self.tools,
+                                                  add_generation_prompt=True, tokenize=False)
+
+    def prompt(self, messages: list[dict], counts: Sequence[int]) -> list[int]:
+        """Compact ids of the prompt segment."""
+        from marscli.tokens import encode_parts
+
+        self.messages = list(messages)
+        self.text = self.render()
+        return encode_parts(self.processor.tokenizer, self.ids,
+                            template_parts(self.text, counts, "the prompt"))
+
+    def tool(self, reply: str, closed: bool, content: list[dict], counts: Sequence[int],
+             turn: int) -> list[int]:
+        """Compact ids of the tool segment after reply `turn` (1-based): from the end of the
+        model's ids to the next generation prompt (`<|im_end|>` first when the reply was cut)."""
+        from marscli.tokens import encode_parts
+
+        before = self.text + reply + ("<|im_end|>" if closed else "")
+        self.messages += [{"role": "assistant", "content": reply},
+                          {"role": "tool", "content": content}]
+        new_text = self.render()
+        suffix = text_extension(before, new_text, turn)
+        self.text = new_text
+        return encode_parts(self.processor.tokenizer, self.ids,
+                            template_parts(suffix, counts, f"turn {turn}"))
+
+
+def check_renders_tools(processor: Any, schemas: Sequence[dict]) -> None:
+    """BadInput unless the policy's chat template writes every schema's name when given
+    `tools=`: a template that ignores `tools=` (the tiny model's own) would show the model no
+    tools at all, silently."""
+    from marscli.errors import BadInput
+
+    if not getattr(processor, "chat_template", None):
+        raise BadInput("--tools-config: the policy has no chat template to render tools= "
+                       "through — use a checkpoint with one (Qwen3-VL's), or leave out "
+                       "--tools-config")
+    probe = processor.apply_chat_template([{"role": "user", "content": "q"}],
+                                          tools=list(schemas), add_generation_prompt=True,
+                                          tokenize=False)
+    missing = [n for n in tool_names(schemas) if f'"{n}"' not in probe]
+    if missing:
+        raise BadInput(f"--tools-config: the policy's chat template does not render tools= "
+                       f"({missing[0]!r} is not in its rendering) — use a checkpoint whose "
+                       "template renders tools (Qwen3-VL's), or leave out --tools-config")

@@ -37,7 +37,9 @@ app.add_typer(index_app, name="index")
 
 def fail(err: MarsError) -> None:
     """Print `error: ...` on one line and exit with the error's code."""
-    msg = " ".join(str(err).split("\n"))
+    from marscli.secrets import redact  # no torch: a message may echo a URL with a password
+
+    msg = redact(" ".join(str(err).split("\n")))
     print(f"error: {msg}", file=sys.stderr)
     raise typer.Exit(err.exit_code)
 
@@ -48,13 +50,17 @@ def main() -> None:
     except MarsError as e:  # raised outside a command body (option callbacks)
         if os.environ.get("MARSCLI_DEBUG"):
             raise
-        print(f"error: {e}", file=sys.stderr)
+        from marscli.secrets import redact
+
+        print(f"error: {redact(str(e))}", file=sys.stderr)
         sys.exit(e.exit_code)
     except OSError as e:  # a full disk or a read-only folder met outside a guard
         err = os_error(e)
         if err is None or os.environ.get("MARSCLI_DEBUG"):
             raise
-        print(f"error: {err}", file=sys.stderr)
+        from marscli.secrets import redact
+
+        print(f"error: {redact(str(err))}", file=sys.stderr)
         sys.exit(err.exit_code)
 
 
@@ -132,6 +138,9 @@ def reward(
     judge_retries: opt.JudgeRetries = opt.JUDGE_RETRIES,
     judge_concurrency: opt.JudgeConcurrency = opt.JUDGE_CONCURRENCY,
     judge_cache: opt.JudgeCache = None,
+    protocol: Annotated[str, typer.Option(
+        help="mars (marscli's scoring) or release (the released code's: the letter read from "
+             "the last turn, A-D; the judge only for a tagged open answer).")] = "mars",
     output: Annotated[str, typer.Option(
         "-o", "--output", help="Output JSONL (- for stdout).")] = "-",
 ) -> None:
@@ -143,7 +152,7 @@ def reward(
         from marscli.rewards import main as reward_main
 
         reward_main(traj, output, judge, format_weight, max_unscored, judge_timeout,
-                    judge_retries, judge_concurrency, judge_cache)
+                    judge_retries, judge_concurrency, judge_cache, protocol=protocol)
 
 
 @app.command()
@@ -301,8 +310,12 @@ def tiny_model(
     text: Annotated[list[str] | None, typer.Option(
         metavar="FILE", help="Extra tokenizer training text (text or JSONL: string values); "
                              "repeatable. Pass the task's corpus and prompts.")] = None,
-    size: Annotated[str, typer.Option(
-        help="tiny (about 1 M parameters) or small (demo).")] = "tiny",
+    size: Annotated[str | None, typer.Option(
+        help="tiny (about 1 M parameters with --vocab tiny), small (demo) or micro (the "
+             "default with --vocab qwen: text hidden 64).")] = None,
+    vocab: Annotated[str, typer.Option(
+        help="tiny (a small BPE trained here) or qwen (the real Qwen3-VL vocabulary and chat "
+             "template; needs the qwen extra).")] = "tiny",
     force: Annotated[bool, typer.Option("--force", help="Replace a non-empty OUT.")] = False,
     min_pixels: Annotated[int, typer.Option(
         help="Processor floor: images are upscaled to at least this many pixels.")] = 65_536,
@@ -314,7 +327,7 @@ def tiny_model(
         from marscli.tiny import main as tiny_main
 
         tiny_main(out, seed=seed, text_files=text or [], size=size, force=force,
-                  min_pixels=min_pixels, max_pixels=max_pixels)
+                  min_pixels=min_pixels, max_pixels=max_pixels, vocab=vocab)
 
 
 @app.command()
@@ -573,9 +586,10 @@ def eval_cmd(
     engine: opt.Engine = opt.GEN.engine,
     judge: opt.Judge = opt.JUDGE,
     protocol: Annotated[str | None, typer.Option(
-        help="mars (the release's scoring; default) or official (each benchmark's own: "
+        help="mars (marscli's scoring; default), official (each benchmark's own: "
              "MMSearch token F1, HR-Bench rotations, InfoSeek ranges + split harmonic "
-             "mean).")] = None,
+             "mean), release (the released code's validation scoring) or release-inference "
+             "(its inference/eval.py: untagged answers go to the judge whole).")] = None,
     shard: opt.Shard = None,
     text_search: opt.TextSearch = None,
     image_search: opt.ImageSearch = None,

@@ -19,6 +19,11 @@ trajectory, and summarise per benchmark and category beside the paper's numbers.
   (removes the results, their media, summary, sidecar and settings). Each record is the
   agent's trajectory record plus `benchmark`, `category`, `mode` and `score`
   (`benchmarks/protocols.py`).
+- `--protocol` (`benchmarks/protocols.py`): `mars` (default), `official` (each benchmark's
+  own), `release` (the released code's validation scoring) or `release-inference` (its
+  `inference/eval.py`). The summary names it: per benchmark and at the top of
+  `RESULTS.summary.json` (`protocol`), in the table's title, and in one line on stderr saying
+  what that protocol scores.
 - The summary is computed from the whole results file at the end (so it is right after a
   resume); a table goes to stderr, then the sidecar `RESULTS.jsonl.meta.json` is written, and
   `RESULTS.summary.json` last (atomically): it is what `make` takes for a finished eval.
@@ -244,7 +249,9 @@ def summarize(results: str, max_unscored: float = 0.05) -> dict:
         benches[bench] = _bench_summary(results, bench, rows)
         total += benches[bench]["trajectories"]
         unscored += benches[bench]["unscored"]
-    return {"v": 1, "results": str(results), "trajectories": total, "unscored": unscored,
+    protocols = sorted({b["protocol"] for b in benches.values()})
+    return {"v": 1, "results": str(results), "protocol": "+".join(protocols) or None,
+            "trajectories": total, "unscored": unscored,
             "max_unscored": max_unscored, "over_unscored": unscored > max_unscored * total,
             "benchmarks": benches}
 
@@ -331,6 +338,9 @@ def print_summary(summary: dict) -> None:
     console.print(t)
     if not summary["benchmarks"]:
         print(f"eval: {summary['results']}: no results yet (an empty shard?)", file=sys.stderr)
+    for name in sorted({b["protocol"] for b in summary["benchmarks"].values()}):
+        print(f"eval: scored under the {name} protocol — {make_protocol(name).about}",
+              file=sys.stderr)
     for bench, b in summary["benchmarks"].items():
         if b.get("note"):
             print(f"note: {bench}: {b['note']}", file=sys.stderr)

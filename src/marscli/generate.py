@@ -15,6 +15,9 @@
   so a policy that fails to load leaves nothing behind. Each complete record goes through the
   stage's `on_record` hook (eval scores it), then is appended. Crops and thumbnails go to
   `OUT.media/`; records hold paths relative to the output's folder.
+- `--tools-config FILE` (`tools_config`): tool schemas read by `tools_config.load_tool_schemas`
+  when the options are checked; the agent then renders prompts through the policy's chat
+  template with `tools=` (agent.py). Their hash is a sample setting.
 - Settings: the stage's `sample_settings` (what decides the samples: policy and a cheap
   fingerprint of its weights, engine, sampling, limits, tools, system prompt, seed, plus the
   stage's own) are written to `OUT.settings.json` before the first record; adding to records
@@ -79,6 +82,7 @@ class GenerationOptions:
     batch_size: int = 32  # trajectories advanced together
     # tools and search
     system_prompt: str | None = None  # a file replacing the system prompt
+    tools_config: str | None = None  # tool schemas (release YAML / JSON): render by template
     text_search: str | None = None
     image_search: str | None = None
     search_timeout: float = 30.0
@@ -100,6 +104,15 @@ class GenerationOptions:
         check_range("--search-timeout", self.search_timeout, 0, MAX_TIMEOUT, lo_open=True)
         check_range("--search-retries", self.search_retries, 0, MAX_RETRIES)
         check_engine(self.engine, self.policy, self.engine_opts)
+        self.tool_schemas()  # a bad --tools-config fails before anything is loaded
+
+    def tool_schemas(self) -> list[dict] | None:
+        """The schemas of `--tools-config` (tools_config.load_tool_schemas), None without one."""
+        if self.tools_config is None:
+            return None
+        from marscli.tools_config import load_tool_schemas
+
+        return load_tool_schemas(self.tools_config)
 
     @property
     def policy_name(self) -> str:
@@ -122,6 +135,7 @@ class GenerationOptions:
             max_turns=AgentConfig.max_turns if self.max_turns is None else self.max_turns,
             max_response_tokens=self.max_response_tokens, max_turn_tokens=self.max_turn_tokens,
             system_prompt=system_prompt, batch_size=self.batch_size,
+            tool_schemas=self.tool_schemas(),
             sampling=SamplingParams(temperature=self.temperature, top_p=self.top_p,
                                     top_k=self.top_k, max_new_tokens=self.max_turn_tokens,
                                     seed=self.seed))
@@ -340,16 +354,20 @@ def sample_settings(gen: GenerationOptions, system_prompt: str | None, **stage: 
     """What decides the samples of a run, flat, named like the options (`stage`: the stage's
     own, e.g. n and shard). Batch size, device, progress, timeouts and retries do not change
     what is sampled and are left out. Secrets in URLs are redacted."""
+    import orjson
+
     from marscli.secrets import redact
 
     engine_opts = {k: gen.engine_opts.get(k) for k in ("base_url", "model", "tokenize_with")}
     prompt = None if system_prompt is None else hashlib.sha256(system_prompt.encode()).hexdigest()
+    schemas = gen.tool_schemas()
+    tools = None if schemas is None else hashlib.sha256(orjson.dumps(schemas)).hexdigest()
     return redact({
         "policy": gen.policy_name, "weights": weights_fingerprint(gen.policy),
         "engine": gen.engine, **engine_opts, "temperature": gen.temperature,
         "top_p": gen.top_p, "top_k": gen.top_k, "seed": gen.seed, "max_turns": gen.max_turns,
         "max_turn_tokens": gen.max_turn_tokens, "max_response_tokens": gen.max_response_tokens,
-        "system_prompt": prompt, "text_search": gen.text_search,
+        "system_prompt": prompt, "tools_config": tools, "text_search": gen.text_search,
         "image_search": gen.image_search, "search_options": dict(sorted(gen.search_opts.items())),
         **stage})
 

@@ -14,7 +14,19 @@ Accuracy, as the paper scores it:
    image); any Yes scores 1. With `--judge exact` the answer scores 0.
 
 Format: `format_weight` when the trajectory ended with a non-empty answer (stop "answer") and
-made no invalid tool call (a tool segment with ok false, or stop "format_error").
+made no invalid tool call (a tool segment with ok false, or stop "format_error"). The same under
+both protocols: the release's format score (0.5, zeroed by a model-caused tool error) is this.
+
+`--protocol release` (`release_accuracy`) scores accuracy as the released code does
+(`release_scoring.py` lists where it differs from the above):
+1. The text scored is the last model segment's (the last assistant turn); a record without
+   model segments is scored as `<answer>final_answer</answer>`.
+2. Multiple choice (the row has `choices`): the release's letter extraction (A-D, from the
+   `<answer>` tag, a box, or the whole turn when there is no tag), compared with the gold
+   letters; no judge.
+3. Open answers: the last `<answer>` after the turn's last `</think>`/`</thinking>`; none
+   scores 0 without asking the judge. Else exact match (the release's normalisation), else the
+   judge (not with `--judge exact`), asked about that answer.
 
 Failures: a judge that gives no verdict after its retries leaves the row
 `{"status": "unscored", "error": ...}` with no `total`, never a silent 0.
@@ -51,6 +63,13 @@ from marscli.errors import BadInput, RuntimeFailure
 from marscli.jsonl import AtomicJsonl, get_field, iter_rows, read_rows, write_sidecar
 from marscli.judge import Judge, JudgeError, JudgeOptions, make_judge
 from marscli.protocol import last_answer
+from marscli.registry import Registry
+from marscli.release_scoring import (
+    compute_score_em_for_mcq,
+    em_check,
+    last_turn,
+    release_answer,
+)
 from marscli.secrets import redact
 
 LETTERS = "ABCDE"
@@ -179,17 +198,69 @@ def _validate(row: dict, src: str, line: int, judge: Judge) -> str | None:
     return str(path)
 
 
-def _score(row: dict, image: str | None, judge: Judge, format_weight: float) -> dict:
+# One signature: accuracy(row, image, judge) -> 0.0 or 1.0; raises JudgeError when the judge
+# gives no verdict.
+ACCURACY: Registry = Registry("--protocol")
+
+
+@ACCURACY.register("mars")
+def accuracy_mars(row: dict, image: str | None, judge: Judge) -> float:
+    """marscli's own scoring (the module docstring's points 1-4)."""
     gold, choices = row["answer_gt"], row.get("choices")
-    fmt = format_weight if format_ok(row) else 0.0
     answer = response_answer(row)
     acc = 0.0 if answer is None else score_answer(answer, gold, choices)
     if acc == 0.0 and answer and answer.strip() and not choices:
-        try:
-            acc = _ask_judge(judge, row.get("question", ""), gold, answer, image)
-        except JudgeError as e:
-            return {"status": "unscored", "error": redact(str(e)), "format": fmt,
-                    "judge": judge.name}
+        acc = _ask_judge(judge, row.get("question", ""), gold, answer, image)
+    return acc
+
+
+@ACCURACY.register("release")
+def accuracy_release(row: dict, image: str | None, judge: Judge) -> float:
+    """The released code's scoring, on the last model turn."""
+    acc, _ = release_accuracy(model_text(row), row["answer_gt"], bool(row.get("choices")),
+                              row.get("question", ""), image, judge)
+    return acc
+
+
+def model_text(traj: dict) -> str:
+    """The last assistant turn's text, what the release scores; a record with no model
+    segment (answers imported from elsewhere) as its final answer in the tag."""
+    models = [s for s in traj.get("segments") or [] if s.get("role") == "model"]
+    if models:
+        return models[-1].get("text") or ""
+    answer = traj.get("final_answer")
+    return f"<answer>{answer}</answer>" if isinstance(answer, str) else ""
+
+
+def release_accuracy(text: str, gold: list[str], multiple_choice: bool, question: str,
+                     image: str | None, judge: Judge,
+                     allow_no_tag: bool = False) -> tuple[float, str]:
+    """(accuracy, method) as the release scores `text`: `compute_score_em_for_mcq` for
+    multiple choice; else `llm_score` (EM, then the judge about the tagged answer, 0 unasked
+    when there is none). `allow_no_tag`: the release's inference evaluator, which shows the
+    judge the whole last turn (up to `<|im_end|>`) when it has no tag."""
+    if multiple_choice:
+        return compute_score_em_for_mcq(text, gold), "letter"
+    answer = release_answer(text)
+    if answer is None and allow_no_tag:
+        answer = last_turn(text).split("<|im_end|>")[0].strip()
+    if answer is None:
+        return 0.0, "no_answer"
+    if em_check(answer, gold):
+        return 1.0, "exact"
+    if not judge.remote:
+        return 0.0, "exact"
+    return _ask_judge(judge, question, gold, answer, image), "judge"
+
+
+def _score(row: dict, image: str | None, judge: Judge, format_weight: float,
+           protocol: str = "mars") -> dict:
+    fmt = format_weight if format_ok(row) else 0.0
+    try:
+        acc = ACCURACY.get(protocol)(row, image, judge)
+    except JudgeError as e:
+        return {"status": "unscored", "error": redact(str(e)), "format": fmt,
+                "judge": judge.name}
     return {"total": acc + fmt, "accuracy": acc, "format": fmt, "judge": judge.name}
 
 
@@ -210,17 +281,20 @@ def _ask_judge(judge: Judge, question: str, gold: list[str], answer: str,
 
 def run(rows: list[tuple[int, dict]], src: str, judge: Judge, format_weight: float = 0.5,
         max_unscored: float = 0.05, concurrency: int = 8,
-        known: dict[str, dict] | None = None) -> tuple[list[dict], dict]:
+        known: dict[str, dict] | None = None,
+        protocol: str = "mars") -> tuple[list[dict], dict]:
     """Score rows (validated first, so bad input costs no judge call). Returns the rows with
     `reward` and the stage statistics; `stats["over_unscored"]` is true when more than
     `max_unscored` of them are unscored (the caller decides what to write). `known`: rewards
     by `row_key`, from an earlier run's partial file, taken instead of scoring again."""
+    ACCURACY.get(protocol)  # an unknown name fails before any row is read
     images = [_validate(row, src, line, judge) for line, row in rows]
     known = known or {}
-    keys = [row_key(row, judge.config(), format_weight) for _, row in rows]
+    keys = [row_key(row, judge.config(), format_weight, protocol) for _, row in rows]
 
     def one(i: int) -> dict:
-        return known.get(keys[i]) or _score(rows[i][1], images[i], judge, format_weight)
+        return known.get(keys[i]) or _score(rows[i][1], images[i], judge, format_weight,
+                                            protocol)
 
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         rewards = list(pool.map(one, range(len(rows))))
@@ -228,7 +302,7 @@ def run(rows: list[tuple[int, dict]], src: str, judge: Judge, format_weight: flo
     scored = [r for r in rewards if "total" in r]
     unscored = len(rewards) - len(scored)
     stats = {
-        "rows": len(rows), "reused": sum(k in known for k in keys),
+        "protocol": protocol, "rows": len(rows), "reused": sum(k in known for k in keys),
         "accuracy_mean": _mean(scored, "accuracy"),
         "format_mean": _mean(scored, "format"), "total_mean": _mean(scored, "total"),
         "judge_calls": judge.stats.calls,
@@ -250,13 +324,13 @@ def _mean(rewards: list[dict], key: str) -> float | None:
 _VERDICT_CONFIG = ("judge", "url", "prompt_version", "max_tokens")  # not timeouts or retries
 
 
-def row_key(row: dict, judge_config: dict, format_weight: float) -> str:
+def row_key(row: dict, judge_config: dict, format_weight: float, protocol: str = "mars") -> str:
     """What a reward depends on: the row (less any old reward), the judge (not how patiently
-    it is asked: a re-run with a longer --judge-timeout reuses the rewards) and the format
-    weight."""
+    it is asked: a re-run with a longer --judge-timeout reuses the rewards), the format
+    weight and the scoring protocol."""
     body = {k: v for k, v in row.items() if k != "reward"}
     judge = {k: judge_config.get(k) for k in _VERDICT_CONFIG}
-    blob = orjson.dumps([judge, format_weight, body],
+    blob = orjson.dumps([judge, format_weight, protocol, body],
                         option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY)
     return hashlib.sha256(blob).hexdigest()
 
@@ -275,11 +349,12 @@ def load_partial(output: str) -> dict[str, dict]:
 
 
 def save_partial(output: str, rows: list[dict], judge_config: dict,
-                 format_weight: float) -> int:
+                 format_weight: float, protocol: str = "mars") -> int:
     """Keep the scored rows' rewards for the re-run; return how many."""
     if output == "-":
         return 0
-    kept = [{"v": 1, "id": r.get("id"), "key": row_key(r, judge_config, format_weight),
+    kept = [{"v": 1, "id": r.get("id"),
+             "key": row_key(r, judge_config, format_weight, protocol),
              "reward": r["reward"]} for r in rows if "total" in r["reward"]]
     if not kept:
         partial_path(output).unlink(missing_ok=True)
@@ -292,7 +367,7 @@ def save_partial(output: str, rows: list[dict], judge_config: dict,
 def main(input: str, output: str = "-", judge_spec: str = "exact", format_weight: float = 0.5,
          max_unscored: float = 0.05, judge_timeout: float = 60.0, judge_retries: int = 2,
          judge_concurrency: int = 8, judge_cache: str | None = None,
-         judge_backoff: float = 1.0) -> dict[str, Any]:
+         judge_backoff: float = 1.0, protocol: str = "mars") -> dict[str, Any]:
     """`marscli reward`: read, score, write all-or-nothing, write the sidecar. When too many
     rows are unscored: keep the scored ones in `OUT.partial`, write nothing else, and raise
     RuntimeFailure (exit 1)."""
@@ -300,16 +375,17 @@ def main(input: str, output: str = "-", judge_spec: str = "exact", format_weight
     opts = JudgeOptions(timeout_s=judge_timeout, attempts=judge_retries + 1,
                         concurrency=judge_concurrency, cache_path=judge_cache,
                         backoff_s=judge_backoff)
+    ACCURACY.get(protocol)  # a bad name fails before the judge or the input is touched
     judge = make_judge(judge_spec, opts)  # a bad spec fails before the input is read
     try:
         rows = read_rows(input)
         out, stats = run(rows, input, judge, format_weight, max_unscored, judge_concurrency,
-                         known=load_partial(output))
+                         known=load_partial(output), protocol=protocol)
     finally:
         judge.close()
     _summary(stats)
     if stats["over_unscored"]:
-        kept = save_partial(output, out, judge.config(), format_weight)
+        kept = save_partial(output, out, judge.config(), format_weight, protocol)
         where = f"; the {kept} scored rows are kept in {partial_path(output)}" if kept else ""
         raise RuntimeFailure(
             f"{stats['unscored']} of {stats['rows']} rows unscored (over {max_unscored:.0%}), "
@@ -317,7 +393,8 @@ def main(input: str, output: str = "-", judge_spec: str = "exact", format_weight
             f"{where}; fix the judge and re-run (scored rows and cached verdicts are reused)")
     with AtomicJsonl(output) as w:
         w.write_all(out)
-    config = {**judge.config(), "format_weight": format_weight, "max_unscored": max_unscored}
+    config = {**judge.config(), "protocol": protocol, "format_weight": format_weight,
+              "max_unscored": max_unscored}
     write_sidecar(output, stage="reward", config=config, inputs=[input], stats=stats,
                   started=started)
     if output != "-":
@@ -330,6 +407,7 @@ def _summary(stats: dict) -> None:
     scores = (f"accuracy {stats['accuracy_mean']}, format {stats['format_mean']}"
               if stats["rows"] > stats["unscored"] else "no row scored")
     reused = f", {stats['reused']} from the partial file" if stats["reused"] else ""
-    print(f"reward: {stats['rows']} rows, {scores}, judge calls {stats['judge_calls']} "
+    print(f"reward: {stats['rows']} rows ({stats['protocol']} protocol), {scores}, "
+          f"judge calls {stats['judge_calls']} "
           f"(cache hits {stats['cache_hits']}{reused}), unscored {stats['unscored']}",
           file=sys.stderr)

@@ -23,6 +23,20 @@ How it departs from a released Qwen3-VL checkpoint, and why:
    `TINY_MIN_PIXELS` (64 tokens); patch 16, merge 2, temporal patch 2 as in Qwen3-VL.
 5. Text RoPE keeps Qwen3-VL's interleaved M-RoPE with `mrope_section` [8, 12, 12] (sums to
    head_dim / 2 = 32); head_dim stays 64 because vLLM's CPU attention refuses smaller heads.
+
+`--vocab qwen` (`VOCABS`) builds the same model on the real Qwen vocabulary instead of 1-3:
+- The tokenizer is `qwen_vocab.qwen_tokenizer` (Qwen2/2.5/3's 151,643 BPE ranks and Qwen3-VL's
+  added tokens at their real ids: "Hello world" is [9707, 1879], `<|im_start|>` 151,644) and the
+  chat template `chat_template.QWEN3_VL_TEMPLATE` (renders as Qwen3-VL-Instruct's, `tools=`
+  included), on the tokenizer and the processor. `--text` is refused: the vocabulary is fixed.
+- `vocab_size` is `QWEN_VOCAB_SIZE` (151,936) as in Qwen3-VL's checkpoints: the 267 rows past
+  the tokenizer's 151,669 tokens are embeddings no token names. The special ids in the config
+  (image, video, vision start and end, pad, eos) are looked up by token string.
+- The embedding dominates: the default size is then `micro` (text hidden 64, one attention
+  head of 64), about 10 M parameters, nearly all of them the tied embedding; the full-vocab
+  logits are most of a forward's cost.
+- `<thinking>`, `<answer>` and their closers are several BPE tokens each, as for the released
+  models; `<think>`, `<tool_call>`, `<tool_response>` and their closers are single added tokens.
 """
 
 from __future__ import annotations
@@ -122,6 +136,13 @@ SIZES: dict[str, dict] = {
         "text": {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4,
                  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64},
         "vision": {"depth": 2, "hidden_size": 128, "intermediate_size": 256, "num_heads": 4,
+                   "num_position_embeddings": 256, "deepstack_visual_indexes": [0, 1]},
+    },
+    # the real vocabulary's default: its embedding is most of the model
+    "micro": {
+        "text": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                 "num_attention_heads": 1, "num_key_value_heads": 1, "head_dim": 64},
+        "vision": {"depth": 2, "hidden_size": 64, "intermediate_size": 128, "num_heads": 4,
                    "num_position_embeddings": 256, "deepstack_visual_indexes": [0, 1]},
     },
 }
@@ -411,7 +432,7 @@ def make_tokenizer(texts: Iterable[str] = ()):
 
 
 def make_processor(tokenizer, min_pixels: int = TINY_MIN_PIXELS,
-                   max_pixels: int = TINY_MAX_PIXELS):
+                   max_pixels: int = TINY_MAX_PIXELS, chat_template: str = CHAT_TEMPLATE):
     """`Qwen3VLProcessor` with Qwen3-VL's patching and the tiny pixel budget."""
     from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
 
@@ -423,14 +444,15 @@ def make_processor(tokenizer, min_pixels: int = TINY_MIN_PIXELS,
     video_processor = Qwen3VLVideoProcessor(
         size={"shortest_edge": min_pixels, "longest_edge": 4 * max_pixels}, **common)
     return Qwen3VLProcessor(image_processor=image_processor, tokenizer=tokenizer,
-                            video_processor=video_processor, chat_template=CHAT_TEMPLATE)
+                            video_processor=video_processor, chat_template=chat_template)
 
 
 # ------------------------------------------------------------------------------------- model
 
 
-def make_config(tokenizer, size: str = "tiny"):
-    """`Qwen3VLConfig` of the given size, with token ids taken from `tokenizer`."""
+def make_config(tokenizer, size: str = "tiny", vocab_size: int | None = None):
+    """`Qwen3VLConfig` of the given size, with token ids looked up in `tokenizer` by string;
+    `vocab_size` defaults to the tokenizer's length (the real vocabulary pads it)."""
     from transformers import Qwen3VLConfig
 
     if size not in SIZES:
@@ -438,7 +460,7 @@ def make_config(tokenizer, size: str = "tiny"):
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     text = dict(
         SIZES[size]["text"],
-        vocab_size=len(tokenizer),
+        vocab_size=vocab_size or len(tokenizer),
         max_position_embeddings=MODEL_MAX_LENGTH,
         rope_parameters={"rope_type": "default", "rope_theta": 5_000_000.0,
                          "mrope_section": [8, 12, 12], "mrope_interleaved": True},
@@ -465,16 +487,47 @@ def make_config(tokenizer, size: str = "tiny"):
     )
 
 
+def qwen_parts() -> tuple[object, str, int]:
+    """The real vocabulary: Qwen's tokenizer (a private copy: the shared one stays untouched),
+    the Qwen3-VL chat template, and the padded vocabulary size."""
+    import copy
+
+    from marscli.chat_template import QWEN3_VL_TEMPLATE
+    from marscli.qwen_vocab import QWEN_VOCAB_SIZE, qwen_tokenizer
+
+    return copy.deepcopy(qwen_tokenizer(QWEN3_VL_TEMPLATE)), QWEN3_VL_TEMPLATE, QWEN_VOCAB_SIZE
+
+
+VOCABS = ("tiny", "qwen")
+DEFAULT_SIZE = {"tiny": "tiny", "qwen": "micro"}
+
+
+def _tokenizer_parts(vocab: str, texts: list[str]) -> tuple[object, str, int | None]:
+    """(tokenizer, chat template, vocab_size or None for the tokenizer's length)."""
+    if vocab not in VOCABS:
+        raise BadInput(f"--vocab: unknown vocabulary {vocab!r} — choose one of: "
+                       f"{', '.join(VOCABS)}")
+    if vocab == "tiny":
+        return make_tokenizer(texts), CHAT_TEMPLATE, None
+    if texts:
+        raise BadInput("--text: the real Qwen vocabulary is fixed, nothing is trained — drop "
+                       "--text, or use --vocab tiny")
+    return qwen_parts()
+
+
 def build_tiny_model(out: str | Path, seed: int = 0, texts: Iterable[str] = (),
-                     size: str = "tiny", force: bool = False, min_pixels: int = TINY_MIN_PIXELS,
-                     max_pixels: int = TINY_MAX_PIXELS) -> Path:
+                     size: str | None = None, force: bool = False,
+                     min_pixels: int = TINY_MIN_PIXELS, max_pixels: int = TINY_MAX_PIXELS,
+                     vocab: str = "tiny") -> Path:
     """Write a random Qwen3-VL checkpoint (model, tokenizer, processor) to folder `out`.
 
-    `texts` are training texts for the tokenizer (strings, not paths: see `read_texts`). The
-    folder is built as `OUT.tmp-PID` and renamed onto `out`; an existing non-empty `out` is
-    refused unless `force`. Same seed and texts, same bytes in every file.
+    `texts` are training texts for the tokenizer (strings, not paths: see `read_texts`); `vocab`
+    "qwen" takes the real vocabulary instead (no texts), and `size` defaults per vocabulary
+    (`DEFAULT_SIZE`). The folder is built as `OUT.tmp-PID` and renamed onto `out`; an existing
+    non-empty `out` is refused unless `force`. Same seed and texts, same bytes in every file.
     """
     out = Path(out)
+    size = size or DEFAULT_SIZE.get(vocab, "tiny")
     if size not in SIZES:
         raise BadInput(f"--size: unknown size {size!r} — choose one of: {', '.join(SIZES)}")
     if out.exists() and not out.is_dir():
@@ -487,12 +540,12 @@ def build_tiny_model(out: str | Path, seed: int = 0, texts: Iterable[str] = (),
     from transformers import GenerationConfig, Qwen3VLForConditionalGeneration
     from transformers.utils import logging as hf_logging
 
-    tokenizer = make_tokenizer(texts)
     if not 1024 <= min_pixels <= max_pixels:
         raise BadInput(f"--min-pixels/--max-pixels: need 1024 <= min ({min_pixels}) <= max "
                        f"({max_pixels})")
-    processor = make_processor(tokenizer, min_pixels, max_pixels)
-    config = make_config(tokenizer, size)
+    tokenizer, template, vocab_size = _tokenizer_parts(vocab, texts)
+    processor = make_processor(tokenizer, min_pixels, max_pixels, template)
+    config = make_config(tokenizer, size, vocab_size)
     with torch.random.fork_rng(devices=[]):  # leave the caller's RNG state alone
         torch.manual_seed(seed)
         model = Qwen3VLForConditionalGeneration(config).to(torch.float32).eval()
@@ -515,9 +568,9 @@ def build_tiny_model(out: str | Path, seed: int = 0, texts: Iterable[str] = (),
     return out
 
 
-def main(out: str, seed: int = 0, text_files: Iterable[str] = (), size: str = "tiny",
+def main(out: str, seed: int = 0, text_files: Iterable[str] = (), size: str | None = None,
          force: bool = False, min_pixels: int = TINY_MIN_PIXELS,
-         max_pixels: int = TINY_MAX_PIXELS) -> Path:
+         max_pixels: int = TINY_MAX_PIXELS, vocab: str = "tiny") -> Path:
     """`marscli tiny-model`: build, write `OUT.meta.json` beside the folder, report on stderr."""
     import sys
     import time
@@ -526,18 +579,23 @@ def main(out: str, seed: int = 0, text_files: Iterable[str] = (), size: str = "t
 
     started = time.time()
     text_files = list(text_files)
+    if vocab not in VOCABS:  # before any file is read
+        raise BadInput(f"--vocab: unknown vocabulary {vocab!r} — choose one of: "
+                       f"{', '.join(VOCABS)}")
+    size = size or DEFAULT_SIZE[vocab]
     path = build_tiny_model(out, seed=seed, texts=read_texts(text_files), size=size, force=force,
-                            min_pixels=min_pixels, max_pixels=max_pixels)
+                            min_pixels=min_pixels, max_pixels=max_pixels, vocab=vocab)
     n_params = count_parameters(path)
     with open(path / "config.json") as fh:
-        vocab = json.load(fh)["text_config"]["vocab_size"]
+        vocab_size = json.load(fh)["text_config"]["vocab_size"]
     mb = sum(f.stat().st_size for f in path.iterdir()) / 1e6
     write_sidecar(str(path), stage="tiny-model", seed=seed,
-                  config={"size": size, "text_files": text_files,
+                  config={"size": size, "vocab": vocab, "text_files": text_files,
                           "min_pixels": min_pixels, "max_pixels": max_pixels},
-                  inputs=text_files, stats={"parameters": n_params, "vocab_size": vocab, "mb": mb},
+                  inputs=text_files,
+                  stats={"parameters": n_params, "vocab_size": vocab_size, "mb": mb},
                   started=started)
-    print(f"{path}: {size} Qwen3-VL, {n_params:,} parameters, vocab {vocab}, {mb:.1f} MB, "
+    print(f"{path}: {size} Qwen3-VL, {n_params:,} parameters, vocab {vocab_size}, {mb:.1f} MB, "
           f"{time.time() - started:.1f} s", file=sys.stderr)
     return path
 

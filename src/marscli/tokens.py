@@ -2,9 +2,13 @@
 update/sft (rebuilding the training batch from a trajectory's segments).
 
 The layout is the chat template's, byte for byte: `<|im_start|>{role}\\n{content}<|im_end|>\\n`,
-images as `<|vision_start|><|image_pad|>*n<|vision_end|>`. Every piece boundary falls on a
-special token, so encoding the pieces separately gives exactly the ids of encoding the whole
-rendered conversation: the test in tests/test_tokens.py checks that against the processor.
+images as `<|vision_start|><|image_pad|>*n<|vision_end|>`. `encode_parts` encodes the text
+between two images in one piece, so every boundary falls on a special token and the pieces give
+exactly the ids of encoding the whole rendered conversation (checked against the processor on
+the tiny and the real Qwen vocabulary in tests/test_agent.py and tests/test_template_render.py).
+A model segment is kept as the engine generated it; segments start and end at special tokens
+(or the `\\n` after `<|im_end|>`, which is followed by `<|im_start|>`), so they concatenate
+without re-tokenising across a boundary.
 
 Image placeholders are stored compactly: a negative id -n stands for n `<|image_pad|>` tokens.
 
@@ -46,13 +50,21 @@ def special_ids(tokenizer: Any) -> SpecialIds:
 
 
 def encode_parts(tokenizer: Any, ids: SpecialIds, parts: Sequence[str | int]) -> list[int]:
-    """Encode text pieces and images (an int n: an image of n placeholder tokens), compact."""
+    """Encode text pieces and images (an int n: an image of n placeholder tokens), compact.
+    Adjacent text pieces are encoded together: `<tool_response>\n` and a response that starts
+    with whitespace are one token on Qwen's vocabulary (`\n  \n`), as in the whole text."""
     out: list[int] = []
+    text = ""
     for p in parts:
         if isinstance(p, int):
+            if text:
+                out += tokenizer.encode(text, add_special_tokens=False)
+            text = ""
             out += [ids.vision_start, -p, ids.vision_end]
-        elif p:
-            out += tokenizer.encode(p, add_special_tokens=False)
+        else:
+            text += p
+    if text:
+        out += tokenizer.encode(text, add_special_tokens=False)
     return out
 
 

@@ -17,7 +17,8 @@ paper you cite.
 - MME-RealWorld: which release / subset the paper used, and how many items, is not stated
   in what was read: its item count is None.
 - The search benchmarks are scored by the release's protocol (exact match, then a GPT-4o
-  judge; letters for multiple choice): compare them with `--protocol mars`.
+  judge; letters for multiple choice): compare them with `--protocol release` (the release's
+  scoring as its code has it; recipes/eval-release.mk has its other settings) or `mars`.
 """
 
 from __future__ import annotations

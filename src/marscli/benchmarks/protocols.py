@@ -4,7 +4,8 @@ One signature per protocol: `score(rec, ctx) -> dict` (the record's `score` fiel
 `aggregate(bench, items) -> dict` (the summary's number for a set of items). An item is one
 question; its accuracy is the mean over its scored samples (K with `--samples K`).
 
-`mars` — what the release's evaluation does:
+`mars` — marscli's own reading of the release's evaluation (`release` below is the release's
+exact scoring):
 1. The answer is the record's final `<answer>`. No answer (the trajectory hit a limit, or the
    model replied without the tag): 0, no judge asked. (The release falls back to the whole
    reply; marscli counts an untagged reply as no answer, which can only lower a score.)
@@ -33,6 +34,22 @@ question; its accuracy is the mean over its scored samples (K with `--samples K`
   an exact match (SQuAD normalisation) with one of `answer_eval`; no judge. The benchmark
   score is the harmonic mean of the accuracies of the unseen_question and unseen_entity
   splits (`data_split`); without split labels, the plain mean, with a note.
+
+`release` — the released code's validation scoring (`eval_single_node.sh`, verl's
+`reward_score/tool.py`: `em_score_mcq` for V* and HR-Bench, `llm_score` for the search
+benchmarks), by `rewards.release_accuracy` on the last model turn's text:
+1. Multiple choice (`choices`, or V*, HR-Bench, MME-RealWorld): the release's letter
+   extraction, A-D only (an E of MME-RealWorld scores 0), from the last turn's `<answer>`, its
+   box, or the whole turn when it has neither; no option texts; no judge.
+2. Open questions: the last `<answer>` after the last `</think>`/`</thinking>`; none scores 0
+   and the judge is not asked. Else exact match (the release's normalisation), else the judge
+   (`--judge`; the release asks gpt-4o-2024-11-20), once per gold answer until a Yes. A judge
+   that gives no verdict leaves the record unscored, as under `mars` (the release stops).
+3. Items add up as a plain mean, every benchmark (the release reports no F1, rotations or
+   split means).
+`release-inference` — the same, as the release's later `inference/eval.py` scores: an open
+answer without a tag is the whole last turn (up to `<|im_end|>`), shown to the judge.
+Under both, the judge's prompt is marscli's own (`judge.py`), not the release's 13 principles.
 """
 
 from __future__ import annotations
@@ -46,7 +63,14 @@ from pathlib import Path
 from marscli.benchmarks import benchmark_info
 from marscli.judge import Judge, JudgeError
 from marscli.registry import Registry
-from marscli.rewards import extract_choice, normalize, response_answer, score_answer
+from marscli.rewards import (
+    extract_choice,
+    model_text,
+    normalize,
+    release_accuracy,
+    response_answer,
+    score_answer,
+)
 from marscli.secrets import redact
 
 
@@ -58,6 +82,7 @@ class ScoreContext:
 
 class Protocol:
     name = ""
+    about = ""  # one line, printed under the summary: which scoring produced the numbers
 
     def score(self, rec: dict, ctx: ScoreContext) -> dict:
         raise NotImplementedError
@@ -203,6 +228,21 @@ def score_mars(rec: dict, ctx: ScoreContext) -> dict:
     return {"accuracy": 0.0, "method": "judge", "judge": ctx.judge.name}
 
 
+def score_release(rec: dict, ctx: ScoreContext, allow_no_tag: bool = False) -> dict:
+    """A record as the release's evaluators score it (the `release` protocol's points 1-2)."""
+    if rec.get("stop") == "engine_error":
+        return {"status": "unscored", "error": f"engine_error: {rec.get('error') or 'unknown'}"}
+    mcq = bool(rec.get("choices")) or benchmark_info(rec.get("benchmark")).multiple_choice
+    try:
+        acc, method = release_accuracy(model_text(rec), _gold(rec), mcq,
+                                       rec.get("question", ""), _judge_image(rec, ctx.base),
+                                       ctx.judge, allow_no_tag=allow_no_tag)
+    except JudgeError as e:
+        return {"status": "unscored", "error": redact(str(e)), "judge": ctx.judge.name}
+    asked = method == "judge" or (method == "exact" and acc == 0.0)
+    return {"accuracy": acc, "method": method, **({"judge": ctx.judge.name} if asked else {})}
+
+
 def _infoseek_range(rec: dict) -> float | list[float] | None:
     """The gold range of a numerical InfoSeek question, or None when it is not numerical."""
     qtype = str(rec.get("question_type") or "").lower()
@@ -300,6 +340,8 @@ def split_harmonic_mean(items: list[dict]) -> dict:
 @PROTOCOLS.register("mars")
 class MarsProtocol(Protocol):
     name = "mars"
+    about = ("marscli's scoring: the tagged answer; letters A-D (A-E for MME-RealWorld) or an "
+             "option's text; exact match, then the judge")
 
     def score(self, rec: dict, ctx: ScoreContext) -> dict:
         return {"protocol": self.name, **score_mars(rec, ctx)}
@@ -311,6 +353,8 @@ class MarsProtocol(Protocol):
 @PROTOCOLS.register("official")
 class OfficialProtocol(Protocol):
     name = "official"
+    about = ("each benchmark's own: MMSearch token F1, HR-Bench rotations, InfoSeek ranges and "
+             "split harmonic mean; mars elsewhere")
 
     def score(self, rec: dict, ctx: ScoreContext) -> dict:
         kind = benchmark_info(rec.get("benchmark")).official
@@ -330,10 +374,36 @@ class OfficialProtocol(Protocol):
         return out
 
 
+@PROTOCOLS.register("release")
+class ReleaseProtocol(Protocol):
+    name = "release"
+    about = ("the release's validation scoring (eval_single_node.sh, verl tool.py): letters A-D "
+             "from the last turn; open answers need the tag, then exact match, then the judge")
+
+    def score(self, rec: dict, ctx: ScoreContext) -> dict:
+        return {"protocol": self.name, **score_release(rec, ctx)}
+
+    def aggregate(self, bench: str, items: list[dict]) -> dict:
+        return plain_mean(items)
+
+
+@PROTOCOLS.register("release-inference")
+class ReleaseInferenceProtocol(Protocol):
+    name = "release-inference"
+    about = ("the release's inference/eval.py scoring: as release, but an untagged open answer "
+             "is the whole last turn, shown to the judge")
+
+    def score(self, rec: dict, ctx: ScoreContext) -> dict:
+        return {"protocol": self.name, **score_release(rec, ctx, allow_no_tag=True)}
+
+    def aggregate(self, bench: str, items: list[dict]) -> dict:
+        return plain_mean(items)
+
+
 def protocol_names() -> list[str]:
     return PROTOCOLS.names()
 
 
 __all__ = ["PROTOCOLS", "Protocol", "ScoreContext", "best_f1", "harmonic_mean",
            "in_numeric_range", "make_protocol", "parse_numeric", "protocol_names",
-           "score_choice", "squad_normalize", "token_f1"]
+           "score_choice", "score_release", "squad_normalize", "token_f1"]

@@ -22,6 +22,7 @@ from marscli.errors import BadInput, MarsError
 from marscli.images import open_image
 from marscli.jsonl import get_field, iter_rows
 from marscli.search import IMAGE_BACKENDS, ImageHit, NoInput, SearchOptions, need_arg
+from marscli.search.dbfile import new_database
 
 FORMAT = "marscli-image-index-1"
 IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
@@ -97,21 +98,14 @@ def build_image_index(src: str, out: str | Path, *, progress: bool = True) -> in
             bar.advance(task)
     if not rows:
         raise BadInput(f"{src}: no images found (looked for {', '.join(sorted(IMAGE_EXTS))})")
-    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-    tmp.unlink(missing_ok=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with sqlite3.connect(tmp) as db:
-            db.execute("CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT)")
-            db.execute("CREATE TABLE images(phash INTEGER, dhash INTEGER, title TEXT, path TEXT)")
-            db.executemany("INSERT INTO images VALUES (?,?,?,?)", rows)
-            db.executemany("INSERT INTO meta VALUES (?,?)", [("format", FORMAT),
-                                                            ("rows", str(len(rows)))])
-        db.close()
-        os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with new_database(out) as db:
+        db.execute("BEGIN")
+        db.execute("CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT)")
+        db.execute("CREATE TABLE images(phash INTEGER, dhash INTEGER, title TEXT, path TEXT)")
+        db.executemany("INSERT INTO images VALUES (?,?,?,?)", rows)
+        db.executemany("INSERT INTO meta VALUES (?,?)", [("format", FORMAT),
+                                                        ("rows", str(len(rows)))])
+        db.execute("COMMIT")
     return len(rows)
 
 

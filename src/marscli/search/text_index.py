@@ -13,15 +13,15 @@ other words: on a Wikipedia-sized index, "the" alone would make every query scan
 
 from __future__ import annotations
 
-import os
 import re
 import sqlite3
 import threading
 from pathlib import Path
 
 from marscli.errors import BadInput
-from marscli.jsonl import get_field, iter_rows, remove_stale_tmp
+from marscli.jsonl import get_field, iter_rows
 from marscli.search import TEXT_BACKENDS, Hit, SearchOptions, need_arg
+from marscli.search.dbfile import new_database
 
 FORMAT = "marscli-text-index-1"
 BATCH = 2000
@@ -56,16 +56,10 @@ def build_text_index(corpus: str, out: str | Path, *, progress: bool = True) -> 
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     out = Path(out)
-    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp.unlink(missing_ok=True)
-    remove_stale_tmp(out)  # what a killed run left
     console = Console(stderr=True)
     n = 0
-    db: sqlite3.Connection | None = None
-    try:
-        db = sqlite3.connect(tmp, isolation_level=None)
-        # A fresh file we rename at the end: no journal needed; a crash leaves only the tmp.
+    with new_database(out) as db:
+        # A fresh file renamed at the end: no journal needed; a crash leaves only the tmp.
         db.execute("PRAGMA journal_mode=OFF")
         db.execute("PRAGMA synchronous=OFF")
         db.execute("CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT)")
@@ -92,13 +86,6 @@ def build_text_index(corpus: str, out: str | Path, *, progress: bool = True) -> 
         db.executemany("INSERT INTO meta VALUES (?,?)", [("format", FORMAT), ("rows", str(n))])
         db.execute("COMMIT")
         db.execute("INSERT INTO docs(docs) VALUES ('optimize')")  # merge b-trees: faster queries
-        db.close()
-        os.replace(tmp, out)
-    except BaseException:
-        if db is not None:
-            db.close()
-        tmp.unlink(missing_ok=True)
-        raise
     return n
 
 
