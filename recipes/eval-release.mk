@@ -54,10 +54,8 @@
 # search cache (IMAGE_SEARCH=data); TEXT_SEARCH a variable: retriever:URL for verl's local
 # retrieval (a Search-R1 server over the release's Wikipedia dump), serper for inference (set
 # SERPER_API_KEY). The numbers printed beside ours (MARS-8B, MARS-32B) are the paper's.
-# Departures, each because marscli has no option for it today:
-#  1. No presence penalty: both evaluators sample with presence_penalty=1.5; marscli's rollout,
-#     eval and ask have no such option, so repetition goes unpenalised (likely more looping on
-#     long 10-turn trajectories).
+# Departures (1 is a stand-in; 2-6 because marscli has no option for them today):
+#  1. The presence penalty 1.5 is vLLM's (or the openai server's), standing for SGLang's.
 #  2. The judge's prompt is marscli's own (judge.py), not the release's 13 principles; the model
 #     and the asking (EM first, then one gold answer at a time, any Yes) are the release's.
 #  3. Tool responses are truncated at 8,192 characters, not tokens (verl); the inference
@@ -81,13 +79,13 @@ IMAGE_SEARCH ?= data
 ifeq ($(EVALUATOR),inference)
 TEXT_SEARCH ?= serper
 EVAL_PROTOCOL ?= release-inference
-EVAL_SAMPLING ?= --samples 1 --temperature 0.7 --top-p 0.8 --top-k 20 --max-turns 50 \
+EVAL_SAMPLING ?= --samples 1 --temperature 0.7 --top-p 0.8 --top-k 20 --presence-penalty 1.5 --max-turns 50 \
   --max-turn-tokens 4096 --max-response-tokens 204800
 EVAL_JUDGE_OPTS ?= --judge-timeout 300 --judge-retries 5 --judge-concurrency 64
 else ifeq ($(EVALUATOR),verl)
 TEXT_SEARCH ?= retriever:http://127.0.0.1:8000/retrieve
 EVAL_PROTOCOL ?= release
-EVAL_SAMPLING ?= --samples 1 --temperature 1.0 --top-p 1.0 --top-k 20 --max-turns 10 \
+EVAL_SAMPLING ?= --samples 1 --temperature 1.0 --top-p 1.0 --top-k 20 --presence-penalty 1.5 --max-turns 10 \
   --max-turn-tokens 16384 --max-response-tokens 16384
 EVAL_JUDGE_OPTS ?= --judge-timeout 300 --judge-concurrency 2
 else

@@ -45,8 +45,8 @@
 #   iterations    ITERS=300: the maintainers trained ~300 steps and released the best
 #                 validated step, near 150                                          [maintainers]
 # Departures, each because marscli has no option for it today:
-#  1. No presence penalty (the release samples with presence_penalty=1.5, in training and in
-#     evaluation): `rollout` and `eval` have no such option.
+#  1. Sampling: vLLM's presence penalty 1.5 (PRESENCE_PENALTY) stands for SGLang's; the two
+#     samplers differ in their kernels, so the same seed gives other tokens.
 #  2. Tool responses are truncated at 8,192 characters (marscli's agent, fixed); the release
 #     truncates at 8,192 tokens (max_tool_response_length, right side).
 #  3. No prompt limit: the release refuses prompts over 16,384 tokens (data.truncation=error);
@@ -92,8 +92,10 @@ include recipes/_gpu.mk
 PROMPTS_PER_ITER ?= 128
 N ?= 8
 MAX_TURNS ?= 10
+PRESENCE_PENALTY ?= 1.5  # the release's sampling, in training and evaluation  [release]
 ROLLOUT_OPTS ?= -n $(N) --engine $(ENGINE) --device $(DEVICE) --tensor-parallel $(TP) \
-  --temperature 1.0 --top-p 1.0 --top-k 0 --max-turns $(MAX_TURNS) \
+  --temperature 1.0 --top-p 1.0 --top-k 0 --presence-penalty $(PRESENCE_PENALTY) \
+  --max-turns $(MAX_TURNS) \
   --max-response-tokens 16384 --max-turn-tokens 16384 $(AGENT_OPTS)
 REWARD_OPTS ?= --judge $(JUDGE) --protocol release --format-weight 0.5 --max-unscored 0.05 \
   --judge-timeout 300 --judge-concurrency 4

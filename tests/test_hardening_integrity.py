@@ -434,3 +434,14 @@ def test_engines_that_do_not_stream_send_no_text_events(processor, tmp_path):
     rec, _ = _ask_once(None, tmp_path, listener, ScriptedEngine(processor, ZOOM_THEN_ANSWER))
     kinds = [k for k, _, _ in listener.events]
     assert "text" not in kinds and kinds.count("model") == rec["turns"] == 2
+
+
+def test_padding_rows_past_the_tokenizer_are_never_sampled():
+    """Qwen3-VL pads 151,669 token names to 151,936 embedding rows: the engines ban the rest
+    (with the vision placeholders), and a vocabulary without padding bans placeholders only."""
+    from marscli.tokens import SpecialIds, never_sampled
+
+    ids = SpecialIds(im_start=1, im_end=2, pad=0, image_pad=5, video_pad=6, vision_start=3,
+                     vision_end=4)
+    assert never_sampled(ids, 151_669, 151_936) == [5, 6, 3, 4, *range(151_669, 151_936)]
+    assert never_sampled(ids, 100, 100) == never_sampled(ids, 100, None) == [5, 6, 3, 4]

@@ -118,6 +118,7 @@ def test_messages_images_retries(server, tmp_path):
     assert base64.b64decode(urls[1].split(",", 1)[1]) in {
         (out.parent / im["path"]).read_bytes() for r in recs for im in r["images"][1:]}
     assert last["model"] == "teacher" and last["max_tokens"] == 77 and last["temperature"] == 1.0
+    assert "presence_penalty" not in last  # sent only when set (test_presence_penalty_...)
     seeds = {(b["messages"][1]["content"][1]["text"], b["seed"]) for b in bodies}
     assert len(seeds) == 12  # 3 prompts x 2 samples x 2 turns, all different
     assert rec["messages"][3]["content"][1] == {"type": "image", "image": 1}
@@ -200,6 +201,22 @@ def test_options_are_checked(tmp_path):
     with pytest.raises(BadInput, match="--policy: not used by --engine openai"):
         run_rollout(str(prompts), str(out), engine="openai", policy="x",
                     engine_opts={"base_url": "http://127.0.0.1:9/v1", "model": "m"})
+    assert not out.exists()
+
+
+def test_presence_penalty_reaches_the_server_and_is_refused_where_no_engine_has_it(
+        server, tmp_path):
+    prompts = write_prompts(tmp_path, ["What colour? plain"])
+    run_rollout(str(prompts), str(tmp_path / "t.jsonl"), engine="openai", n=1,
+                presence_penalty=1.5, engine_opts=opts(server), progress=False)
+    assert {r["body"]["presence_penalty"] for r in server.log} == {1.5}
+    out = tmp_path / "hf.jsonl"
+    with pytest.raises(BadInput, match=r"--presence-penalty: the hf engine has none — use "
+                                       r"--engine (openai or vllm|vllm or openai)"):
+        run_rollout(str(prompts), str(out), policy="x", presence_penalty=1.5)
+    with pytest.raises(BadInput, match=r"--presence-penalty: 3\.0 is out of range"):
+        run_rollout(str(prompts), str(out), engine="openai", presence_penalty=3.0,
+                    engine_opts=opts(server))
     assert not out.exists()
 
 

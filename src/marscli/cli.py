@@ -177,6 +177,7 @@ def ask(
     crops_dir: Annotated[str | None, typer.Option(
         help="Where crops are saved (default: a new temp folder).")] = None,
     system_prompt: opt.SystemPrompt = None,
+    tools_config: opt.ToolsConfig = None,
     text_search: opt.TextSearch = None,
     image_search: opt.ImageSearch = None,
 ) -> None:
@@ -347,6 +348,7 @@ def rollout(
     temperature: opt.Temperature = opt.GEN.temperature,
     top_p: opt.TopP = opt.GEN.top_p,
     top_k: opt.TopK = opt.GEN.top_k,
+    presence_penalty: opt.PresencePenalty = opt.GEN.presence_penalty,
     max_turns: opt.MaxTurns = opt.GEN.max_turns,
     max_response_tokens: opt.MaxResponseTokens = opt.GEN.max_response_tokens,
     max_turn_tokens: opt.MaxTurnTokens = opt.GEN.max_turn_tokens,
@@ -355,6 +357,7 @@ def rollout(
     text_search: opt.TextSearch = None,
     image_search: opt.ImageSearch = None,
     system_prompt: opt.SystemPrompt = None,
+    tools_config: opt.ToolsConfig = None,
     device: opt.Device = opt.GEN.device,
     base_url: opt.BaseUrl = None,
     model: opt.Model = None,
@@ -599,12 +602,14 @@ def eval_cmd(
     temperature: opt.Temperature = 0.0,
     top_p: opt.TopP = opt.GEN.top_p,
     top_k: opt.TopK = opt.GEN.top_k,
+    presence_penalty: opt.PresencePenalty = opt.GEN.presence_penalty,
     seed: opt.Seed = opt.GEN.seed,
     batch_size: opt.BatchSize = opt.GEN.batch_size,
     benchmark: Annotated[str | None, typer.Option(
         help="Benchmark name to record (default: inferred from the format or file name).")] = None,
     image_dir: opt.ImageDir = None,
     system_prompt: opt.SystemPrompt = None,
+    tools_config: opt.ToolsConfig = None,
     device: opt.Device = opt.GEN.device,
     max_unscored: opt.MaxUnscored = opt.MAX_UNSCORED,
     summarize: Annotated[str | None, typer.Option(

@@ -168,7 +168,8 @@ def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
              **run, "trajectories": summary["trajectories"], "unscored": summary["unscored"]}
     inputs = [bench] if Path(bench).is_file() else []
     write_sidecar(output, stage="eval", seed=gen.seed, config=config,
-                  inputs=inputs + ([gen.system_prompt] if gen.system_prompt else []),
+                  inputs=inputs + ([gen.system_prompt] if gen.system_prompt else [])
+                  + ([gen.tools_config] if gen.tools_config else []),
                   stats=stats, started=started)
     write_summary(summary, output)  # last: make takes it for done
     return summary

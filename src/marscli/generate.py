@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from marscli.engines import SamplingParams, check_engine, make_engine
+from marscli.engines import ENGINES, SamplingParams, check_engine, make_engine
 from marscli.errors import BadInput, check_range
 
 if TYPE_CHECKING:  # the CLI imports this module for the defaults: the rest loads when used
@@ -74,6 +74,7 @@ class GenerationOptions:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0: off
+    presence_penalty: float = 0.0  # the release samples with 1.5 (vllm and openai engines)
     seed: int = 0
     # limits
     max_turns: int | None = 10  # None: the stage's default (eval: 10, or 1 with --mode direct)
@@ -97,6 +98,13 @@ class GenerationOptions:
         check_range("--temperature", self.temperature, 0)
         check_range("--top-p", self.top_p, 0, 1, lo_open=True)
         check_range("--top-k", self.top_k, 0)
+        check_range("--presence-penalty", self.presence_penalty, -2, 2)
+        if self.presence_penalty and not getattr(ENGINES.get(self.engine), "presence_penalty",
+                                                 False):
+            takes = [n for n in ENGINES.names() if getattr(ENGINES.get(n), "presence_penalty",
+                                                           False)]
+            raise BadInput(f"--presence-penalty: the {self.engine} engine has none — use "
+                           f"--engine {' or '.join(takes)}")
         check_range("--max-turns", self.max_turns, 1, MAX_TURNS)
         check_range("--max-turn-tokens", self.max_turn_tokens, 1, MAX_TOKENS)
         check_range("--max-response-tokens", self.max_response_tokens, 1, MAX_TOKENS)
@@ -137,7 +145,8 @@ class GenerationOptions:
             system_prompt=system_prompt, batch_size=self.batch_size,
             tool_schemas=self.tool_schemas(),
             sampling=SamplingParams(temperature=self.temperature, top_p=self.top_p,
-                                    top_k=self.top_k, max_new_tokens=self.max_turn_tokens,
+                                    top_k=self.top_k, presence_penalty=self.presence_penalty,
+                                    max_new_tokens=self.max_turn_tokens,
                                     seed=self.seed))
 
     def sidecar(self, engine: Any) -> dict:
@@ -365,7 +374,9 @@ def sample_settings(gen: GenerationOptions, system_prompt: str | None, **stage: 
     return redact({
         "policy": gen.policy_name, "weights": weights_fingerprint(gen.policy),
         "engine": gen.engine, **engine_opts, "temperature": gen.temperature,
-        "top_p": gen.top_p, "top_k": gen.top_k, "seed": gen.seed, "max_turns": gen.max_turns,
+        "top_p": gen.top_p, "top_k": gen.top_k,
+        "presence_penalty": gen.presence_penalty or None,  # None: as a file written before it
+        "seed": gen.seed, "max_turns": gen.max_turns,
         "max_turn_tokens": gen.max_turn_tokens, "max_response_tokens": gen.max_response_tokens,
         "system_prompt": prompt, "tools_config": tools, "text_search": gen.text_search,
         "image_search": gen.image_search, "search_options": dict(sorted(gen.search_opts.items())),

@@ -49,6 +49,8 @@ ENGINE_OPTIONS = ("base_url", "model", "api_key_env", "tokenize_with", "timeout"
 Temperature = Annotated[float, typer.Option(help="Sampling temperature; 0: greedy.")]
 TopP = Annotated[float, typer.Option(help="Nucleus sampling mass.")]
 TopK = Annotated[int, typer.Option(help="Top-k sampling; 0: off.")]
+PresencePenalty = Annotated[float, typer.Option(
+    help="Presence penalty in -2..2 (vllm and openai engines; the release samples with 1.5).")]
 Seed = Annotated[int, typer.Option(help="Sampling seed.")]
 MaxTurns = Annotated[int | None, typer.Option(
     help="Assistant turns at most (eval: 10 with --mode agent, 1 with direct).")]
@@ -66,6 +68,10 @@ ImageDir = Annotated[str | None, typer.Option(
                         "own folder).")]
 SystemPrompt = Annotated[str | None, typer.Option(
     metavar="FILE", help="File replacing the system prompt.")]
+ToolsConfig = Annotated[str | None, typer.Option(
+    metavar="FILE", help="Tool schemas (the release's tools_*.yaml or a JSON list of "
+    "OpenAI-style schemas): prompts are rendered by the policy's chat template with tools= "
+    "instead of marscli's own # Tools block.")]
 TextSearch = Annotated[str | None, typer.Option(
     metavar="SPEC", help="Text search backend: local:INDEX, retriever:URL or serper.")]
 ImageSearch = Annotated[str | None, typer.Option(

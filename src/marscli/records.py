@@ -79,7 +79,9 @@ def _from_mars(row: dict, src: str, line: int) -> dict:
 
 
 _PROMPT_KEYS = {"v", "id", "image", "question", "answer", "choices", "category", "image_search"}
-_MARS_KEYS = {"prompt", "image", "images", "reward_model", "image_search_title_list",
+# A MARS row's `prompt` messages stay in `extra`: with --tools-config the agent renders them as
+# the release does (their <image> placement, whitespace and system message).
+_MARS_KEYS = {"image", "images", "reward_model", "image_search_title_list",
               "image_search_thumbnail_list"}
 
 

