@@ -64,7 +64,8 @@ reqs = [r for r in dist.get_all("Requires-Dist") or []
         if "extra ==" not in r and name(r) not in skip]
 with open("pyproject.toml", "rb") as f:
     proj = tomllib.load(f)["project"]
-ours = [r for r in proj["dependencies"] + proj["optional-dependencies"]["dev"]
+extras = proj["optional-dependencies"]
+ours = [r for r in proj["dependencies"] + extras["dev"] + extras["qwen"]
         if name(r) not in skip and name(r) != "ruff"]
 open(f"{work}/requirements.txt", "w").write("\n".join(reqs + ours) + "\n")
 open(f"{work}/constraints.txt", "w").write("\n".join(constraints) + "\n")

