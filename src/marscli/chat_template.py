@@ -207,22 +207,17 @@ def template_parts(text: str, image_counts: Sequence[int], what: str) -> list[st
 
 
 def content_parts(text: str, n_images: int, what: str) -> list[dict]:
-    """Chat-template content of a text with `<image>` markers, as verl builds it: one
-    `{"type": "image"}` per marker, text pieces between (empty ones dropped); images without a
-    marker follow the text directly. BadInput when there are more markers than images."""
-    pieces = text.split(IMAGE_MARK)
-    if len(pieces) - 1 > n_images:
+    """Chat-template content of a text with `<image>` markers, as verl builds it
+    (`protocol.marked_parts`); BadInput naming `what` when there are more markers than images."""
+    from marscli.protocol import marked_parts
+
+    parts = marked_parts(text, n_images)
+    if parts is None:
         from marscli.errors import BadInput
 
-        raise BadInput(f"{what}: {len(pieces) - 1} {IMAGE_MARK} markers for {n_images} images "
-                       "— one marker per image")
-    parts: list[dict] = []
-    for i, piece in enumerate(pieces):
-        if i:
-            parts.append({"type": "image"})
-        if piece:
-            parts.append({"type": "text", "text": piece})
-    return parts + [{"type": "image"}] * (n_images - (len(pieces) - 1))
+        raise BadInput(f"{what}: {text.count(IMAGE_MARK)} {IMAGE_MARK} markers for {n_images} "
+                       "images — one marker per image")
+    return parts
 
 
 def tool_names(schemas: Sequence[dict]) -> list[str]:

@@ -160,18 +160,27 @@ def tool_content(text: str, n_images: int = 0) -> list[dict]:
     """Content parts of a role `tool` message: `<image>` markers in `text` place the images;
     images without a marker follow the text directly, as the release's tools return them (the
     zoom tool's "Here is the zoomed image:" then the crop)."""
+    parts = marked_parts(text, n_images)
+    if parts is None:
+        raise RuntimeFailure(f"tool response: {text.count(IMAGE_MARK)} {IMAGE_MARK} markers for "
+                             f"{n_images} images — a tool returned more markers than images")
+    return parts
+
+
+def marked_parts(text: str, n_images: int) -> list[dict] | None:
+    """Chat-template content of a text with `<image>` markers, as verl builds it: one
+    `{"type": "image"}` per marker, the text pieces between (empty ones dropped), images
+    without a marker after the text; None when there are more markers than images."""
     pieces = text.split(IMAGE_MARK)
     if len(pieces) - 1 > n_images:
-        raise RuntimeFailure(f"tool response: {len(pieces) - 1} {IMAGE_MARK} markers for "
-                             f"{n_images} images — a tool returned more markers than images")
+        return None
     parts: list[dict] = []
     for i, piece in enumerate(pieces):
         if i:
             parts.append({"type": "image"})
         if piece:
             parts.append({"type": "text", "text": piece})
-    parts += [{"type": "image"}] * (n_images - (len(pieces) - 1))
-    return parts
+    return parts + [{"type": "image"}] * (n_images - (len(pieces) - 1))
 
 
 def format_tool_response(text: str, n_images: int = 0) -> str:

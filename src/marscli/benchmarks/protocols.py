@@ -88,7 +88,8 @@ class Protocol:
         raise NotImplementedError
 
     def aggregate(self, bench: str, items: list[dict]) -> dict:
-        raise NotImplementedError
+        """How items add up: a plain mean unless the protocol says otherwise."""
+        return plain_mean(items)
 
 
 PROTOCOLS: Registry[type[Protocol]] = Registry("--protocol")
@@ -346,9 +347,6 @@ class MarsProtocol(Protocol):
     def score(self, rec: dict, ctx: ScoreContext) -> dict:
         return {"protocol": self.name, **score_mars(rec, ctx)}
 
-    def aggregate(self, bench: str, items: list[dict]) -> dict:
-        return plain_mean(items)
-
 
 @PROTOCOLS.register("official")
 class OfficialProtocol(Protocol):
@@ -383,9 +381,6 @@ class ReleaseProtocol(Protocol):
     def score(self, rec: dict, ctx: ScoreContext) -> dict:
         return {"protocol": self.name, **score_release(rec, ctx)}
 
-    def aggregate(self, bench: str, items: list[dict]) -> dict:
-        return plain_mean(items)
-
 
 @PROTOCOLS.register("release-inference")
 class ReleaseInferenceProtocol(Protocol):
@@ -395,9 +390,6 @@ class ReleaseInferenceProtocol(Protocol):
 
     def score(self, rec: dict, ctx: ScoreContext) -> dict:
         return {"protocol": self.name, **score_release(rec, ctx, allow_no_tag=True)}
-
-    def aggregate(self, bench: str, items: list[dict]) -> dict:
-        return plain_mean(items)
 
 
 def protocol_names() -> list[str]:
