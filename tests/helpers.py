@@ -494,3 +494,28 @@ def hr_rows() -> list[list[str]]:
         ["2", '"Which is larger?\nLook closely."', "left", "right", "same", "unknown", "C",
          "cross", b64, "cycle1"],
     ]
+
+
+def recorded_vs_forward(model, processor, rec: dict, base: Path) -> tuple[list[float], list[float]]:
+    """A trajectory's recorded model log-probs and a teacher-forced forward's over the same
+    token ids and images (model tokens only): (forward, recorded)."""
+    import torch
+    from PIL import Image
+
+    from marscli.tokens import assemble, image_features, special_ids
+
+    ids = special_ids(processor.tokenizer)
+    seq = assemble(rec["segments"], ids.image_pad)
+    feats = [image_features(processor, Image.open(base / im["path"]).convert("RGB"))
+             for im in rec["images"]]
+    input_ids = torch.tensor([seq.input_ids])
+    kw = {"pixel_values": torch.cat([f.pixel_values for f in feats]),
+          "image_grid_thw": torch.stack([f.grid_thw for f in feats]),
+          "mm_token_type_ids": (input_ids == ids.image_pad).int()}
+    model.model.rope_deltas = None
+    with torch.no_grad():
+        logits = model(input_ids=input_ids, **kw).logits[0, :-1].float()
+    lp = torch.log_softmax(logits, -1).gather(-1, input_ids[0, 1:, None])[:, 0]
+    got = [x for x, m in zip(lp.tolist(), seq.loss_mask[1:], strict=True) if m]
+    want = [x for x, m in zip(seq.model_logprobs[1:], seq.loss_mask[1:], strict=True) if m]
+    return got, want

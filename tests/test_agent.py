@@ -11,10 +11,10 @@ from PIL import Image
 from marscli.agent import Agent, AgentConfig
 from marscli.engines import SamplingParams
 from marscli.records import Prompt
-from marscli.tokens import assemble, compact, expand, special_ids
+from marscli.tokens import assemble, compact, expand, image_features, special_ids
 from marscli.tools import build_tools
 
-from helpers import REPLIES, big_scene, messages_of
+from helpers import REPLIES, big_scene, messages_of, recorded_vs_forward
 from scripted import ScriptedEngine
 
 
@@ -94,10 +94,8 @@ def test_token_exact_against_processor(scripted_run):
 def test_tiny_model_rollout_logprobs_match_forward(tiny_model, tmp_path):
     """Log-probs recorded while sampling equal a teacher-forced forward over the same tokens,
     so rollout and training agree on Qwen's 3-D positions with several images."""
-    import torch
 
     from marscli.engines import make_engine
-    from marscli.tokens import image_features
 
     img = big_scene(tmp_path / "scene.png")
     eng = make_engine("hf", str(tiny_model))
@@ -109,21 +107,11 @@ def test_tiny_model_rollout_logprobs_match_forward(tiny_model, tmp_path):
     assert len(recs) == 4 and len({r["id"] for r in recs}) == 4
     ids = special_ids(eng.processor.tokenizer)
     for rec in recs:
-        seq = assemble(rec["segments"], ids.image_pad)
-        imgs = [Image.open(tmp_path / im["path"]).convert("RGB") for im in rec["images"]]
-        feats = [image_features(eng.processor, im) for im in imgs]
-        input_ids = torch.tensor([seq.input_ids])
-        kw = {"pixel_values": torch.cat([f.pixel_values for f in feats]),
-              "image_grid_thw": torch.stack([f.grid_thw for f in feats]),
-              "mm_token_type_ids": (input_ids == ids.image_pad).int()}
-        eng.model.model.rope_deltas = None
-        with torch.no_grad():
-            logits = eng.model(input_ids=input_ids, **kw).logits[0, :-1].float()
-        lp = torch.log_softmax(logits, -1).gather(-1, input_ids[0, 1:, None])[:, 0]
-        got = [x for x, m in zip(lp.tolist(), seq.loss_mask[1:]) if m]
-        want = [x for x, m in zip(seq.model_logprobs[1:], seq.loss_mask[1:]) if m]
+        got, want = recorded_vs_forward(eng.model, eng.processor, rec, tmp_path)
         assert len(got) == len(want) > 0
         assert max(abs(a - b) for a, b in zip(got, want)) < 1e-3
+        feats = [image_features(eng.processor,
+                                Image.open(tmp_path / rec["images"][0]["path"]).convert("RGB"))]
         for s in rec["segments"]:
             assert min(s["tokens"]) >= -100_000 and max(s["tokens"]) < len(eng.processor.tokenizer)
         prompt_ids = expand(rec["segments"][0]["tokens"], ids.image_pad)

@@ -26,7 +26,7 @@ from marscli.records import Prompt
 from marscli.tokens import assemble, expand, special_ids
 from marscli.tools import NewImage, ToolResult, build_tools
 
-from helpers import big_scene
+from helpers import big_scene, recorded_vs_forward
 
 VOCABS = ["tiny", "qwen"]
 ZOOM_CALL = ('<think>\nThe sign is small.\n</think>\n<tool_call>\n{"name": "image_zoom_in_tool", '
@@ -395,10 +395,8 @@ def test_sampled_logprobs_match_a_teacher_forced_forward(vocab, tmp_path):
     """The hf engine samples (random weights: mostly format errors, any token of the real
     vocabulary, `}`+`\\n` where the tokenizer would merge); the recorded log-probs equal a
     teacher-forced forward over the segments, and the ids extend turn by turn."""
-    import torch
 
     from marscli.engines import make_engine
-    from marscli.tokens import image_features
 
     _, folder, _ = vocab
     img = big_scene(tmp_path / "scene.png")
@@ -413,19 +411,8 @@ def test_sampled_logprobs_match_a_teacher_forced_forward(vocab, tmp_path):
     recs = list(agent.run([(p, s) for s in range(2)]))
     ids = special_ids(eng.processor.tokenizer)
     for rec in recs:
+        got, want = recorded_vs_forward(eng.model, eng.processor, rec, tmp_path)
         seq = assemble(rec["segments"], ids.image_pad)
-        imgs = [Image.open(tmp_path / im["path"]).convert("RGB") for im in rec["images"]]
-        feats = [image_features(eng.processor, im) for im in imgs]
-        input_ids = torch.tensor([seq.input_ids])
-        kw = {"pixel_values": torch.cat([f.pixel_values for f in feats]),
-              "image_grid_thw": torch.stack([f.grid_thw for f in feats]),
-              "mm_token_type_ids": (input_ids == ids.image_pad).int()}
-        eng.model.model.rope_deltas = None
-        with torch.no_grad():
-            logits = eng.model(input_ids=input_ids, **kw).logits[0, :-1].float()
-        lp = torch.log_softmax(logits, -1).gather(-1, input_ids[0, 1:, None])[:, 0]
-        got = [x for x, m in zip(lp.tolist(), seq.loss_mask[1:], strict=True) if m]
-        want = [x for x, m in zip(seq.model_logprobs[1:], seq.loss_mask[1:], strict=True) if m]
         assert len(got) == len(want) > 0
         assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-3
         # the text the ids stand for is the template's rendering of the conversation
