@@ -445,3 +445,19 @@ def test_padding_rows_past_the_tokenizer_are_never_sampled():
                      vision_end=4)
     assert never_sampled(ids, 151_669, 151_936) == [5, 6, 3, 4, *range(151_669, 151_936)]
     assert never_sampled(ids, 100, 100) == never_sampled(ids, 100, None) == [5, 6, 3, 4]
+
+
+def test_checkpoint_writers_keep_transformers_bars_out_of_logs(tmp_path, tiny_model):
+    """`tiny-model` and `sft` write shards through transformers, whose "Writing model shards"
+    bar would land in every Slurm log: stderr holds marscli's own lines only."""
+    from marscli.policy import load_processor
+
+    from helpers import invoke, write_jsonl
+
+    code, _, err = invoke(["tiny-model", str(tmp_path / "m")])
+    assert code == 0 and "Writing model shards" not in err and "it/s" not in err, err
+    d = write_jsonl(tmp_path / "d.jsonl", [trajectory(tmp_path, load_processor(str(tiny_model)),
+                                                      0)])
+    code, _, err = invoke(["sft", str(d), "--policy", str(tiny_model), "--out",
+                           str(tmp_path / "o"), "--epochs", "1"])
+    assert code == 0 and "Writing model shards" not in err and "Loading weights" not in err, err

@@ -167,7 +167,7 @@ def load_model(path: str, device: str = "cpu", dtype: str | None = None) -> Any:
     dt = getattr(torch, dtype) if dtype else (torch.bfloat16 if device.startswith("cuda")
                                               else torch.float32)
     try:
-        with _quiet_loading():
+        with quiet_transformers():
             model, info = AutoModelForImageTextToText.from_pretrained(
                 path, dtype=dt, output_loading_info=True, ignore_mismatched_sizes=True)
     except OSError as e:
@@ -202,9 +202,10 @@ def check_loading_info(path: str, info: dict) -> None:
 
 
 @contextmanager
-def _quiet_loading() -> Iterator[None]:
+def quiet_transformers() -> Iterator[None]:
     """transformers' loading report (a table of keys, which marscli turns into one line) and
-    its "Loading weights" bar stay off stderr; both are restored after. The report is
+    its progress bars ("Loading weights", "Writing model shards") stay off stderr; both are
+    restored after. The report is
     filtered out rather than the logger's level raised: at level WARNING or above,
     transformers 5.19 logs a tensor-parallel plan check instead."""
     import logging

@@ -538,7 +538,8 @@ def build_tiny_model(out: str | Path, seed: int = 0, texts: Iterable[str] = (),
 
     import torch
     from transformers import GenerationConfig, Qwen3VLForConditionalGeneration
-    from transformers.utils import logging as hf_logging
+
+    from marscli.policy import quiet_transformers
 
     if not 1024 <= min_pixels <= max_pixels:
         raise BadInput(f"--min-pixels/--max-pixels: need 1024 <= min ({min_pixels}) <= max "
@@ -554,17 +555,12 @@ def build_tiny_model(out: str | Path, seed: int = 0, texts: Iterable[str] = (),
         pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
     )
 
-    with AtomicDir(out) as ad:  # --force: the old folder goes only once the new one is in place
-        was_on = hf_logging.is_progress_bar_enabled()
-        hf_logging.disable_progress_bar()  # no "Writing model shards" bar on stderr
-        try:
-            with save_errors(ad.tmp):
-                model.save_pretrained(ad.tmp, safe_serialization=True)
-                # tokenizer files, processor_config.json, chat_template.jinja
-                processor.save_pretrained(ad.tmp)
-        finally:
-            if was_on:
-                hf_logging.enable_progress_bar()
+    # --force: the old folder goes only once the new one is in place; no "Writing model
+    # shards" bar on stderr
+    with AtomicDir(out) as ad, save_errors(ad.tmp), quiet_transformers():
+        model.save_pretrained(ad.tmp, safe_serialization=True)
+        # tokenizer files, processor_config.json, chat_template.jinja
+        processor.save_pretrained(ad.tmp)
     return out
 
 
