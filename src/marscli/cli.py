@@ -11,7 +11,6 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -19,6 +18,7 @@ import typer
 from marscli import options as opt
 from marscli.errors import BadInput, MarsError, check_range, os_error
 from marscli.generate import MAX_TOKENS
+from marscli.secrets import redact  # torch-free: an error may echo a URL with a password
 
 app = typer.Typer(
     name="marscli",
@@ -37,8 +37,6 @@ app.add_typer(index_app, name="index")
 
 def fail(err: MarsError) -> None:
     """Print `error: ...` on one line and exit with the error's code."""
-    from marscli.secrets import redact  # no torch: a message may echo a URL with a password
-
     msg = redact(" ".join(str(err).split("\n")))
     print(f"error: {msg}", file=sys.stderr)
     raise typer.Exit(err.exit_code)
@@ -50,16 +48,12 @@ def main() -> None:
     except MarsError as e:  # raised outside a command body (option callbacks)
         if os.environ.get("MARSCLI_DEBUG"):
             raise
-        from marscli.secrets import redact
-
         print(f"error: {redact(str(e))}", file=sys.stderr)
         sys.exit(e.exit_code)
     except OSError as e:  # a full disk or a read-only folder met outside a guard
         err = os_error(e)
         if err is None or os.environ.get("MARSCLI_DEBUG"):
             raise
-        from marscli.secrets import redact
-
         print(f"error: {redact(str(err))}", file=sys.stderr)
         sys.exit(err.exit_code)
 
@@ -381,18 +375,8 @@ def rollout(
     with guard():
         from marscli.generate import parse_shard
         from marscli.rollout import run_rollout
-        from marscli.trackers import check_tracker, log_stats
-
-        check_tracker(track)
-        stats = run_rollout(prompts, output, gen, n=n, shard=parse_shard(shard),
-                            image_dir=image_dir, force=force, media=media_dir)
-        if output != "-":
-            log_stats(track, run=_run_name(output, "rollout"), output=output, stats=stats)
-
-
-def _run_name(output: str, stage: str) -> str:
-    """`runs/demo/iter-3/rollouts.jsonl` → `demo/rollout` (a tracker run per stage of a run)."""
-    return f"{Path(output).resolve().parent.parent.name}/{stage}"
+        run_rollout(prompts, output, gen, n=n, shard=parse_shard(shard), image_dir=image_dir,
+                    force=force, media=media_dir, track=track)
 
 
 @app.command("toy-world")
@@ -661,14 +645,10 @@ def eval_cmd(
             raise BadInput("--rescore: only with --summarize RESULTS.jsonl")
         from marscli.evaluate import run_eval
         from marscli.generate import parse_shard
-        from marscli.trackers import check_tracker, log_stats
-
-        check_tracker(track)
-        summary = run_eval(bench, output, gen, fmt=fmt, mode=mode, samples=samples,
-                           judge_spec=judge, protocol=protocol or "mars",
-                           shard=parse_shard(shard), benchmark=benchmark, image_dir=image_dir,
-                           max_unscored=max_unscored, judge_opts=jopts, force=force)
-        log_stats(track, run=_run_name(output, "eval"), output=output, stats=summary)
+        run_eval(bench, output, gen, fmt=fmt, mode=mode, samples=samples, judge_spec=judge,
+                 protocol=protocol or "mars", shard=parse_shard(shard), benchmark=benchmark,
+                 image_dir=image_dir, max_unscored=max_unscored, judge_opts=jopts, force=force,
+                 track=track)
 
 
 @app.command()

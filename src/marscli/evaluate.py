@@ -69,6 +69,7 @@ from marscli.generate import (
 from marscli.jsonl import AtomicFile, AtomicJsonl, iter_rows, write_sidecar
 from marscli.judge import JudgeOptions, make_judge
 from marscli.protocol import read_system_prompt
+from marscli.trackers import check_tracker, log_stats
 
 MODES = ("agent", "direct")
 TOOL_NAMES = ("image_zoom_in_tool", "text_search_tool", "image_search_tool")
@@ -95,7 +96,7 @@ def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
              shard: tuple[int, int] = (0, 1), benchmark: str | None = None,
              image_dir: str | None = None, max_unscored: float = 0.05,
              judge_opts: JudgeOptions | None = None, progress: bool = True,
-             force: bool = False, **fields: Any) -> dict:
+             force: bool = False, track: str | None = None, **fields: Any) -> dict:
     """Generate and score the missing trajectories of BENCH (this shard) into `output`, then
     write the summary; return it. `fields`: `GenerationOptions` fields, set over `gen`
     (default: greedy, and the turns `--mode` implies); `force`: start over."""
@@ -113,6 +114,7 @@ def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
     proto = make_protocol(protocol)
     gen = _for_mode(gen, mode)
     gen.check()
+    check_tracker(track)
     base_prompt = read_system_prompt(gen.system_prompt) or (DIRECT_PROMPT if mode == "direct"
                                                             else None)
     judge = make_judge(judge_spec, judge_opts)  # a bad spec fails before anything is read
@@ -168,10 +170,9 @@ def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
              **run, "trajectories": summary["trajectories"], "unscored": summary["unscored"]}
     inputs = [bench] if Path(bench).is_file() else []
     write_sidecar(output, stage="eval", seed=gen.seed, config=config,
-                  inputs=inputs + ([gen.system_prompt] if gen.system_prompt else [])
-                  + ([gen.tools_config] if gen.tools_config else []),
-                  stats=stats, started=started)
+                  inputs=inputs + gen.input_files(), stats=stats, started=started)
     write_summary(summary, output)  # last: make takes it for done
+    log_stats(track, stage="eval", output=output, stats=summary)
     return summary
 
 

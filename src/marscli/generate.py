@@ -122,6 +122,10 @@ class GenerationOptions:
 
         return load_tool_schemas(self.tools_config)
 
+    def input_files(self) -> list[str]:
+        """The files besides the stage's data that decide its output (for the sidecar)."""
+        return [f for f in (self.system_prompt, self.tools_config) if f]
+
     @property
     def policy_name(self) -> str:
         """What records carry as `policy`: the checkpoint, or the served model's name."""

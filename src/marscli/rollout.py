@@ -54,6 +54,7 @@ from marscli.generate import (
 from marscli.jsonl import iter_rows, write_sidecar
 from marscli.protocol import read_system_prompt
 from marscli.records import load_prompts
+from marscli.trackers import check_tracker, log_stats
 
 STDOUT_MEDIA = "rollout.media"  # `-o -`: crops go here (in the working directory) by default
 _TALLIED = ("turns", "stop", "final_answer", "tool_calls", "tool_errors", "tool_failures",
@@ -63,14 +64,16 @@ _TALLIED = ("turns", "stop", "final_answer", "tool_calls", "tool_errors", "tool_
 def run_rollout(prompts: str, output: str, gen: GenerationOptions | None = None, *, n: int = 8,
                 shard: tuple[int, int] = (0, 1), image_dir: str | None = None,
                 progress: bool = True, force: bool = False, media: str | None = None,
-                **fields: Any) -> dict:
+                track: str | None = None, **fields: Any) -> dict:
     """Generate the missing trajectories of `prompts` (this shard) into `output` ("-":
     stdout, no resume); return the sidecar statistics. `fields`: `GenerationOptions` fields,
-    set over `gen`; `media`: the crops folder (default: `OUT.media/`)."""
+    set over `gen`; `media`: the crops folder (default: `OUT.media/`); `track`: a tracker
+    the statistics also go to (trackers.py)."""
     started = time.time()
     gen = replace(gen or GenerationOptions(), **fields)
     check_range("-n", n, 1, MAX_SAMPLES)
     gen.check()
+    check_tracker(track)
     base_prompt = read_system_prompt(gen.system_prompt)
     rows = [(p.line, p) for p in load_prompts(prompts, image_dir) if in_shard(p.id, shard)]
     check_images(prompts, rows)
@@ -98,9 +101,9 @@ def run_rollout(prompts: str, output: str, gen: GenerationOptions | None = None,
     config = {**gen.sidecar(res.engine), "n": n, "shard": f"{shard[0]}/{shard[1]}",
               "weights": settings["weights"] if settings else None}
     write_sidecar(output, stage="rollout", seed=gen.seed, config=config,
-                  inputs=[prompts] + ([gen.system_prompt] if gen.system_prompt else [])
-                  + ([gen.tools_config] if gen.tools_config else []),
-                  stats=stats, started=started)
+                  inputs=[prompts, *gen.input_files()], stats=stats, started=started)
+    if output != "-":  # streamed records are no iteration's: nothing to track
+        log_stats(track, stage="rollout", output=output, stats=stats)
     return stats
 
 

@@ -87,9 +87,11 @@ def _parse(spec: str | None) -> tuple[str, str, str] | None:
     return kind, arg, option
 
 
-def log_stats(spec: str | None, *, run: str, output: str | Path, stats: dict) -> None:
-    """A stage's summary statistics (rollout, eval) as one tracker step: the iteration k of
-    the output's `iter-k`/`ckpt-k` path (0 when there is none)."""
+def log_stats(spec: str | None, *, stage: str, output: str | Path, stats: dict) -> None:
+    """A stage's summary statistics (rollout, eval) as one tracker step of run `RUN/STAGE`
+    (`runs/demo/iter-3/rollouts.jsonl` → `demo/rollout`), at the iteration k of the output's
+    `iter-k`/`ckpt-k` path (0 when there is none)."""
+    run = f"{Path(output).resolve().parent.parent.name}/{stage}"
     tracker = open_tracker(spec, run=run, config={})
     try:
         tracker.log(stats, step=iteration_of(output))
