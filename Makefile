@@ -15,10 +15,11 @@ export MARSCLI_TRACK
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# constraints.txt pins every library to the version the README's numbers were measured with.
+$(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q torch==2.14.1 torchvision==0.29.1
-	$(PY) -m pip install -q -e '.[dev,deepspeed,eval,viz,track,qwen]'
+	$(PY) -m pip install -q -c constraints.txt torch==2.14.1 torchvision==0.29.1
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev,deepspeed,eval,viz,track,qwen]'
 	touch $@
 
 # ruff's rule set is in pyproject.toml (pyflakes, import order, bugbear, pyupgrade, ...).
@@ -173,31 +174,51 @@ $(RUN)/eval/ckpt-%.summary.json: $(RUN)/ckpt-%/config.json $(TEST)
 	$(call sharded,EVAL,stages/eval.sh,$(RUN)/eval/ckpt-$*.jsonl,$(TEST) $(RUN)/ckpt-$* $(RUN)/eval/ckpt-$*.jsonl $(EVAL_OPTS))
 	test -f $@ || $(MARSCLI) eval --summarize $(RUN)/eval/ckpt-$*.jsonl
 
+SUMMARY ?= 1
 rl-eval: rl
 	$(MAKE) --no-print-directory $(foreach k,$(shell seq 0 $(ITERS)),$(RUN)/eval/ckpt-$(k).summary.json)
-	$(PY) scripts/run_summary.py $(RUN) --iters $(ITERS)
+	$(if $(filter 1,$(SUMMARY)),$(PY) scripts/run_summary.py $(RUN) --iters $(ITERS))
 
 # The demo: toy world → tiny model → SFT → RL iterations → eval, in about 10 minutes on 2 cores.
+# SEEDS=n repeats the RL part with RL seeds 1..n-1 into runs/demo-seed<s> (the world, the base
+# and the SFT model are shared) and reports mean ± 95% CI over the n seeds.
 DEMO_ITERS ?= 4
+SEEDS ?= 1
+# $(call seed_runs,RUN,CMD...): make CMD for every seed s < SEEDS into RUN (s = 0) or RUN-seed<s>,
+# that run's ckpt-0 a link to RUN's
+seed_runs = for s in $$(seq 0 $$(( $(SEEDS) - 1 ))); do run=$(1)$$( [ $$s = 0 ] || echo -seed$$s ); \
+  if [ $$s != 0 ]; then mkdir -p $$run && ln -sfn $(abspath $(1))/ckpt-0 $$run/ckpt-0; fi; \
+  $(MAKE) --no-print-directory $(2) RUN=$$run SEED=$$s WORLD=$(WORLD) BASE=$(BASE) \
+    SFT_DATA=$(SFT_DATA) || exit $$?; done
 demo: setup
-	$(MAKE) --no-print-directory rl-eval RECIPE=recipes/tiny.mk NAME=demo ITERS=$(DEMO_ITERS)
+	$(MAKE) --no-print-directory runs/demo/ckpt-0/config.json RECIPE=recipes/tiny.mk NAME=demo
+	$(MAKE) --no-print-directory demo-seeds RECIPE=recipes/tiny.mk NAME=demo
 	$(MARSCLI) ask $$(ls runs/demo/world/images/test-*.png | head -1) \
 	  "What colour is the shape on the logo in this image?" --policy runs/demo/ckpt-$(DEMO_ITERS) \
 	  --system-prompt recipes/toy-system.txt --max-turns 3 --max-turn-tokens 64 \
 	  --crops-dir runs/demo/ask-crops
 
-# grpo, gspo and bn-gspo from the same cold-start model under the same budget; SEED=s runs
-# them again with other RL seeds into $(RUN)-NAME-seed<s> (the SFT model is shared).
-ABLATIONS ?= grpo:grpo:grpo gspo:grpo:gspo bn-gspo:bn-gspo:gspo
-abl_run = $(RUN)-$(1)$(if $(filter 0,$(SEED)),,-seed$(SEED))
+.PHONY: demo-seeds
+demo-seeds:
+	$(call seed_runs,$(RUN),rl-eval ITERS=$(DEMO_ITERS) SUMMARY=0)
+	$(PY) scripts/run_summary.py $(RUN) --iters $(DEMO_ITERS) --seeds $(SEEDS)
+
+# grpo, gspo and bn-gspo (and dr-grpo, rloo) from the same cold-start model under the same
+# budget, each with RL seeds 0..SEEDS-1 into $(RUN)-NAME(-seed<s>); a table of mean ± 95% CI
+# per iteration and runs/NAME-ablation.png.
+ABLATIONS ?= grpo:grpo:grpo gspo:grpo:gspo bn-gspo:bn-gspo:gspo dr-grpo:dr-grpo:gspo rloo:rloo:gspo
 ablation: setup
 	$(MAKE) --no-print-directory $(RUN)/ckpt-0/config.json RECIPE=$(RECIPE)
-	for a in $(ABLATIONS); do IFS=: read name est loss <<< "$$a"; run=$(call abl_run,$$name); \
+	for a in $(ABLATIONS); do IFS=: read name est loss <<< "$$a"; run=$(RUN)-$$name; \
 	  mkdir -p $$run && ln -sfn $(abspath $(RUN))/ckpt-0 $$run/ckpt-0; \
-	  $(MAKE) --no-print-directory rl-eval RECIPE=$(RECIPE) RUN=$$run \
-	    ESTIMATOR=$$est LOSS=$$loss WORLD=$(WORLD) BASE=$(BASE) SFT_DATA=$(SFT_DATA) || exit $$?; done
-	$(PY) scripts/run_summary.py $(foreach a,$(ABLATIONS),$(call abl_run,$(firstword $(subst :, ,$(a))))) \
-	  --iters $(ITERS)
+	  $(MAKE) --no-print-directory ablation-run RECIPE=$(RECIPE) ABL_RUN=$$run \
+	    ESTIMATOR=$$est LOSS=$$loss || exit $$?; done
+	$(PY) scripts/run_summary.py $(foreach a,$(ABLATIONS),$(RUN)-$(firstword $(subst :, ,$(a)))) \
+	  --iters $(ITERS) --seeds $(SEEDS) --plot $(RUN)-ablation.png
+
+.PHONY: ablation-run
+ablation-run:
+	$(call seed_runs,$(ABL_RUN),rl-eval SUMMARY=0)
 
 clean:
 	rm -rf runs

@@ -35,6 +35,19 @@
 #     (logprob_mismatch 1.9e-7), so there is no gap to correct, and off keeps the demo's numbers
 #     bit-identical to those before the option existed.
 
+# Same seeds, same numbers on another x86-64 machine: torch (ATen), oneDNN and MKL pick kernels by
+# the CPU's instruction set and split reductions by thread count, and both change float
+# rounding, which an RL run grows into other samples. Measured here: 30 SFT steps gave weights
+# equal to the bit on a rerun, but 3e-6 apart with 1 thread instead of 2, 1.9e-5 with ATen's
+# scalar kernels instead of AVX2 (an AVX-512 machine picks others again) and 3.7e-5 with
+# MKL_CBWR=COMPATIBLE. So the CPU demo pins all three to AVX2 (every x86-64 CPU of the last
+# decade has it) and 2 threads; constraints.txt pins the libraries. The GPU recipes do not.
+export OMP_NUM_THREADS ?= 2
+export MKL_NUM_THREADS ?= $(OMP_NUM_THREADS)
+export ATEN_CPU_CAPABILITY ?= avx2
+export MKL_CBWR ?= AVX2
+export ONEDNN_MAX_CPU_ISA ?= AVX2
+
 NAME ?= tiny
 RUN ?= runs/$(NAME)
 WORLD ?= $(RUN)/world

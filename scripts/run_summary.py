@@ -1,15 +1,23 @@
-"""Per-iteration test accuracy and tool use of one or more runs: a table on stderr and
-`RUN/summary.json` for each run (iteration 0 is the cold-start SFT model). Beside the greedy
-test accuracy of checkpoint k stands the mean reward of the training rollouts sampled from
-it (`iter-k/scored.jsonl`), when they exist.
+"""Per-iteration test accuracy, zoom hit rate and tool use of runs, averaged over RL seeds: a
+table on stderr, `RUN/summary.json` for each run and, with --plot, one PNG of accuracy ± 95% CI.
 
-usage: python scripts/run_summary.py RUN [RUN...] --iters N
+Seed s of run RUN lives in RUN (s = 0) or RUN-seed<s> (the Makefile's layout). Iteration 0 is
+the cold-start SFT model. Per iteration and seed: the greedy test accuracy of checkpoint k, its
+zoom hit rate (zoom calls whose box holds the whole logo, toy world only), and, from the
+training rollouts sampled from checkpoint k (iter-k/), their accuracy and zoom hit rate, the
+pooled std of the group-normalised advantages and the share of flat groups (all rewards equal).
+Across seeds: the mean and the half-width of its 95% confidence interval (Student's t; none for
+one seed).
+
+usage: python scripts/run_summary.py RUN [RUN...] --iters N [--seeds S] [--plot PNG]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 import orjson
@@ -17,8 +25,46 @@ from rich.console import Console
 from rich.table import Table
 
 from marscli.jsonl import AtomicFile
+from marscli.toy.hits import hit_rate
 
 SHORT = {"image_zoom_in_tool": "zoom", "text_search_tool": "text", "image_search_tool": "image"}
+# Student's t at 0.975 by degrees of freedom (1..10); the normal 1.96 beyond
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+KEYS = ("test_accuracy", "zoom_hit_rate", "rollout_accuracy", "rollout_zoom_hit_rate",
+        "pooled_std", "flat_groups")
+
+
+def seed_run(run: Path, s: int) -> Path:
+    return run if s == 0 else run.with_name(f"{run.name}-seed{s}")
+
+
+def records(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+def pct(x: float | None) -> float | None:
+    return None if x is None else round(100 * x, 2)
+
+
+def by_category(rows: list[dict]) -> dict[str, dict]:
+    """Per question category: accuracy % and tool calls per trajectory (the paper's claim is
+    that perception questions zoom and knowledge questions search)."""
+    cats: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        cats[r.get("category") or "-"].append(r)
+    out = {}
+    for c, rs in sorted(cats.items()):
+        tools: dict[str, float] = defaultdict(float)
+        for r in rs:
+            for name, n in (r.get("tool_calls") or {}).items():
+                tools[SHORT.get(name, name)] += n / len(rs)
+        scored = [r["score"]["accuracy"] for r in rs if (r.get("score") or {}).get("accuracy")
+                  is not None]
+        out[c] = {"accuracy": pct(sum(scored) / len(scored)) if scored else None,
+                  "items": len(rs), "tool_calls": {t: round(v, 3) for t, v in tools.items()}}
+    return out
 
 
 def iteration(run: Path, k: int) -> dict | None:
@@ -27,11 +73,15 @@ def iteration(run: Path, k: int) -> dict | None:
         return None
     s = orjson.loads(path.read_bytes())
     (bench,) = s["benchmarks"].values()  # the toy test split is one benchmark
-    return {"iter": k, "test_accuracy": bench["accuracy"], "items": bench["items"],
-            "mean_turns": bench["mean_turns"],
-            "tool_calls": {name: u["mean"] for name, u in bench["tool_use"].items()},
-            "categories": {c: v["accuracy"] for c, v in bench["categories"].items()},
-            "rollout_reward": rollout_reward(run, k)}
+    evals = records(run / "eval" / f"ckpt-{k}.jsonl")
+    out = {"iter": k, "test_accuracy": bench["accuracy"], "items": bench["items"],
+           "mean_turns": bench["mean_turns"],
+           "tool_calls": {name: u["mean"] for name, u in bench["tool_use"].items()},
+           "categories": {c: v["accuracy"] for c, v in bench["categories"].items()},
+           "by_category": by_category(evals),
+           "zoom_hit_rate": pct(hit_rate(evals)), "rollout_reward": rollout_reward(run, k)}
+    out.update(rollout_stats(run, k))
+    return out
 
 
 def rollout_reward(run: Path, k: int) -> dict | None:
@@ -42,39 +92,141 @@ def rollout_reward(run: Path, k: int) -> dict | None:
     return {"accuracy": st["accuracy_mean"], "format": st["format_mean"], "rows": st["rows"]}
 
 
+def rollout_stats(run: Path, k: int) -> dict:
+    it = run / f"iter-{k}"
+    rr = rollout_reward(run, k)
+    out = {"rollout_accuracy": pct(rr["accuracy"]) if rr else None,
+           "rollout_zoom_hit_rate": pct(hit_rate(records(it / "rollouts.jsonl"))),
+           "pooled_std": None, "flat_groups": None}
+    meta = it / "advantages.jsonl.meta.json"
+    if meta.is_file():
+        st = orjson.loads(meta.read_bytes())["stats"]
+        out["pooled_std"] = st.get("pooled_std")
+        out["flat_groups"] = pct(st["zero_std_groups"] / st["groups"]) if st["groups"] else None
+    return out
+
+
+def mean_ci(values: list[float | None]) -> tuple[float | None, float | None]:
+    """Mean and the 95% CI half-width (Student's t) of the values that are there."""
+    xs = [v for v in values if v is not None]
+    if not xs:
+        return None, None
+    m = sum(xs) / len(xs)
+    if len(xs) < 2:
+        return round(m, 3), None
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+    t = T975[len(xs) - 2] if len(xs) - 1 <= len(T975) else 1.96
+    return round(m, 3), round(t * sd / math.sqrt(len(xs)), 3)
+
+
+def aggregate(per_seed: dict[int, dict[int, dict]], iters: int) -> list[dict]:
+    """One row per iteration evaluated in some seed: seed 0's fields (the committed demo), the
+    mean and CI of KEYS over seeds, and every seed's values of KEYS."""
+    rows = []
+    for k in range(iters + 1):
+        seeds = {s: its[k] for s, its in per_seed.items() if k in its}
+        if not seeds:
+            continue
+        row = dict(seeds.get(0) or next(iter(seeds.values())))
+        for key in KEYS:
+            row[key], row[f"{key}_ci95"] = mean_ci([r.get(key) for r in seeds.values()])
+        row["seeds"] = len(seeds)
+        row["per_seed"] = [{"seed": s, **{key: r.get(key) for key in KEYS}}
+                           for s, r in sorted(seeds.items())]
+        rows.append(row)
+    return rows
+
+
+def category_cell(c: str, acc: float, counts: dict | None) -> str:
+    """`knowledge 20.0 (image 1.0 text 1.0)`: accuracy and tool calls per question."""
+    calls = " ".join(f"{t} {n:.1f}" for t, n in (counts or {}).get("tool_calls", {}).items())
+    return f"{c} {acc:.1f}" + (f" ({calls})" if calls else "")
+
+
+def fmt(m: float | None, ci: float | None = None, digits: int = 1) -> str:
+    if m is None:
+        return "-"
+    return f"{m:.{digits}f}" + (f" ± {ci:.{digits}f}" if ci is not None else "")
+
+
+def table(summaries: dict[Path, list[dict]], n_seeds: int) -> Table:
+    t = Table(title=f"by iteration (0: the SFT model), mean ± 95% CI over {n_seeds} RL seed(s); "
+                    "rollout columns: the training samples of that checkpoint",
+              title_justify="left")
+    # A per-category column only where some run has more than one category (a perception-only
+    # toy world has one, equal to the overall accuracy).
+    by_cat = any(len(r["categories"]) > 1 for rows in summaries.values() for r in rows)
+    cols = ("run", "iter", "test acc %", *(("per seed",) if n_seeds > 1 else ()), "zoom hit %",
+            "turns", "zoom", "image", "text", *(("by category",) if by_cat else ()),
+            "rollout acc %", "rollout hit %", "pooled std", "flat %")
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("run", "by category", "per seed")
+                     else "right")
+    for run, rows in summaries.items():
+        for r in rows:
+            tools = {SHORT.get(k, k): v for k, v in r["tool_calls"].items()}
+            cats = " ".join(category_cell(c, a, r["by_category"].get(c))
+                            for c, a in r["categories"].items() if a is not None)
+            seeds = " ".join(fmt(p["test_accuracy"]) for p in r["per_seed"])
+            t.add_row(run.name, str(r["iter"]), fmt(r["test_accuracy"], r["test_accuracy_ci95"]),
+                      *((seeds,) if n_seeds > 1 else ()),
+                      fmt(r["zoom_hit_rate"], r["zoom_hit_rate_ci95"]), f"{r['mean_turns']:.2f}",
+                      *(f"{tools.get(x, 0) or 0:.2f}" for x in ("zoom", "image", "text")),
+                      *((cats,) if by_cat else ()),
+                      fmt(r["rollout_accuracy"]), fmt(r["rollout_zoom_hit_rate"]),
+                      fmt(r["pooled_std"], digits=3), fmt(r["flat_groups"], digits=0))
+        if rows:
+            t.add_section()
+    return t
+
+
+def plot(summaries: dict[Path, list[dict]], out: Path, n_seeds: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), dpi=100)
+    for run, rows in summaries.items():
+        for ax, key in zip(axes, ("test_accuracy", "zoom_hit_rate"), strict=True):
+            pts = [(r["iter"], r[key], r[f"{key}_ci95"] or 0.0) for r in rows
+                   if r[key] is not None]
+            if not pts:
+                continue
+            x, y, e = zip(*pts, strict=True)
+            ax.errorbar(x, y, yerr=e, capsize=3, marker="o", label=run.name)
+    for ax, title in zip(axes, ("test accuracy %", "zoom hit rate %"), strict=True):
+        ax.set_title(f"{title} (mean ± 95% CI, {n_seeds} seeds)", fontsize=9)
+        ax.set_xlabel("RL iteration (0: SFT)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    with AtomicFile(out, "wb") as fh:
+        fig.savefig(fh, format="png")
+    plt.close(fig)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("runs", nargs="+", type=Path)
     ap.add_argument("--iters", type=int, required=True)
+    ap.add_argument("--seeds", type=int, default=1)
+    ap.add_argument("--plot", type=Path)
     args = ap.parse_args()
     # A log file gets a table wide enough for run names (rich assumes 80 columns off a tty).
-    console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
-    summaries = {run: [r for k in range(args.iters + 1) if (r := iteration(run, k))]
-                 for run in args.runs}
-    # A per-category column only where some run has more than one category (a perception-only
-    # toy world has one, equal to the overall accuracy).
-    by_cat = any(len(r["categories"]) > 1 for rows in summaries.values() for r in rows)
-    table = Table(title="test accuracy and tool calls per trajectory, by iteration "
-                        "(iteration 0: the SFT model)", title_justify="left")
-    for col in ("run", "iter", "test acc %", "turns", "zoom", "image", "text",
-                *(("by category",) if by_cat else ()), "rollout acc %"):
-        table.add_column(col, justify="left" if col in ("run", "by category") else "right")
-    for run, rows in summaries.items():
+    console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+    summaries = {}
+    for run in args.runs:
+        per_seed = {s: {k: r for k in range(args.iters + 1)
+                        if (r := iteration(seed_run(run, s), k))} for s in range(args.seeds)}
+        summaries[run] = rows = aggregate(per_seed, args.iters)
         with AtomicFile(run / "summary.json") as fh:
-            fh.write(orjson.dumps({"v": 1, "run": str(run), "iterations": rows},
-                                  option=orjson.OPT_INDENT_2))
-        for r in rows:
-            tools = {SHORT.get(k, k): v for k, v in r["tool_calls"].items()}
-            cats = " ".join(f"{c} {a:.1f}" for c, a in r["categories"].items() if a is not None)
-            table.add_row(run.name, str(r["iter"]), f"{r['test_accuracy']:.1f}",
-                          f"{r['mean_turns']:.2f}", *(f"{tools.get(t, 0) or 0:.2f}"
-                                                       for t in ("zoom", "image", "text")),
-                          *((cats,) if by_cat else ()),
-                          f"{100 * r['rollout_reward']['accuracy']:.1f}"
-                          if r["rollout_reward"] else "-")
-        if rows:
-            table.add_section()
-    console.print(table)
+            fh.write(orjson.dumps({"v": 2, "run": str(run), "seeds": args.seeds,
+                                   "iterations": rows}, option=orjson.OPT_INDENT_2))
+    console.print(table(summaries, args.seeds))
+    if args.plot:
+        plot(summaries, args.plot, args.seeds)
+        console.print(f"plot: {args.plot}")
     return 0
 
 

@@ -193,6 +193,17 @@ def test_run_carries_fields_and_appends_keys():
     assert stats["groups"] == 2 and stats["rows"] == 3 and stats["zero_std_groups"] == 1
 
 
+def test_pooled_std_is_what_the_batch_step_divides_by():
+    # group step: a → ±0.7071, the flat b → 0, 0; pooled (population) std sqrt(1/4) = 0.5,
+    # so BN-GSPO doubles the group-normalised advantages: ±1.4142
+    rows = _rows(("a", 1), ("a", 0), ("b", 1), ("b", 1))
+    out, stats = A.run(rows, "s", "bn-gspo")
+    assert stats["pooled_std"] == approx(0.5, rel=1e-5)
+    assert [r["advantage"] for r in out] == approx([math.sqrt(2), -math.sqrt(2), 0, 0], rel=1e-5)
+    _, stats = A.run(_rows(("a", 1), ("a", 0)), "s", "grpo")
+    assert stats["pooled_std"] == approx(math.sqrt(0.5), rel=1e-5)  # no flat group: (k-1)/k
+
+
 def test_filter_zero_std_drops_flat_groups_before_batch_step():
     rows = _rows(("a", 1), ("b", 1), ("a", 1), ("b", 0), ("c", 0.5))
     # no filter: group step a → 0, 0; b → ±0.7071; c → 0; batch std sqrt(1/5) → ±1.5811

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import orjson
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,9 +34,9 @@ def make_run(root: Path, name: str, accs: list[float], cats_of=lambda a: {"perce
     return run
 
 
-def summarize(*runs: Path, iters: int) -> str:
+def summarize(*runs: Path, iters: int, opts: tuple[str, ...] = ()) -> str:
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "run_summary.py"),
-                           *map(str, runs), "--iters", str(iters)],
+                           *map(str, runs), "--iters", str(iters), *opts],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return proc.stderr
@@ -62,3 +63,61 @@ def test_table_compares_runs_and_shows_categories_when_there_are_several(tmp_pat
     assert "by category" in table and "knowledge 5.0" in table
     assert "abl-grpo" in table and "abl-bn-gspo" in table and "16.7" in table
     assert (a / "summary.json").is_file() and (b / "summary.json").is_file()
+
+
+def zoom_record(box: list[int], logo: list[int], acc: float, category: str = "perception",
+                crop_of_crop: list[int] | None = None) -> dict:
+    """An eval record of the toy world with one zoom (and optionally a zoom into the crop)."""
+    images = [{"path": "scene.png"}, {"path": "c1.png", "from": 0, "bbox_2d": box}]
+    if crop_of_crop:
+        images.append({"path": "c2.png", "from": 1, "bbox_2d": crop_of_crop})
+    return {"toy": {"logo_box": logo, "size": 1000}, "images": images, "category": category,
+            "tool_calls": {"image_zoom_in_tool": len(images) - 1},
+            "score": {"accuracy": acc}}
+
+
+def write_evals(run: Path, k: int, recs: list[dict]) -> None:
+    (run / "eval" / f"ckpt-{k}.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n"
+                                                            for r in recs))
+
+
+def test_zoom_hits_map_a_crop_of_a_crop_back_to_the_scene():
+    from marscli.toy.hits import hit_rate, zoom_hits
+
+    logo = [600, 600, 700, 700]
+    assert zoom_hits(zoom_record([500, 500, 750, 750], logo, 1)) == (1, 1)
+    assert zoom_hits(zoom_record([500, 500, 650, 750], logo, 0)) == (1, 0)  # cuts the logo
+    # the second box is [400..800] of the first crop [500..750]: scene 600..700, a hit
+    rec = zoom_record([500, 500, 750, 750], logo, 1, crop_of_crop=[400, 400, 800, 800])
+    assert zoom_hits(rec) == (2, 2)
+    rec = zoom_record([500, 500, 750, 750], logo, 1, crop_of_crop=[0, 0, 300, 300])
+    assert zoom_hits(rec) == (2, 1)
+    assert zoom_hits({"toy": {}, "images": []}) == (0, 0)  # no ground truth: not counted
+    assert hit_rate([zoom_record([0, 0, 10, 10], logo, 0)]) == 0.0
+    assert hit_rate([]) is None
+
+
+def test_seeds_give_mean_and_student_t_interval(tmp_path):
+    accs = {"demo": [10.0, 20.0], "demo-seed1": [10.0, 26.0], "demo-seed2": [10.0, 29.0]}
+    runs = {n: make_run(tmp_path, n, a) for n, a in accs.items()}
+    logo = [600, 600, 700, 700]
+    hit, miss = [500, 500, 750, 750], [0, 0, 250, 250]
+    for name, run in runs.items():  # seed 0: 1 hit of 2 zooms at iter 1; others 2 of 2
+        write_evals(run, 0, [zoom_record(miss, logo, 0), zoom_record(miss, logo, 0)])
+        write_evals(run, 1, [zoom_record(hit, logo, 1),
+                             zoom_record(miss if name == "demo" else hit, logo, 0)])
+    png = tmp_path / "demo.png"
+    table = summarize(runs["demo"], iters=1, opts=("--seeds", "3", "--plot", str(png)))
+    summary = orjson.loads((runs["demo"] / "summary.json").read_bytes())
+    assert summary["seeds"] == 3
+    first, last = summary["iterations"]
+    assert (first["test_accuracy"], first["test_accuracy_ci95"]) == (10.0, 0.0)
+    # 20, 26, 29: mean 25, sd sqrt(21) = 4.583, t(2) = 4.303: 4.303 * 4.583 / sqrt(3) = 11.385
+    assert last["test_accuracy"] == 25.0
+    assert last["test_accuracy_ci95"] == pytest.approx(11.385, abs=1e-3)
+    assert [p["test_accuracy"] for p in last["per_seed"]] == [20.0, 26.0, 29.0]
+    assert [p["zoom_hit_rate"] for p in last["per_seed"]] == [50.0, 100.0, 100.0]
+    assert first["zoom_hit_rate"] == 0.0 and last["zoom_hit_rate"] == pytest.approx(83.333)
+    assert last["by_category"]["perception"]["tool_calls"] == {"zoom": 1.0}
+    assert "25.0 ± 11.4" in table and "20.0 26.0 29.0" in table
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

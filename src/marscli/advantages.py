@@ -243,6 +243,10 @@ def run(rows: list[tuple[int, dict]], src: str, estimator: str = "bn-gspo", mini
             row.pop("masked")  # stale, from an earlier run with --mask-truncated
         out.append(row)
     n_kept = int(np.unique(g[kept]).size)
+    # BN-GSPO's mechanism, measured: the batch step divides the group-normalised advantages by
+    # their pooled std, which flat groups (all zeros) pull below 1.
+    group_step = np.where(std[g] > 0, (r - mean[g]) / (std[g] + 1e-6), 0.0)[kept]  # [K]
+    train = group_step[~cut[kept]]
     stats = {
         "estimator": estimator,
         "groups": n_kept,
@@ -251,6 +255,7 @@ def run(rows: list[tuple[int, dict]], src: str, estimator: str = "bn-gspo", mini
         "dropped_groups": n - n_kept,
         "dropped_rows": len(r) - len(out),
         "zero_std_groups": int(flat.sum()),
+        "pooled_std": float(train.std()) if train.size else None,
         "masked_truncated": int(cut[kept].sum()),
         "truncated_stops": {s: sum(1 for i in kept.tolist() if stop[i] == s)
                             for s in TRUNCATED_STOPS} if mask_truncated else {},

@@ -88,7 +88,7 @@ def _split_rows(split: str, n: int, seed: int, ents: list[Entity], tmp: Path, si
                "image_search": [{"title": ents[h].name, "thumbnail": f"logos/{ents[h].slug}.png"}
                                 for h in hits],
                "toy": {"entity": e.name, "attribute": attr, "logo_box": logo_box,
-                       "zoom_box": zoom_box, "hit": rank}}
+                       "size": size, "zoom_box": zoom_box, "hit": rank}}
         if split == "sft":
             row["replies"] = expert_replies(kind, attr, e, zoom_box, rank)
         rows.append(row)
@@ -199,8 +199,8 @@ Prompt rows: `{{v, id, image, question, answer, category, image_search, toy}}`. 
 founder or year of the logo's company: image search, text search, answer) or `both` (zoom,
 image search, text search, answer; the image-search list holds look-alike logos, so the logo
 must be seen up close). `image_search` is the precomputed top-5 for `--image-search data` (the
-true logo at a seeded rank); `toy` holds the entity, the attribute, the logo's box in pixels,
-the expert's zoom box (0..1000, the logo's grid cell or block of cells) and the true result's rank.
+true logo at a seeded rank); `toy` holds the entity, the attribute, the logo's box in pixels
+(of the `size`-pixel scene), the expert's zoom box (0..1000, the logo's grid cell or block of cells) and the true result's rank.
 
 All answers are single words of the corpus: a city, a surname, a year, a colour, a shape, a
 capital letter. The scene clutter is muted (saturation <= 0.35); logo colours are saturated.
