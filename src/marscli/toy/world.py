@@ -200,7 +200,8 @@ founder or year of the logo's company: image search, text search, answer) or `bo
 image search, text search, answer; the image-search list holds look-alike logos, so the logo
 must be seen up close). `image_search` is the precomputed top-5 for `--image-search data` (the
 true logo at a seeded rank); `toy` holds the entity, the attribute, the logo's box in pixels
-(of the `size`-pixel scene), the expert's zoom box (0..1000, the logo's grid cell or block of cells) and the true result's rank.
+(of the `size`-pixel scene), the expert's zoom box (0..1000, the logo's grid cell or block of
+cells) and the true result's rank.
 
 All answers are single words of the corpus: a city, a surname, a year, a colour, a shape, a
 capital letter. The scene clutter is muted (saturation <= 0.35); logo colours are saturated.
