@@ -128,8 +128,11 @@ $(RUN)/ckpt-0/config.json:
 	@test -f $(BASE)/config.json || { echo "BASE=$(BASE): no config.json there; COLD_START=none needs BASE=/path/to/a/local/checkpoint" >&2; exit 2; }
 	mkdir -p $(RUN) && ln -sfn $(abspath $(BASE)) $(RUN)/ckpt-0
 else
-$(RUN)/ckpt-0/config.json: $(SFT_DATA).meta.json
-	$(call single,SFT,stages/sft.sh,$(SFT_DATA) $(BASE) $(RUN)/ckpt-0 $(SFT_OPTS) --force --metrics $(RUN)/sft/metrics.jsonl,$(TRAIN_ENV))
+# SFT_FROM: the policy the cold start fine-tunes (BASE, or what a recipe makes of it first:
+# tiny.mk's perception pre-training), made by the target SFT_FROM_TARGET.
+SFT_FROM ?= $(BASE)
+$(RUN)/ckpt-0/config.json: $(SFT_DATA).meta.json $(SFT_FROM_TARGET)
+	$(call single,SFT,stages/sft.sh,$(SFT_DATA) $(SFT_FROM) $(RUN)/ckpt-0 $(SFT_OPTS) --force --metrics $(RUN)/sft/metrics.jsonl,$(TRAIN_ENV))
 endif
 
 # This iteration's prompts: PROMPTS_PER_ITER consecutive rows, cycling through the file,
@@ -174,9 +177,12 @@ $(RUN)/eval/ckpt-%.summary.json: $(RUN)/ckpt-%/config.json $(TEST)
 	$(call sharded,EVAL,stages/eval.sh,$(RUN)/eval/ckpt-$*.jsonl,$(TEST) $(RUN)/ckpt-$* $(RUN)/eval/ckpt-$*.jsonl $(EVAL_OPTS))
 	test -f $@ || $(MARSCLI) eval --summarize $(RUN)/eval/ckpt-$*.jsonl
 
+# EVAL_EVERY=e evaluates checkpoints 0, e, 2e, ... and the last one (the ablation's many runs).
 SUMMARY ?= 1
+EVAL_EVERY ?= 1
+EVAL_CKPTS = $(sort $(shell seq 0 $(EVAL_EVERY) $(ITERS)) $(ITERS))
 rl-eval: rl
-	$(MAKE) --no-print-directory $(foreach k,$(shell seq 0 $(ITERS)),$(RUN)/eval/ckpt-$(k).summary.json)
+	$(MAKE) --no-print-directory $(foreach k,$(EVAL_CKPTS),$(RUN)/eval/ckpt-$(k).summary.json)
 	$(if $(filter 1,$(SUMMARY)),$(PY) scripts/run_summary.py $(RUN) --iters $(ITERS))
 
 # The demo: toy world → tiny model → SFT → RL iterations → eval, in about 10 minutes on 2 cores.

@@ -52,8 +52,10 @@ NAME ?= tiny
 RUN ?= runs/$(NAME)
 WORLD ?= $(RUN)/world
 KINDS ?= perception
-WORLD_OPTS ?= --entities 8 --grid 4 --kinds $(KINDS) --train 192 --test 96 --sft 240 \
-  --seed 0
+PERCEIVE ?= 960
+WORLD_OPTS ?= --entities 8 --grid 4 --zoom-cells 2 --kinds $(KINDS) --train 192 --test 96 \
+  --sft 240 --perceive $(PERCEIVE) --seed 0
+PERCEIVE_OPTS ?= --epochs 3 --lr 2e-3 --batch-size 16 --schedule cosine
 MODEL_OPTS ?= --size tiny --min-pixels 16384 --max-pixels 50176 --seed 0
 BASE ?= $(RUN)/base
 
@@ -103,5 +105,16 @@ $(BASE).meta.json: $(WORLD).meta.json
 
 $(SFT_DATA).meta.json: $(BASE).meta.json $(WORLD)/text.sqlite.meta.json
 	stages/rollout.sh $(WORLD)/sft.jsonl $(BASE) $(SFT_DATA) --engine replay -n 1 $(AGENT_OPTS)
+
+# Perception pre-training (toy/perceive.py): the random model learns to read a logo's crop and
+# to give the logo's box from short message rows, as Qwen3-VL did in its own pre-training, before
+# the cold start teaches it the agent protocol. Beside BASE, so RL seeds and ablations share it.
+PERCEIVED ?= $(BASE)-perceive
+$(PERCEIVED)/config.json: $(BASE).meta.json
+	$(call single,SFT,stages/sft.sh,$(WORLD)/perceive.jsonl $(BASE) $(PERCEIVED) $(PERCEIVE_OPTS) --force --metrics $(PERCEIVED).metrics.jsonl,$(TRAIN_ENV))
+ifneq ($(PERCEIVE),0)
+SFT_FROM = $(PERCEIVED)
+SFT_FROM_TARGET = $(PERCEIVED)/config.json
+endif
 
 RECIPE_INPUTS = $(WORLD)/text.sqlite.meta.json

@@ -79,7 +79,8 @@ def iteration(run: Path, k: int) -> dict | None:
            "tool_calls": {name: u["mean"] for name, u in bench["tool_use"].items()},
            "categories": {c: v["accuracy"] for c, v in bench["categories"].items()},
            "by_category": by_category(evals),
-           "zoom_hit_rate": pct(hit_rate(evals)), "rollout_reward": rollout_reward(run, k)}
+           "zoom_hit_rate": pct(hit_rate(evals, run / "eval")),
+           "rollout_reward": rollout_reward(run, k)}
     out.update(rollout_stats(run, k))
     return out
 
@@ -96,7 +97,7 @@ def rollout_stats(run: Path, k: int) -> dict:
     it = run / f"iter-{k}"
     rr = rollout_reward(run, k)
     out = {"rollout_accuracy": pct(rr["accuracy"]) if rr else None,
-           "rollout_zoom_hit_rate": pct(hit_rate(records(it / "rollouts.jsonl"))),
+           "rollout_zoom_hit_rate": pct(hit_rate(records(it / "rollouts.jsonl"), it)),
            "pooled_std": None, "flat_groups": None}
     meta = it / "advantages.jsonl.meta.json"
     if meta.is_file():

@@ -194,3 +194,36 @@ def test_prune_keeps_the_last_training_states_and_every_hf_folder(tmp_path, keep
     kept = sorted(k for k in range(4) if (run / f"ckpt-{k}/train_state").is_dir())
     assert kept == [0, *range(4 - keep, 4)]
     assert all((run / f"ckpt-{k}/config.json").is_file() for k in range(4))
+
+
+# ----------------------------------------------------------------------- reproducible numbers
+
+
+def test_tiny_recipe_pins_threads_and_kernels_for_every_stage():
+    """Thread count and the kernels' instruction set change the demo's float rounding (see
+    recipes/tiny.mk), so the tiny recipe exports both pins; the GPU recipes leave them alone."""
+    e = {k: v for k, v in os.environ.items()
+         if k not in CLEAN + ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "ATEN_CPU_CAPABILITY",
+                              "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")}
+    pins = "OMP_NUM_THREADS|ATEN_CPU_CAPABILITY|MKL_CBWR|ONEDNN_MAX_CPU_ISA"
+    show = f"show-env: ; @env | grep -E '^({pins})=' | sort"
+
+    def env_of(recipe: str) -> str:
+        r = subprocess.run(["make", "--no-print-directory", "--eval", show, "show-env",
+                            f"RECIPE=recipes/{recipe}.mk"], cwd=ROOT, text=True,
+                           capture_output=True, env=e, timeout=60, check=True)
+        return r.stdout
+
+    assert env_of("tiny").split() == ["ATEN_CPU_CAPABILITY=avx2", "MKL_CBWR=AVX2",
+                                      "OMP_NUM_THREADS=2", "ONEDNN_MAX_CPU_ISA=AVX2"]
+    assert env_of("mars-8b") == ""
+
+
+def test_setup_installs_the_pinned_library_versions():
+    lines = dry_run("-B", "setup")
+    pips = [x for x in lines if "pip install" in x]
+    assert pips and all("-c constraints.txt" in x for x in pips)
+    pins = dict(x.split("==") for x in (ROOT / "constraints.txt").read_text().splitlines()
+                if "==" in x and not x.startswith("#"))
+    assert pins["torch"] == "2.14.1" and pins["torchvision"] == "0.29.1"
+    assert "transformers" in pins and "numpy" in pins and "pillow" in pins

@@ -372,3 +372,38 @@ def test_zoom_cells_box_is_the_aligned_block_holding_the_logo(tmp_path):
         assert box[1] * 1.024 <= logo[1] and logo[3] <= box[3] * 1.024
     with pytest.raises(BadInput, match="zoom-cells"):
         build_world(tmp_path / "bad", entities=5, train=1, test=0, sft=0, grid=4, zoom_cells=3)
+
+
+def test_perception_rows_are_the_zoom_tools_crop_and_the_experts_box(tmp_path, tiny_model):
+    from marscli.messages import to_trajectory
+    from marscli.policy import load_processor
+    from marscli.toy.perceive import WHERE
+
+    plain = tmp_path / "plain"
+    build_world(plain, seed=0, **SMALL)
+    w = tmp_path / "w"
+    stats = build_world(w, seed=0, perceive=3, **SMALL)
+    assert stats["perceive"] == 3 and stats["images"] == 27 + 6
+    a, b = files(plain), files(w)
+    for split in SPLITS:  # a split of its own: the others are byte for byte the same
+        assert a[f"{split}.jsonl"] == b[f"{split}.jsonl"]
+    msgs = [orjson.loads(x) for x in (w / "perceive.jsonl").read_bytes().splitlines()]
+    assert len(msgs) == 6
+    ents = entities(w)
+    for k in range(3):
+        read, ground = msgs[2 * k], msgs[2 * k + 1]
+        scene = Image.open(w / ground["images"][0]).convert("RGB")
+        box = json.loads(ground["messages"][-1]["content"])
+        assert ground["messages"][1]["content"] == "<image>" + WHERE
+        crop = np.asarray(Image.open(w / read["images"][0]).convert("RGB"))
+        assert np.array_equal(crop, zoom(scene, box))  # what the agent will see
+        q, ans = read["messages"][1]["content"], read["messages"][2]["content"]
+        logo = next(e["logo"] for e in ents.values()
+                    if ans in (e["logo"]["colour"], e["logo"]["shape"], e["logo"]["letter"]))
+        if "colour" in q:  # the crop shows the shape in the answer's colour
+            assert near(crop, COLOURS[ans]).sum() > 50, logo
+    proc = load_processor(str(tiny_model))
+    traj = to_trajectory(msgs[1], "perceive.jsonl", 2, w, proc, "unused")
+    assert [s["role"] for s in traj["segments"]] == ["prompt", "model"]
+    with pytest.raises(BadInput, match="--perceive"):
+        build_world(tmp_path / "bad", seed=0, perceive=-1, **SMALL)

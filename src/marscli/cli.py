@@ -398,6 +398,10 @@ def toy_world(
     kinds: Annotated[str, typer.Option(
         help="Question kinds, comma-separated: perception, knowledge, both."
     )] = "perception,knowledge,both",
+    perceive: Annotated[int, typer.Option(
+        help="Scenes of perception pre-training in perceive.jsonl (two message rows each: "
+             "read the logo's crop, give the logo's box), for a random model to learn to see "
+             "before the cold start.")] = 0,
     force: Annotated[bool, typer.Option("--force", help="Replace a non-empty OUT.")] = False,
 ) -> None:
     """Write a synthetic MARS-like world (logos, scenes, corpus, prompts, expert replies)."""
@@ -406,11 +410,13 @@ def toy_world(
         check_range("--train", train, 0, 1_000_000)
         check_range("--test", test, 0, 1_000_000)
         check_range("--sft", sft, 0, 1_000_000)
+        check_range("--perceive", perceive, 0, 1_000_000)
         check_range("--size", size, 256, 8192)
         from marscli.toy.world import main as toy_main
 
         toy_main(out, entities=entities, seed=seed, train=train, test=test, sft=sft, size=size,
-                 grid=grid, kinds=kinds, zoom_cells=zoom_cells, force=force)
+                 grid=grid, kinds=kinds, zoom_cells=zoom_cells, perceive=perceive,
+                 force=force)
 
 
 @app.command()

@@ -8,6 +8,8 @@ to the scene first. The logo's box is the world's ground truth (`toy.logo_box`, 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 Box = tuple[float, float, float, float]
 SCENE: Box = (0.0, 0.0, 1000.0, 1000.0)
 
@@ -23,13 +25,28 @@ def _in_scene(images: list[dict], j: int, seen: frozenset[int] = frozenset()) ->
     return px0 + x0 * w, py0 + y0 * h, px0 + x1 * w, py0 + y1 * h
 
 
-def zoom_hits(record: dict) -> tuple[int, int]:
+def scene_side(record: dict, base: Path | None) -> int | None:
+    """The scene's side in pixels: `toy.size`, or (a world written before it was recorded) the
+    width of the scene file, relative to `base` (the record file's folder)."""
+    toy, images = record.get("toy") or {}, record.get("images") or []
+    if "size" in toy:
+        return int(toy["size"])
+    if base is None or not images or not (base / images[0].get("path", "")).is_file():
+        return None
+    from PIL import Image
+
+    with Image.open(base / images[0]["path"]) as im:  # reads the header only
+        return im.width
+
+
+def zoom_hits(record: dict, base: Path | None = None) -> tuple[int, int]:
     """(zoom calls, hits) of one trajectory record of the toy world; (0, 0) without a zoom or
     without the world's ground truth."""
     toy, images = record.get("toy") or {}, record.get("images") or []
-    if "logo_box" not in toy or "size" not in toy:
+    side = scene_side(record, base) if "logo_box" in toy else None
+    if side is None:
         return 0, 0
-    s = 1000 / toy["size"]
+    s = 1000 / side
     lx0, ly0, lx1, ly1 = (v * s for v in toy["logo_box"])
     calls = hits = 0
     for j in range(1, len(images)):
@@ -41,10 +58,10 @@ def zoom_hits(record: dict) -> tuple[int, int]:
     return calls, hits
 
 
-def hit_rate(records: list[dict]) -> float | None:
+def hit_rate(records: list[dict], base: Path | None = None) -> float | None:
     """Hits over zoom calls across `records`; None when there was no zoom call."""
     calls = hits = 0
     for r in records:
-        c, h = zoom_hits(r)
+        c, h = zoom_hits(r, base)
         calls, hits = calls + c, hits + h
     return hits / calls if calls else None

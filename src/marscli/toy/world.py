@@ -20,6 +20,7 @@ from marscli.jsonl import dumps
 from marscli.toy.corpus import make_corpus
 from marscli.toy.entities import MAX_ENTITIES, Entity, make_entities
 from marscli.toy.expert import expert_replies
+from marscli.toy.perceive import SYSTEM, WHERE, perception_rows
 from marscli.toy.prompts import KINDS, gold, plan, question, search_hits
 from marscli.toy.render import LOGO_MAX, render_logo, render_scene
 
@@ -35,11 +36,12 @@ def _rng(seed: int, *purpose: object) -> random.Random:
 
 
 def check_options(entities: int, train: int, test: int, sft: int, size: int, grid: int,
-                  zoom_cells: int = 1) -> None:
+                  zoom_cells: int = 1, perceive: int = 0) -> None:
     if not MIN_ENTITIES <= entities <= MAX_ENTITIES:
         raise BadInput(f"--entities: {entities} is out of range — must be {MIN_ENTITIES}.."
                        f"{MAX_ENTITIES} (each logo is a distinct shape, colour and plate)")
-    for name, n in (("--train", train), ("--test", test), ("--sft", sft)):
+    for name, n in (("--train", train), ("--test", test), ("--sft", sft),
+                    ("--perceive", perceive)):
         if n < 0:
             raise BadInput(f"{name}: {n} is out of range — must be >= 0")
     if train + test + sft == 0:
@@ -95,7 +97,8 @@ def _split_rows(split: str, n: int, seed: int, ents: list[Entity], tmp: Path, si
     return rows
 
 
-def _vocab(corpus: list[dict], splits: dict[str, list[dict]], ents: list[Entity]) -> str:
+def _vocab(corpus: list[dict], splits: dict[str, list[dict]], ents: list[Entity],
+           extra: list[str]) -> str:
     """All the world's text, for `marscli tiny-model --text`: the system prompt and tool
     schemas, the corpus, every question, answer and expert reply, and the tool observations'
     fixed phrases."""
@@ -109,6 +112,7 @@ def _vocab(corpus: list[dict], splits: dict[str, list[dict]], ents: list[Entity]
     lines.append("Reverse image search results:\n" + "\n".join(
         f"[{i}] {e.name}" for i, e in enumerate(ents, 1)))
     lines.append("Zoomed in on image 0 (logo): image 1 is the region [0, 0, 125, 125].")
+    lines += extra
     for rows in splits.values():
         for r in rows:
             lines.append(r["question"])
@@ -125,12 +129,13 @@ def _vocab(corpus: list[dict], splits: dict[str, list[dict]], ents: list[Entity]
 
 def build_world(out: str | Path, entities: int = 24, seed: int = 0, train: int = 240,
                 test: int = 60, sft: int = 120, size: int = 1024, grid: int = 8,
-                kinds: tuple[str, ...] = KINDS, zoom_cells: int = 1, force: bool = False) -> dict:
+                kinds: tuple[str, ...] = KINDS, zoom_cells: int = 1, perceive: int = 0,
+                force: bool = False) -> dict:
     """Write the toy world to folder `out` (see the README it writes); return statistics.
 
     Built in `OUT.tmp-PID` and renamed onto `out`; a non-empty `out` is refused unless `force`.
     """
-    check_options(entities, train, test, sft, size, grid, zoom_cells)
+    check_options(entities, train, test, sft, size, grid, zoom_cells, perceive)
     out = Path(out)
     t0 = time.perf_counter()
     _check_out(out, force)
@@ -152,12 +157,18 @@ def build_world(out: str | Path, entities: int = 24, seed: int = 0, train: int =
                   for s in SPLITS}
         for s, rows in splits.items():
             _write_jsonl(tmp / f"{s}.jsonl", rows)
-        (tmp / "vocab.txt").write_text(_vocab(corpus, splits, ents), encoding="utf-8")
+        if perceive:  # scenes of their own (keyed RNG: the other splits stay as they were)
+            scenes = _split_rows("perceive", perceive, seed, ents, tmp, size, grid,
+                                 ("perception",), zoom_cells)
+            _write_jsonl(tmp / "perceive.jsonl", perception_rows(scenes, tmp, PNG_LEVEL))
+        extra = [SYSTEM, WHERE] if perceive else []
+        (tmp / "vocab.txt").write_text(_vocab(corpus, splits, ents, extra), encoding="utf-8")
         world = {"v": 1, "seed": seed, "size": size, "grid": grid, "cities": cities,
                  "shops": shops, "entities": [e.to_dict() for e in ents],
                  "splits": counts}
         (tmp / "world.json").write_bytes(orjson.dumps(world, option=orjson.OPT_INDENT_2) + b"\n")
-        stats = {"entities": entities, **counts, "images": train + test + sft,
+        stats = {"entities": entities, **counts, "perceive": perceive,
+                 "images": train + test + sft + 2 * perceive,
                  "passages": len(corpus), "max_logo_area": max_logo_area(grid)}
         (tmp / "README.md").write_text(readme(world, stats), encoding="utf-8")
         stats["bytes"] = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file())
@@ -192,6 +203,8 @@ for `marscli index images` |
 (marscli form, gold answers) |
 | `sft.jsonl` | {stats['sft']} prompt rows with `replies`: the expert's turns, \
 for `--engine replay` |
+| `perceive.jsonl` | {2 * stats['perceive']} message rows of perception pre-training (read the \
+crop, ground the logo) on scenes of their own, for `marscli sft` |
 | `vocab.txt` | all the world's text, for `marscli tiny-model --text` |
 
 Prompt rows: `{{v, id, image, question, answer, category, image_search, toy}}`. `category` is
@@ -222,7 +235,7 @@ this small in a scene; use `data`.
 
 def main(out: str, entities: int = 24, seed: int = 0, train: int = 240, test: int = 60,
          sft: int = 120, size: int = 1024, grid: int = 8, kinds: str = ",".join(KINDS),
-         zoom_cells: int = 1, force: bool = False) -> dict:
+         zoom_cells: int = 1, perceive: int = 0, force: bool = False) -> dict:
     """`marscli toy-world`: build, write `OUT.meta.json` beside the folder, report on stderr."""
     import sys
 
@@ -234,7 +247,7 @@ def main(out: str, entities: int = 24, seed: int = 0, train: int = 240, test: in
     if bad or not kind_list:
         raise BadInput(f"--kinds {kinds!r}: choose from {', '.join(KINDS)} (comma-separated)")
     config = {"entities": entities, "train": train, "test": test, "sft": sft, "size": size,
-              "grid": grid, "kinds": kind_list, "zoom_cells": zoom_cells}
+              "grid": grid, "kinds": kind_list, "zoom_cells": zoom_cells, "perceive": perceive}
     stats = build_world(out, force=force, seed=seed, **config)
     write_sidecar(str(Path(out)), stage="toy-world", seed=seed, config=config, stats=stats,
                   started=started)

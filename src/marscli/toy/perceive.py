@@ -1,0 +1,58 @@
+"""Perception pre-training rows: what a pretrained VLM already knows, for a random tiny model.
+
+MARS starts from Qwen3-VL-Instruct, which already reads a logo in a crop and points at an object
+with a 0..1000 box; RL then teaches it when and where to zoom. The tiny model starts random, and
+measured, it does not learn to see from the agent trajectories alone: after the cold-start SFT
+its answer did not depend on the crop at all (p(gold) 0.141 with the true crop, 0.141 with
+another row's), because the zoom box's digits carry most of the loss (57% on the demo's
+trajectories) and drown the one answer token. So the world also writes `perceive.jsonl`,
+message rows of the two skills, each trained on its own short answer (`marscli sft` on message
+rows: the loss is on the assistant turn only), as a VLM's pre-training data would be:
+- reading: the expert's crop of the logo (cut and resized as the zoom tool does) and a
+  perception question → the one-word answer;
+- grounding: the whole scene and "Where is the logo?" → the expert's zoom box, written as the
+  tool call writes it ("[500, 0, 1000, 500]").
+The scenes are a split of their own (`perceive-NNNN`), never shown to RL or the test.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from PIL import Image
+
+from marscli.images import resize_crop
+
+SYSTEM = "You look at images and answer in one word or one box."
+WHERE = "Where is the logo in this image? Answer with its box [x1, y1, x2, y2] in 0..1000."
+
+
+def crop_of(scene: Image.Image, box: list[int]) -> Image.Image:
+    """The zoom tool's crop of `box` (0..1000) of `scene` (tools/zoom.py, same rounding)."""
+    w, h = scene.size
+    x1, y1, x2, y2 = (box[0] / 1000 * w, box[1] / 1000 * h, box[2] / 1000 * w, box[3] / 1000 * h)
+    pix = (int(x1), int(y1), max(int(x1) + 1, round(x2)), max(int(y1) + 1, round(y2)))
+    return resize_crop(scene.crop(pix))
+
+
+def _row(image: str, question: str, answer: str) -> dict:
+    return {"messages": [{"role": "system", "content": SYSTEM},
+                         {"role": "user", "content": f"<image>{question}"},
+                         {"role": "assistant", "content": answer}],
+            "images": [image]}
+
+
+def perception_rows(rows: list[dict], folder: Path, save_level: int) -> list[dict]:
+    """Two message rows per scene row of `rows` (images under `folder`): read the crop, ground
+    the logo. Crops are written as `images/<id>-crop.png`."""
+    out = []
+    for r in rows:
+        box = r["toy"]["zoom_box"]
+        rel = f"images/{r['id']}-crop.png"
+        with Image.open(folder / r["image"]) as scene:
+            crop_of(scene.convert("RGB"), box).save(folder / rel, format="PNG",
+                                                    compress_level=save_level)
+        out.append(_row(rel, r["question"], r["answer"][0]))
+        out.append(_row(r["image"], WHERE, json.dumps(box)))
+    return out
