@@ -212,7 +212,7 @@ def test_presence_penalty_reaches_the_server_and_is_refused_where_no_engine_has_
     assert {r["body"]["presence_penalty"] for r in server.log} == {1.5}
     out = tmp_path / "hf.jsonl"
     with pytest.raises(BadInput, match=r"--presence-penalty: the hf engine has none — use "
-                                       r"--engine (openai or vllm|vllm or openai)"):
+                                       r"--engine openai or server or vllm"):
         run_rollout(str(prompts), str(out), policy="x", presence_penalty=1.5)
     with pytest.raises(BadInput, match=r"--presence-penalty: 3\.0 is out of range"):
         run_rollout(str(prompts), str(out), engine="openai", presence_penalty=3.0,

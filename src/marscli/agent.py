@@ -54,9 +54,12 @@ a file name carries a hash of the whole id, so no two trajectories share a crop 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
+import queue
 import re
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -107,8 +110,12 @@ class AgentConfig:
     # `# Tools` block in the system prompt, tokenised by marscli's layout (tokens.py).
     tool_schemas: list[dict] | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    batch_size: int = 32  # trajectories advanced together
+    batch_size: int = 32  # lock-step loop: trajectories advanced together
     tool_workers: int = 16
+    # Asynchronous loop (engines with `agenerate`): trajectories in flight at once (None:
+    # batch_size); `lockstep` keeps the lock-step loop on such an engine too.
+    max_inflight: int | None = None
+    lockstep: bool = False
 
 
 Event = Callable[[str, "Traj", dict], None]
@@ -215,8 +222,18 @@ class Agent:
 
     # ------------------------------------------------------------------ public
 
+    @property
+    def asynchronous(self) -> bool:
+        """Each trajectory on its own: the engine has `agenerate`, nobody listens for streamed
+        text (only the hf engine streams, and it has no async path) and no lock-step asked."""
+        return hasattr(self.engine, "agenerate") and not self.cfg.lockstep and not self.streaming
+
     def run(self, jobs: list[tuple[Prompt, int]]) -> Iterator[dict]:
-        """Yield finished trajectory records, batch by batch, in job order within a batch."""
+        """Yield finished trajectory records: lock-step, batch by batch and in job order within
+        a batch; asynchronously (`asynchronous`), as each trajectory finishes."""
+        if self.asynchronous:
+            yield from self._run_async(jobs)
+            return
         cache: dict[str, tuple] = {}
         for i in range(0, len(jobs), self.cfg.batch_size):
             batch = [self._start(p, s, cache) for p, s in jobs[i:i + self.cfg.batch_size]]
@@ -225,6 +242,83 @@ class Agent:
             for t in batch:
                 yield self._record(t)
             cache.clear()
+
+    # ------------------------------------------------------------------ asynchronous loop
+
+    def _run_async(self, jobs: list[tuple[Prompt, int]]) -> Iterator[dict]:
+        """The asyncio loop runs in a thread of its own and hands finished records over a
+        queue, so that the caller's loop (write, score, count) stays a plain iterator. A
+        caller that stops early (an exception in its hook) cancels the trajectories in flight."""
+        done: queue.Queue = queue.Queue()
+        cancel = threading.Event()
+
+        def main() -> None:
+            try:
+                asyncio.run(self._trajectories(jobs, done, cancel))
+            except BaseException as e:  # re-raised in the caller's thread
+                done.put(e)
+            else:
+                done.put(_DONE)
+
+        thread = threading.Thread(target=main, name="marscli-agent", daemon=True)
+        thread.start()
+        try:
+            while (item := done.get()) is not _DONE:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            cancel.set()
+            thread.join()
+
+    async def _trajectories(self, jobs: list[tuple[Prompt, int]], done: queue.Queue,
+                            cancel: threading.Event) -> None:
+        """Every job as a task; at most `max_inflight` past their start (FIFO, so they start
+        in job order); tool calls in a pool of `tool_workers` threads. The first failure
+        cancels the rest."""
+        limit = asyncio.Semaphore(self.cfg.max_inflight or self.cfg.batch_size)
+        pool = ThreadPoolExecutor(self.cfg.tool_workers, thread_name_prefix="marscli-tool")
+        cache: dict[str, tuple] = {}  # a prompt's decoded images, until its last sample ends
+        left = Counter(p.id for p, _ in jobs)
+
+        async def one(prompt: Prompt, sample: int) -> None:
+            async with limit:
+                if cancel.is_set():
+                    raise asyncio.CancelledError
+                t = self._start(prompt, sample, cache)
+                while t.stop is None:
+                    await self._step(t, pool)
+                done.put(self._record(t))
+                left[prompt.id] -= 1
+                if not left[prompt.id]:
+                    cache.pop(prompt.id, None)
+
+        tasks = [asyncio.create_task(one(p, s)) for p, s in jobs]
+        watch = asyncio.create_task(_wait_for(cancel))
+        try:
+            finished, _ = await asyncio.wait([asyncio.gather(*tasks), watch],
+                                             return_when=asyncio.FIRST_COMPLETED)
+            for f in finished:
+                if f is not watch:
+                    f.result()  # the first trajectory's exception, if any
+        finally:
+            for task in [*tasks, watch]:
+                task.cancel()
+            await asyncio.gather(*tasks, watch, return_exceptions=True)
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    async def _step(self, t: Traj, pool: ThreadPoolExecutor) -> None:
+        """One turn of one trajectory: its request joins whatever the engine is batching;
+        its tool call runs in the pool while other trajectories generate."""
+        t0 = time.perf_counter()
+        g = await self.engine.agenerate(self._request(t), self.cfg.sampling)
+        call = self._take(t, g, None, (time.perf_counter() - t0) * 1000)
+        if call is not None:
+            action, closed = call
+            res, ms = await asyncio.get_running_loop().run_in_executor(pool, self._tool, t,
+                                                                       action)
+            self._observe(t, action, res, ms, closed)
+        self._end_turn(t)
 
     # ------------------------------------------------------------------ steps
 
@@ -296,51 +390,62 @@ class Agent:
         return msgs
 
     def _turn(self, active: list[Traj]) -> None:
-        reqs = []
-        for t in active:
-            budget = self.cfg.max_response_tokens - t.response_tokens
-            reqs.append(GenRequest(t.context, t.feats, min(self.cfg.max_turn_tokens, budget),
-                                   row=t.prompt.extra, turn=t.turns, messages=t.messages,
-                                   image_files=t.files, key=t.id))
+        """One lock-step turn: every active trajectory generates in one batch, then the
+        turn's tool calls run together."""
         t0 = time.perf_counter()
-        gens, streams = self._generate(active, reqs)
+        gens, streams = self._generate(active, [self._request(t) for t in active])
         gen_ms = (time.perf_counter() - t0) * 1000 / max(1, len(active))
-        calls: list[tuple[Traj, ToolCall | FormatError, bool]] = []
-        for t, g, stream in zip(active, gens, streams):
-            if g.finish == "error":  # the engine gave up on this request: end it, recorded
-                t.stop, t.error = "engine_error", g.error or "engine error"
-                continue
-            closed = g.finish == "stop"
-            text, toks, logprobs = self._reply(g, closed)
-            if stream is not None and (rest := stream.rest(text)):  # what was held back
-                self.on_event("text", t, {"delta": rest})
-            t.turns += 1
-            t.ms["generate"] += gen_ms
-            t.segments.append(Segment("model", toks, logprobs=logprobs, text=text))
-            if t.messages is not None:
-                t.messages.append({"role": "assistant", "content": text})
-            n = len(toks) if toks is not None else (g.usage or 0)
-            t.context += toks or []
-            t.response_tokens += n
-            t.gen_tokens += n
-            action = parse_turn(text)
-            self.on_event("model", t, {"text": text, "action": action})
-            if isinstance(action, Answer) and closed:
-                t.stop, t.final_answer = "answer", action.text
-            elif t.response_tokens >= self.cfg.max_response_tokens:
-                t.stop = "max_tokens"
-            elif isinstance(action, Answer):  # an answer cut off mid-turn: not closed
-                calls.append((t, FormatError("reply cut off before <|im_end|>"), closed))
-            else:
-                calls.append((t, action, closed))
+        calls = [(t, *call) for t, g, stream in zip(active, gens, streams)
+                 if (call := self._take(t, g, stream, gen_ms)) is not None]
         results = self._run_tools([(t, a) for t, a, _ in calls])
         for (t, action, closed), (res, ms) in zip(calls, results):
             self._observe(t, action, res, ms, closed)
         for t in active:
-            if t.stop is None and t.turns >= self.cfg.max_turns:
-                t.stop = "max_turns"
-            if t.stop:
-                self.on_event("stop", t, {"stop": t.stop, "answer": t.final_answer})
+            self._end_turn(t)
+
+    def _request(self, t: Traj) -> GenRequest:
+        budget = self.cfg.max_response_tokens - t.response_tokens
+        return GenRequest(t.context, t.feats, min(self.cfg.max_turn_tokens, budget),
+                          row=t.prompt.extra, turn=t.turns, messages=t.messages,
+                          image_files=t.files, key=t.id)
+
+    def _take(self, t: Traj, g: Generation, stream: StreamDecoder | None, gen_ms: float
+              ) -> tuple[ToolCall | FormatError, bool] | None:
+        """Record a reply; the tool call it asks for (or the format error to observe) and
+        whether the turn closed, or None when the trajectory stopped."""
+        if g.finish == "error":  # the engine gave up on this request: end it, recorded
+            t.stop, t.error = "engine_error", g.error or "engine error"
+            return None
+        closed = g.finish == "stop"
+        text, toks, logprobs = self._reply(g, closed)
+        if stream is not None and (rest := stream.rest(text)):  # what was held back
+            self.on_event("text", t, {"delta": rest})
+        t.turns += 1
+        t.ms["generate"] += gen_ms
+        t.segments.append(Segment("model", toks, logprobs=logprobs, text=text))
+        if t.messages is not None:
+            t.messages.append({"role": "assistant", "content": text})
+        n = len(toks) if toks is not None else (g.usage or 0)
+        t.context += toks or []
+        t.response_tokens += n
+        t.gen_tokens += n
+        action = parse_turn(text)
+        self.on_event("model", t, {"text": text, "action": action})
+        if isinstance(action, Answer) and closed:
+            t.stop, t.final_answer = "answer", action.text
+        elif t.response_tokens >= self.cfg.max_response_tokens:
+            t.stop = "max_tokens"
+        elif isinstance(action, Answer):  # an answer cut off mid-turn: not closed
+            return FormatError("reply cut off before <|im_end|>"), closed
+        else:
+            return action, closed
+        return None
+
+    def _end_turn(self, t: Traj) -> None:
+        if t.stop is None and t.turns >= self.cfg.max_turns:
+            t.stop = "max_turns"
+        if t.stop:
+            self.on_event("stop", t, {"stop": t.stop, "answer": t.final_answer})
 
     def _generate(self, active: list[Traj], reqs: list[GenRequest]
                   ) -> tuple[list[Generation], list[StreamDecoder | None]]:
@@ -370,26 +475,26 @@ class Agent:
         return g.text, toks + ([self.ids.im_end] if closed else []), None
 
     def _run_tools(self, calls: list[tuple[Traj, Any]]) -> list[tuple[ToolResult, int]]:
-        def one(item: tuple[Traj, Any]) -> tuple[ToolResult, int]:
-            t, action = item
-            t0 = time.perf_counter()
-            if isinstance(action, FormatError):
-                res = ToolResult(f"error: {action.message}", ok=False)
-            elif action.name not in self.tools:
-                res = ToolResult(f"error: unknown tool {action.name!r}; available: "
-                                 f"{', '.join(self.tools)}", ok=False)
-            else:
-                ctx = ToolContext(images=t.images, row=t.prompt.row())
-                try:
-                    res = self.tools[action.name](action.arguments, ctx)
-                except Exception as e:  # a tool bug must not kill the batch
-                    res = ToolResult(f"error: tool failed ({type(e).__name__}: {e})", ok=False)
-            return res, int((time.perf_counter() - t0) * 1000)
-
         if len(calls) <= 1:
-            return [one(c) for c in calls]
+            return [self._tool(t, a) for t, a in calls]
         with ThreadPoolExecutor(min(self.cfg.tool_workers, len(calls))) as pool:
-            return list(pool.map(one, calls))
+            return list(pool.map(lambda c: self._tool(*c), calls))
+
+    def _tool(self, t: Traj, action: Any) -> tuple[ToolResult, int]:
+        """Run one tool call (thread-safe: it reads the trajectory, never writes it)."""
+        t0 = time.perf_counter()
+        if isinstance(action, FormatError):
+            res = ToolResult(f"error: {action.message}", ok=False)
+        elif action.name not in self.tools:
+            res = ToolResult(f"error: unknown tool {action.name!r}; available: "
+                             f"{', '.join(self.tools)}", ok=False)
+        else:
+            ctx = ToolContext(images=t.images, row=t.prompt.row())
+            try:
+                res = self.tools[action.name](action.arguments, ctx)
+            except Exception as e:  # a tool bug must not kill the batch
+                res = ToolResult(f"error: tool failed ({type(e).__name__}: {e})", ok=False)
+        return res, int((time.perf_counter() - t0) * 1000)
 
     def _observe(self, t: Traj, action: Any, res: ToolResult, ms: int, closed: bool) -> None:
         name = action.name if isinstance(action, ToolCall) else None
@@ -488,6 +593,15 @@ class Agent:
             rec["error"] = t.error
         rec["ms"] = {k: int(v) for k, v in t.ms.items()}  # timings: the only fields that vary
         return rec
+
+
+_DONE = object()  # the asynchronous loop's end-of-records marker
+
+
+async def _wait_for(event: threading.Event) -> None:
+    """Return once `event` is set (polled: a threading.Event has no awaitable)."""
+    while not event.is_set():
+        await asyncio.sleep(0.05)
 
 
 def _template_arguments(template: Any) -> dict:

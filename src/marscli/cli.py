@@ -298,6 +298,35 @@ def search(
             print(res.text)
 
 
+@app.command()
+def serve(
+    policy: Annotated[str, typer.Argument(metavar="POLICY", help="Checkpoint folder to serve.")],
+    port: Annotated[int, typer.Option(help="Port to listen on (0: any free one).")] = 8471,
+    host: Annotated[str, typer.Option(
+        help="Address to listen on (127.0.0.1: this machine only; 0.0.0.0: every interface, "
+             "for rollouts on other nodes).")] = "127.0.0.1",
+    device: opt.Device = opt.GEN.device,
+    tensor_parallel: opt.TensorParallel = None,
+    max_batch: Annotated[int, typer.Option(help="Sequences vLLM batches at once.")] = 256,
+    max_model_len: Annotated[int | None, typer.Option(
+        help="Context length (default: the model's, at most 32,768).")] = None,
+    kv_cache_gib: Annotated[float | None, typer.Option(
+        help="KV cache size in GiB (default on CPU: 1; on GPUs: a share of the memory).")] = None,
+) -> None:
+    """Keep a vLLM engine up and serve generation over HTTP, reloading weights in place
+    (`POST /reload`); rollout and eval use it with --engine server:http://HOST:PORT."""
+    with guard():
+        check_range("--port", port, 0, 65535)
+        check_range("--max-batch", max_batch, 1, 65536)
+        from marscli.policy import check_checkpoint
+        from marscli.serve import serve as run_server
+
+        check_checkpoint(policy)
+        run_server(policy, host=host, port=port, device=device,
+                   tensor_parallel=tensor_parallel or 1, max_batch=max_batch,
+                   max_model_len=max_model_len, kv_cache_gib=kv_cache_gib)
+
+
 @app.command("tiny-model")
 def tiny_model(
     out: Annotated[str, typer.Argument(metavar="OUT", help="Checkpoint folder to create.")],
@@ -347,6 +376,8 @@ def rollout(
     max_response_tokens: opt.MaxResponseTokens = opt.GEN.max_response_tokens,
     max_turn_tokens: opt.MaxTurnTokens = opt.GEN.max_turn_tokens,
     batch_size: opt.BatchSize = opt.GEN.batch_size,
+    max_inflight: opt.MaxInflight = None,
+    lockstep: opt.Lockstep = False,
     seed: opt.Seed = opt.GEN.seed,
     text_search: opt.TextSearch = None,
     image_search: opt.ImageSearch = None,
@@ -595,6 +626,8 @@ def eval_cmd(
     presence_penalty: opt.PresencePenalty = opt.GEN.presence_penalty,
     seed: opt.Seed = opt.GEN.seed,
     batch_size: opt.BatchSize = opt.GEN.batch_size,
+    max_inflight: opt.MaxInflight = None,
+    lockstep: opt.Lockstep = False,
     benchmark: Annotated[str | None, typer.Option(
         help="Benchmark name to record (default: inferred from the format or file name).")] = None,
     image_dir: opt.ImageDir = None,

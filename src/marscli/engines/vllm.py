@@ -125,6 +125,8 @@ class VLLMEngine:
                                                   model_max or DEFAULT_MAX_MODEL_LEN)
         self._calls = 0
         self._stats = {"requests": 0, "generated_tokens": 0, "out_of_context": 0}
+        self._ban = dict.fromkeys(self.banned, -math.inf)
+        self.loop: EngineLoop | None = None  # started by the first `agenerate`
         opts: dict[str, Any] = {
             "model": path, "tokenizer": path,
             "dtype": dtype or ("float32" if on_cpu else "bfloat16"),
@@ -152,41 +154,73 @@ class VLLMEngine:
         return dict(self._stats)
 
     def generate(self, requests: list[GenRequest], params: SamplingParams) -> list[Generation]:
-        from vllm import SamplingParams as VSamplingParams
-
+        """The lock-step loop's batch (vLLM schedules it `max_batch` at a time)."""
         call = self._calls
         self._calls += 1
-        prompts, sps, slots = [], [], []
-        out: list[Generation | None] = [None] * len(requests)
-        ban = dict.fromkeys(self.banned, -math.inf)
+        preps = [self._prepare(r, params, f"call {call}, request {i}")
+                 for i, r in enumerate(requests)]
+        slots = [i for i, p in enumerate(preps) if not isinstance(p, Generation)]
+        out = list(preps)
+        if slots and self.loop is not None:  # the loop's thread owns the engine now
+            futures = [self.loop.submit(*preps[i]) for i in slots]
+            outputs = [f.result() for f in futures]
+        elif slots:
+            outputs = self.llm.generate([preps[i][0] for i in slots], [preps[i][1] for i in slots],
+                                        use_tqdm=False)
+        for i, ro in zip(slots, outputs):
+            out[i] = self._finish(requests[i], ro)
+        return out
+
+    async def agenerate(self, request: GenRequest, params: SamplingParams) -> Generation:
+        """One request, batched continuously with whatever else is in flight (EngineLoop)."""
+        import asyncio
+
+        prep = self._prepare(request, params, f"request {self._calls}")
+        self._calls += 1
+        if isinstance(prep, Generation):
+            return prep
+        if self.loop is None:
+            self.loop = EngineLoop(self.llm)
+        future = self.loop.submit(*prep)
+        try:
+            ro = await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            self.loop.abort(future.request_id)
+            raise
+        return self._finish(request, ro)
+
+    def _prepare(self, r: GenRequest, params: SamplingParams, fallback_key: str
+                 ) -> tuple[dict, Any] | Generation:
+        """vLLM's prompt and sampling parameters for a request, or the empty generation of a
+        request with no room left in the context."""
+        from vllm import SamplingParams as VSamplingParams
+
+        ids = [self.ids.image_pad if t < 0 else t for t in r.tokens]  # one per image
+        length = sum(-t if t < 0 else 1 for t in r.tokens)  # as the model sees it
+        cap = min(r.max_new_tokens or params.max_new_tokens, self.max_model_len - length)
+        if cap <= 0:  # no room left in the context: the trajectory stops on length
+            self._stats["out_of_context"] += 1
+            self._stats["requests"] += 1
+            return Generation([], [], "length")
+        prompt: dict[str, Any] = {"prompt_token_ids": ids}
+        if r.images:
+            prompt["multi_modal_data"] = {"image": [self._pil(f) for f in r.images]}
         greedy = params.temperature <= 0
-        for i, r in enumerate(requests):
-            ids = [self.ids.image_pad if t < 0 else t for t in r.tokens]  # one per image
-            length = sum(-t if t < 0 else 1 for t in r.tokens)  # as the model sees it
-            cap = min(r.max_new_tokens or params.max_new_tokens, self.max_model_len - length)
-            if cap <= 0:  # no room left in the context: the trajectory stops on length
-                out[i] = Generation([], [], "length")
-                self._stats["out_of_context"] += 1
-                continue
-            prompt: dict[str, Any] = {"prompt_token_ids": ids}
-            if r.images:
-                prompt["multi_modal_data"] = {"image": [self._pil(f) for f in r.images]}
-            prompts.append(prompt)
-            sps.append(VSamplingParams(
-                temperature=0.0 if greedy else params.temperature,
-                top_p=1.0 if greedy else params.top_p, top_k=params.top_k or 0,
-                presence_penalty=params.presence_penalty, max_tokens=cap, logprobs=0,
-                seed=request_seed(params.seed, r.key or f"call {call}, request {i}", r.turn),
-                stop_token_ids=[self.ids.im_end], ignore_eos=True, logit_bias=ban,
-                detokenize=False, skip_special_tokens=False))
-            slots.append(i)
-        if prompts:  # vLLM schedules them itself, `max_batch` (max_num_seqs) at a time
-            for i, ro in zip(slots, self.llm.generate(prompts, sps, use_tqdm=False)):
-                self._check_prompt(requests[i], ro.prompt_token_ids)
-                out[i] = self._generation(ro.outputs[0])
-        self._stats["requests"] += len(requests)
-        self._stats["generated_tokens"] += sum(len(g.tokens) for g in out if g is not None)
-        return [g for g in out if g is not None]
+        sp = VSamplingParams(
+            temperature=0.0 if greedy else params.temperature,
+            top_p=1.0 if greedy else params.top_p, top_k=params.top_k or 0,
+            presence_penalty=params.presence_penalty, max_tokens=cap, logprobs=0,
+            seed=request_seed(params.seed, r.key or fallback_key, r.turn),
+            stop_token_ids=[self.ids.im_end], ignore_eos=True, logit_bias=self._ban,
+            detokenize=False, skip_special_tokens=False)
+        return prompt, sp
+
+    def _finish(self, r: GenRequest, ro: Any) -> Generation:
+        self._check_prompt(r, ro.prompt_token_ids)
+        g = self._generation(ro.outputs[0])
+        self._stats["requests"] += 1
+        self._stats["generated_tokens"] += len(g.tokens)
+        return g
 
     def _check_prompt(self, r: GenRequest, seen: list[int]) -> None:
         """vLLM runs its own image processor: its placeholder runs must be marscli's, or the
@@ -212,3 +246,118 @@ class VLLMEngine:
             raise ValueError("the vllm engine needs each image's PIL picture (ImageFeatures.image)"
                              "; build features with marscli.tokens.image_features")
         return feat.image
+
+
+class EngineLoop:
+    """Continuous batching over one `vllm.LLM`: a thread of its own owns the engine and steps
+    it while anything is in flight; requests join between two steps as they come (vLLM's
+    scheduler takes them into the running batch), and each finishes on its own, resolving
+    its future. Other threads only queue work (vLLM's engine is not thread-safe).
+
+    `call(fn)` runs fn(llm) in the loop's thread when nothing is in flight, else fails with
+    `Busy` (the server's weight reload). A failing step fails every request in flight, and
+    the loop goes on."""
+
+    class Busy(RuntimeError):
+        pass
+
+    def __init__(self, llm: Any) -> None:
+        import queue
+        import threading
+
+        self.llm, self.engine = llm, llm.llm_engine
+        self.inbox: queue.Queue = queue.Queue()
+        self.futures: dict[str, Any] = {}
+        self._ids = 0
+        self._lock = threading.Lock()
+        self.thread = threading.Thread(target=self._run, name="marscli-vllm-loop", daemon=True)
+        self.thread.start()
+
+    @property
+    def inflight(self) -> int:
+        return len(self.futures) + self.inbox.qsize()
+
+    def submit(self, prompt: dict, sp: Any) -> Any:
+        from concurrent.futures import Future
+
+        with self._lock:
+            self._ids += 1
+            rid = f"marscli-{self._ids}"
+        future: Any = Future()
+        future.request_id = rid
+        self.inbox.put(("add", rid, (prompt, sp), future))
+        return future
+
+    def abort(self, request_id: str) -> None:
+        self.inbox.put(("abort", request_id, None, None))
+
+    def call(self, fn: Any) -> Any:
+        from concurrent.futures import Future
+
+        future: Future = Future()
+        self.inbox.put(("call", "", fn, future))
+        return future.result()
+
+    def stop(self) -> None:
+        self.inbox.put(("stop", "", None, None))
+        self.thread.join()
+
+    def _run(self) -> None:
+        import queue
+
+        while True:
+            try:  # wait for work only when nothing is in flight
+                item = self.inbox.get(block=not self.futures)
+            except queue.Empty:
+                item = None
+            while item is not None:
+                if item[0] == "stop":
+                    return
+                self._handle(*item)
+                try:
+                    item = self.inbox.get_nowait()
+                except queue.Empty:
+                    item = None
+            if self.futures:
+                self._step()
+
+    def _handle(self, kind: str, rid: str, payload: Any, future: Any) -> None:
+        if kind == "abort":
+            if self.futures.pop(rid, None) is not None:
+                self.engine.abort_request([rid])
+            return
+        if not future.set_running_or_notify_cancel():  # cancelled before it started
+            return
+        if kind == "call":
+            if self.futures:
+                future.set_exception(self.Busy(f"{len(self.futures)} requests in flight"))
+                return
+            try:
+                future.set_result(payload(self.llm))
+            except Exception as e:  # handed to the caller
+                future.set_exception(e)
+            return
+        prompt, sp = payload
+        try:
+            from vllm.sampling_params import RequestOutputKind
+
+            sp.output_kind = RequestOutputKind.FINAL_ONLY
+            render = getattr(self.llm, "_preprocess_cmpl_one", None)  # as LLM.generate does
+            self.engine.add_request(rid, render(prompt, None) if render else prompt, sp)
+        except Exception as e:  # a bad request fails alone
+            future.set_exception(e)
+            return
+        self.futures[rid] = future
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as e:  # every request in flight fails with it
+            for rid, future in self.futures.items():
+                self.engine.abort_request([rid])
+                future.set_exception(e)
+            self.futures.clear()
+            return
+        for ro in outputs:
+            if ro.finished and (future := self.futures.pop(ro.request_id, None)) is not None:
+                future.set_result(ro)

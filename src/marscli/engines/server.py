@@ -1,0 +1,155 @@
+"""The `server` engine: token ids in and out against a `marscli serve` process (serve.py), which
+keeps one vLLM engine up for a whole RL run and reloads its weights in place each iteration.
+
+`--engine server:http://HOST:PORT` (or `--engine server --base-url URL`). With `--policy CKPT`
+the engine makes the server hold CKPT first (`POST /reload`, a no-op when it already does), so
+a `make rl` iteration's rollout moves the server to that iteration's checkpoint by itself;
+without one, it generates with whatever the server holds (`GET /health` names it). The prompt
+is built here, from that checkpoint's processor (the same folder, on a shared file system), and
+images go as absolute paths, which the server decodes exactly as the agent did.
+
+Policy consistency: every reply names the policy the server generated it with. A reply from
+another policy than the one this engine started with (the server was reloaded during the
+rollout, by another run) fails the stage loudly — never a trajectory mixing two policies —
+and the records already written stay, so a re-run resumes.
+
+Failures: connection errors, timeouts and 5xx are retried (marscli.http: bounded, exponential
+backoff with jitter; the defaults wait out a server restart, ~30-60 s for vLLM to load); when
+the retries run out the server is gone, and the stage fails (RuntimeFailure, exit 1) rather
+than recording every remaining trajectory as an engine error: a re-run resumes after the
+server is back, with nothing lost or duplicated (records are written whole, per trajectory).
+A 4xx (the server refused this request: a prompt over its context, a bad image) ends that
+trajectory with `stop: "engine_error"` and the server's reason.
+
+Asynchronous: `agenerate` sends one request from a thread pool of `concurrency` (a trajectory's
+turn), so the agent's asyncio loop keeps every trajectory moving while the server batches
+their requests continuously.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from marscli.engines import ENGINES, Generation, GenRequest, SamplingParams
+from marscli.errors import BadInput, RuntimeFailure, check_range
+from marscli.http import HttpClient, HttpError
+from marscli.secrets import redact
+
+
+def same_policy(a: str | None, b: str | None) -> bool:
+    """Two spellings of one checkpoint folder (relative, absolute, through a link)."""
+    if not a or not b:
+        return False
+    return a == b or Path(a).resolve() == Path(b).resolve()
+
+
+@ENGINES.register("server")
+class ServerEngine:
+    presence_penalty = True
+    logprobs_mode = "raw"  # the server's vLLM engine: see engines/vllm.py, point 2
+    options = ("base_url", "timeout", "retries", "concurrency", "backoff")
+
+    @staticmethod
+    def check_options(engine: str, policy: str | None, opts: dict) -> None:
+        if not opts.get("base_url"):
+            raise BadInput("--engine server needs the server's URL: --engine server:http://HOST:PORT")
+        if not str(opts["base_url"]).startswith(("http://", "https://")):
+            raise BadInput(f"--engine server: {redact(opts['base_url'])}: expected an http:// or "
+                           "https:// URL")
+        check_range("--timeout", opts.get("timeout"), 0, lo_open=True)
+        check_range("--retries", opts.get("retries"), 0)
+        check_range("--concurrency", opts.get("concurrency"), 1)
+
+    def __init__(self, policy: str | None = None, *, base_url: str, timeout: float = 600.0,
+                 retries: int = 8, concurrency: int = 64, backoff: float = 2.0,
+                 **_: Any) -> None:
+        from marscli.policy import load_processor
+
+        self.url = base_url.rstrip("/")
+        self.concurrency = concurrency
+        self.http = HttpClient(timeout=timeout, attempts=retries + 1, backoff=backoff,
+                               backoff_floor=0.5, concurrency=concurrency)
+        self._pool: ThreadPoolExecutor | None = None
+        held = self.health()["policy"]
+        if policy is not None and not same_policy(policy, held):
+            held = self.reload(policy)["policy"]
+        self.held = held  # every reply must come from this policy
+        self.policy_name = policy if policy is not None else held
+        self.processor = load_processor(held)
+        self._config = {"base_url": redact(self.url), "timeout": timeout, "retries": retries,
+                        "concurrency": concurrency, "server_policy": held}
+
+    # ------------------------------------------------------------------ server calls
+
+    def health(self) -> dict:
+        return self._call("GET", "/health")
+
+    def reload(self, policy: str) -> dict:
+        """Make the server hold `policy` (an absolute path: the server's cwd is not ours)."""
+        return self._call("POST", "/reload", {"policy": str(Path(policy).resolve())})
+
+    def _call(self, method: str, path: str, payload: dict | None = None) -> dict:
+        try:
+            if method == "GET":
+                return orjson.loads(self.http.get_bytes(self.url + path, max_bytes=1 << 20))
+            return self.http.post_json(self.url + path, orjson.dumps(payload))
+        except HttpError as e:
+            raise RuntimeFailure(f"marscli serve at {redact(self.url)}: {e.reason}") from None
+
+    def config(self) -> dict:
+        return dict(self._config)
+
+    def stats(self) -> dict:
+        return {"requests": self.http.attempts, "failed_requests": self.http.failures}
+
+    # ------------------------------------------------------------------ generation
+
+    def generate(self, requests: list[GenRequest], params: SamplingParams) -> list[Generation]:
+        """The lock-step loop's batch: every request in flight at once (the server batches)."""
+        with ThreadPoolExecutor(max(1, min(self.concurrency, len(requests)))) as pool:
+            return list(pool.map(lambda r: self._one(r, params), requests))
+
+    async def agenerate(self, request: GenRequest, params: SamplingParams) -> Generation:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="marscli-server")
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._one, request,
+                                                                params)
+
+    def body(self, r: GenRequest, params: SamplingParams) -> dict:
+        if len(r.image_files) != len(r.images):
+            raise ValueError("the server engine needs each image's file (GenRequest.image_files)")
+        return {"tokens": r.tokens, "images": [{"path": str(Path(f).resolve())}
+                                               for f in r.image_files],
+                "max_new_tokens": r.max_new_tokens or params.max_new_tokens,
+                "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
+                "presence_penalty": params.presence_penalty, "seed": params.seed,
+                "key": r.key, "turn": r.turn}
+
+    def _one(self, r: GenRequest, params: SamplingParams) -> Generation:
+        try:
+            reply = self.http.post_json(f"{self.url}/generate",
+                                        orjson.dumps(self.body(r, params)), validate=_check_reply)
+        except HttpError as e:
+            if e.transient:  # the attempts ran out: the server is gone, not this request
+                raise RuntimeFailure(f"marscli serve at {redact(self.url)}: {e.reason} — "
+                                     "start it again and re-run: the rollout resumes") from None
+            return Generation([], None, "error", error=str(e))
+        if not same_policy(reply["policy"], self.held):
+            raise RuntimeFailure(
+                f"marscli serve at {redact(self.url)} now holds {reply['policy']}, not "
+                f"{self.held}: it was reloaded during this run, so its trajectories would mix "
+                "two policies — re-run the stage (finished records are kept)")
+        return Generation(reply["tokens"], reply["logprobs"], reply["finish"])
+
+
+def _check_reply(reply: dict) -> dict:
+    """A generation reply; anything else is retried as malformed."""
+    if not (isinstance(reply["tokens"], list) and isinstance(reply["logprobs"], list)
+            and reply["finish"] in ("stop", "length") and isinstance(reply["policy"], str)):
+        raise TypeError("not a marscli serve generation")
+    return reply
