@@ -102,6 +102,7 @@ class OpenAIEngine:
         self.model = model
         self.timeout, self.retries = timeout, retries
         self.concurrency = max(1, concurrency)
+        self._pool: ThreadPoolExecutor | None = None  # the asynchronous loop's
         self._key_env = api_key_env
         key = os.environ.get(api_key_env) if api_key_env else None
         self.http = HttpClient(timeout=timeout, attempts=retries + 1, backoff=backoff,
@@ -131,6 +132,16 @@ class OpenAIEngine:
             return [self._one(r, params) for r in requests_]
         with ThreadPoolExecutor(min(self.concurrency, len(requests_))) as pool:
             return list(pool.map(lambda r: self._one(r, params), requests_))
+
+    async def agenerate(self, request: GenRequest, params: SamplingParams) -> Generation:
+        """One request from a pool of `concurrency` threads: the agent's asynchronous loop
+        keeps that many trajectories' requests at the server, whatever phase the others are in."""
+        import asyncio
+
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="marscli-openai")
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._one, request,
+                                                                params)
 
     def _one(self, r: GenRequest, params: SamplingParams) -> Generation:
         try:
