@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import orjson
@@ -245,3 +246,75 @@ def test_exact_path_imports_no_torch(tmp_path):
     assert "HEAVY []" in p.stdout, p.stdout
     assert (tmp_path / "o.jsonl").exists()
 
+
+
+WRITER = """
+import sys, time
+import orjson
+from marscli.jsonl import AppendJsonl, write_sidecar
+out, n, sidecar = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+rows = [orjson.loads(x) for x in sys.stdin.buffer.read().splitlines()]
+with AppendJsonl(out) as w:  # holds OUT.lock, as rollout does
+    for i, row in enumerate(rows[:n]):
+        w.write(row)
+        time.sleep(0.15)
+if sidecar:
+    write_sidecar(out, stage="rollout", inputs=[])
+"""
+
+
+def start_writer(tmp_path: Path, rows: list[dict], n: int, sidecar: bool) -> subprocess.Popen:
+    p = subprocess.Popen([PY, "-c", WRITER, str(tmp_path / "t.jsonl"), str(n),
+                          "1" if sidecar else "0"], stdin=subprocess.PIPE)
+    p.stdin.write(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    p.stdin.close()
+    return p
+
+
+def test_follow_scores_rows_as_they_come_and_equals_the_whole_file(tmp_path):
+    """`reward --follow` started before the writer's first row: the same rows, rewards and
+    order as scoring the finished file, and done once the writer's sidecar is there."""
+    rows = [{**traj(answer=a), "id": f"q#{i}"} for i, a in enumerate(
+        ["Paris", "Lyon", "paris", "Nice", "PARIS."])]
+    writer = start_writer(tmp_path, rows, len(rows), sidecar=True)
+    p = cli("t.jsonl", "-o", "followed.jsonl", "--follow", cwd=tmp_path)
+    assert writer.wait(timeout=60) == 0 and p.returncode == 0, p.stderr
+    assert (tmp_path / "t.jsonl.meta.json").exists()
+    main(str(tmp_path / "t.jsonl"), str(tmp_path / "whole.jsonl"))
+    followed = (tmp_path / "followed.jsonl").read_bytes()
+    assert followed == (tmp_path / "whole.jsonl").read_bytes()
+    assert [orjson.loads(x)["reward"]["accuracy"] for x in followed.splitlines()] == [1, 0, 1, 0, 1]
+    meta = orjson.loads((tmp_path / "followed.jsonl.meta.json").read_bytes())
+    assert meta["stats"]["rows"] == 5
+
+
+def test_follow_fails_when_the_writer_dies_without_its_sidecar(tmp_path, monkeypatch):
+    import functools
+
+    import marscli.jsonl
+    import marscli.rewards
+    from marscli.errors import RuntimeFailure
+
+    rows = [{**traj(), "id": f"q#{i}"} for i in range(4)]
+    writer = start_writer(tmp_path, rows, 2, sidecar=False)  # ends after 2 rows, no sidecar
+    while not (tmp_path / "t.jsonl").exists():  # a grace of 0.5 s covers no interpreter start
+        assert writer.poll() is None
+        time.sleep(0.01)
+    monkeypatch.setattr(marscli.rewards, "follow_rows",
+                        functools.partial(marscli.jsonl.follow_rows, grace_s=0.5))
+    with pytest.raises(RuntimeFailure, match=r"stopped without writing t.jsonl.meta.json .*"
+                                             r"2 lines were read"):
+        main(str(tmp_path / "t.jsonl"), str(tmp_path / "s.jsonl"), follow=True)
+    assert writer.wait(timeout=60) == 0
+    assert not (tmp_path / "s.jsonl").exists() and not (tmp_path / "s.jsonl.meta.json").exists()
+
+
+def test_follow_refuses_stdin_and_a_torn_last_line_is_bad_input(tmp_path):
+    with pytest.raises(BadInput, match="--follow: needs a file"):
+        main("-", str(tmp_path / "s.jsonl"), follow=True)
+    src = tmp_path / "t.jsonl"
+    src.write_bytes(orjson.dumps(traj()) + b"\n" + b'{"v": 1, "id": "q#1", "seg')
+    (tmp_path / "t.jsonl.meta.json").write_text("{}")
+    with pytest.raises(BadInput, match=r"t.jsonl:2: not valid JSON"):
+        main(str(src), str(tmp_path / "s.jsonl"), follow=True)
+    assert not (tmp_path / "s.jsonl").exists()

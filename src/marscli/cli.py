@@ -137,6 +137,9 @@ def reward(
              "the last turn, A-D; the judge only for a tagged open answer).")] = "mars",
     output: Annotated[str, typer.Option(
         "-o", "--output", help="Output JSONL (- for stdout).")] = "-",
+    follow: Annotated[bool, typer.Option(
+        "--follow", help="Score rows as the stage writing TRAJ appends them, until its sidecar "
+        "TRAJ.meta.json appears, so that judging overlaps generation (make rl does).")] = False,
 ) -> None:
     """Add `reward` (accuracy + format) to trajectory rows; torch-free with --judge exact."""
     with guard():
@@ -146,7 +149,8 @@ def reward(
         from marscli.rewards import main as reward_main
 
         reward_main(traj, output, judge, format_weight, max_unscored, judge_timeout,
-                    judge_retries, judge_concurrency, judge_cache, protocol=protocol)
+                    judge_retries, judge_concurrency, judge_cache, protocol=protocol,
+                    follow=follow)
 
 
 @app.command()

@@ -215,6 +215,77 @@ def iter_rows(path: str) -> Iterator[tuple[int, dict]]:
             fh.close()
 
 
+def follow_rows(path: str, *, grace_s: float = 10.0, poll_s: float = 0.1
+                ) -> Iterator[tuple[int, dict]]:
+    """Yield `(line_number, row)` as another process appends complete lines to `path` (a
+    stage writing it: rollout), until that stage's sidecar `path.meta.json` appears and
+    everything before it is read — `tail -f` that knows when to stop. Hashed and registered as
+    an input, like `iter_rows`. The writer is watched through its lock file (`OUT.lock`, its
+    pid: this machine only): when no live process has held it for `grace_s` seconds and no
+    sidecar has come, the writer died, and RuntimeFailure says so rather than waiting forever."""
+    from time import monotonic, sleep
+
+    p, sidecar = Path(path), Path(f"{path}.meta.json")
+    limit = max_row_bytes()
+    dead_since: float | None = None
+
+    def writer_gone() -> bool:
+        nonlocal dead_since
+        if _writer_alive(p):
+            dead_since = None
+            return False
+        dead_since = dead_since or monotonic()
+        return monotonic() - dead_since > grace_s
+
+    while not p.exists():
+        if writer_gone():
+            raise RuntimeFailure(f"{path}: never appeared, and nothing is writing it — start the "
+                                 "stage that writes it (rollout) first, or drop --follow")
+        sleep(poll_s)
+    fh = _open_in(path)
+    entry = _register(path, fh)
+    h, buf, n = hashlib.sha256(), b"", 0
+    try:
+        while True:
+            finished = sidecar.exists()  # before the read: all it covers is read below
+            chunk = fh.read(1 << 20)
+            if chunk:
+                h.update(chunk)
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                for raw in lines:
+                    n += 1
+                    if len(raw) > limit:
+                        raise BadInput(f"{path}:{n}: row is over {limit} bytes")
+                    if raw.strip():
+                        yield n, _parse(raw + b"\n", path, n)
+                continue
+            if finished:
+                if buf.strip():
+                    _parse(buf, path, n + 1)  # a torn last line: BadInput naming it
+                break
+            if writer_gone():
+                raise RuntimeFailure(f"{path}: its writer stopped without writing "
+                                     f"{sidecar.name} (it failed or was killed) — re-run it; "
+                                     f"{n} lines were read")
+            sleep(poll_s)
+        entry.sha256 = h.hexdigest()
+    except BadInput:
+        forget_inputs()
+        raise
+    finally:
+        fh.close()
+
+
+def _writer_alive(out: Path) -> bool:
+    """A live process on this machine holds (or last held) `out`'s lock file."""
+    try:
+        pid = int(lock_path(out).read_text().strip() or 0)
+    except (OSError, ValueError):
+        return False
+    return pid > 0 and _running(pid)
+
+
 def _parse(raw: bytes, path: str, n: int) -> dict:
     try:
         row = orjson.loads(raw)

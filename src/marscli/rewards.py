@@ -53,6 +53,7 @@ import re
 import string
 import sys
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,14 @@ from typing import Any
 import orjson
 
 from marscli.errors import BadInput, RuntimeFailure
-from marscli.jsonl import AtomicJsonl, get_field, iter_rows, read_rows, write_sidecar
+from marscli.jsonl import (
+    AtomicJsonl,
+    follow_rows,
+    get_field,
+    iter_rows,
+    read_rows,
+    write_sidecar,
+)
 from marscli.judge import Judge, JudgeError, JudgeOptions, make_judge
 from marscli.protocol import last_answer
 from marscli.registry import Registry
@@ -279,36 +287,41 @@ def _ask_judge(judge: Judge, question: str, gold: list[str], answer: str,
     return 0.0
 
 
-def run(rows: list[tuple[int, dict]], src: str, judge: Judge, format_weight: float = 0.5,
+def run(rows: Iterable[tuple[int, dict]], src: str, judge: Judge, format_weight: float = 0.5,
         max_unscored: float = 0.05, concurrency: int = 8,
         known: dict[str, dict] | None = None,
         protocol: str = "mars") -> tuple[list[dict], dict]:
-    """Score rows (validated first, so bad input costs no judge call). Returns the rows with
-    `reward` and the stage statistics; `stats["over_unscored"]` is true when more than
-    `max_unscored` of them are unscored (the caller decides what to write). `known`: rewards
-    by `row_key`, from an earlier run's partial file, taken instead of scoring again."""
+    """Score rows. Returns the rows with `reward` and the stage statistics;
+    `stats["over_unscored"]` is true when more than `max_unscored` of them are unscored (the
+    caller decides what to write). `known`: rewards by `row_key`, from an earlier run's
+    partial file, taken instead of scoring again. A list (a file read whole) is validated
+    first, so bad input costs no judge call; an iterator (`--follow`) is scored as its rows
+    come, each validated on arrival, so that judging overlaps the stage writing them."""
     ACCURACY.get(protocol)  # an unknown name fails before any row is read
-    images = [_validate(row, src, line, judge) for line, row in rows]
     known = known or {}
-    keys = [row_key(row, judge.config(), format_weight, protocol) for _, row in rows]
+    checked = ((row, _validate(row, src, line, judge)) for line, row in rows)
+    if isinstance(rows, list):
+        checked = list(checked)
 
-    def one(i: int) -> dict:
-        return known.get(keys[i]) or _score(rows[i][1], images[i], judge, format_weight,
-                                            protocol)
+    def one(row: dict, image: str | None) -> tuple[str, dict]:
+        key = row_key(row, judge.config(), format_weight, protocol)
+        return key, known.get(key) or _score(row, image, judge, format_weight, protocol)
 
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        rewards = list(pool.map(one, range(len(rows))))
-    out = [{**row, "reward": rw} for (_, row), rw in zip(rows, rewards)]
+        jobs = [(row, pool.submit(one, row, image)) for row, image in checked]
+        results = [(row, *job.result()) for row, job in jobs]
+    out = [{**row, "reward": rw} for row, _, rw in results]
+    rewards = [rw for _, _, rw in results]
     scored = [r for r in rewards if "total" in r]
     unscored = len(rewards) - len(scored)
     stats = {
-        "protocol": protocol, "rows": len(rows), "reused": sum(k in known for k in keys),
+        "protocol": protocol, "rows": len(out), "reused": sum(k in known for _, k, _ in results),
         "accuracy_mean": _mean(scored, "accuracy"),
         "format_mean": _mean(scored, "format"), "total_mean": _mean(scored, "total"),
         "judge_calls": judge.stats.calls,
         "judge_requests": judge.stats.requests, "judge_retries": judge.stats.retries,
         "cache_hits": judge.stats.cache_hits, "unscored": unscored,
-        "over_unscored": unscored > max_unscored * len(rows),
+        "over_unscored": unscored > max_unscored * len(out),
         "first_error": next((r["error"] for r in rewards if "error" in r), None),
     }
     return out, stats
@@ -367,10 +380,15 @@ def save_partial(output: str, rows: list[dict], judge_config: dict,
 def main(input: str, output: str = "-", judge_spec: str = "exact", format_weight: float = 0.5,
          max_unscored: float = 0.05, judge_timeout: float = 60.0, judge_retries: int = 2,
          judge_concurrency: int = 8, judge_cache: str | None = None,
-         judge_backoff: float = 1.0, protocol: str = "mars") -> dict[str, Any]:
+         judge_backoff: float = 1.0, protocol: str = "mars",
+         follow: bool = False) -> dict[str, Any]:
     """`marscli reward`: read, score, write all-or-nothing, write the sidecar. When too many
     rows are unscored: keep the scored ones in `OUT.partial`, write nothing else, and raise
-    RuntimeFailure (exit 1)."""
+    RuntimeFailure (exit 1). `follow`: score the input's rows as its writer appends them,
+    until its sidecar appears (`jsonl.follow_rows`)."""
+    if follow and input == "-":
+        raise BadInput("--follow: needs a file that a stage is writing, not stdin (a pipe "
+                       "already streams rows as they come)")
     started = time.time()
     opts = JudgeOptions(timeout_s=judge_timeout, attempts=judge_retries + 1,
                         concurrency=judge_concurrency, cache_path=judge_cache,
@@ -378,7 +396,7 @@ def main(input: str, output: str = "-", judge_spec: str = "exact", format_weight
     ACCURACY.get(protocol)  # a bad name fails before the judge or the input is touched
     judge = make_judge(judge_spec, opts)  # a bad spec fails before the input is read
     try:
-        rows = read_rows(input)
+        rows = follow_rows(input) if follow else read_rows(input)
         out, stats = run(rows, input, judge, format_weight, max_unscored, judge_concurrency,
                          known=load_partial(output), protocol=protocol)
     finally:
