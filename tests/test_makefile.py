@@ -43,8 +43,10 @@ def only(lines: list[str], stage: str) -> str:
 
 
 def rl_iter(recipe: str, tmp_path, *args: str, env: dict | None = None) -> list[str]:
-    """The commands of iteration 0 from nothing (cold start included), for `recipe`."""
-    return dry_run("rl-iter", f"RECIPE=recipes/{recipe}.mk", f"RUN={tmp_path}/run", *args, env=env)
+    """The commands of iteration 0 from nothing (cold start included), for `recipe`; each
+    stage on a line of its own (FOLLOW=0: the reward after the rollout, not beside it)."""
+    return dry_run("rl-iter", f"RECIPE=recipes/{recipe}.mk", f"RUN={tmp_path}/run", "FOLLOW=0",
+                   *args, env=env)
 
 
 def evaluation(recipe: str, tmp_path, *args: str, env: dict | None = None) -> list[str]:
@@ -227,3 +229,27 @@ def test_setup_installs_the_pinned_library_versions():
                 if "==" in x and not x.startswith("#"))
     assert pins["torch"] == "2.14.1" and pins["torchvision"] == "0.29.1"
     assert "transformers" in pins and "numpy" in pins and "pillow" in pins
+
+
+def test_follow_runs_the_reward_beside_the_rollout_and_serve_reloads_in_place(tmp_path):
+    """FOLLOW=1 (the default without Slurm): `reward --follow` in the background of the
+    rollout's recipe, the recipe exiting with the rollout's status, and a fallback reward only
+    when no newer scored sidecar exists. SERVE=1: every rollout uses the server whose URL the
+    serve stage wrote; under Slurm the server is a job of its own, cancelled at the end."""
+    lines = dry_run("rl-iter", "RECIPE=recipes/tiny.mk", f"RUN={tmp_path}/run")
+    (both,) = [x for x in lines if "stages/rollout.sh" in x and "iter-0" in x]
+    assert re.search(r"stages/reward.sh \S+/iter-0/rollouts.jsonl \S+/iter-0/scored.jsonl "
+                     r".*--follow & reward=\$!;.*stages/rollout.sh .*; rc=\$\?; wait \$reward; "
+                     r"exit \$rc", both), both
+    (fallback,) = [x for x in lines if x.startswith("[ ") and "stages/reward.sh" in x]
+    assert "scored.jsonl.meta.json -nt" in fallback and "--follow" not in fallback
+    slurm = dry_run("rl-iter", "RECIPE=recipes/tiny.mk", f"RUN={tmp_path}/run", "SLURM=1")
+    assert not any("--follow" in x for x in slurm)
+    served = dry_run("rl", "RECIPE=recipes/tiny.mk", f"RUN={tmp_path}/run", "SERVE=1",
+                     "ITERS=3", "SERVE_MARSCLI=/bin/true")
+    (start,) = [x for x in served if "scripts/rl-served.sh" in x]
+    assert re.search(r"scripts/rl-served.sh \S+/run 3 8471 0\s*$", start), start
+    assert not (tmp_path / "run" / "serve.url").exists()  # printed, not run
+    assert any("--engine server:$(cat " in x and "/run/serve.url)" in x
+               for x in dry_run("rl-iter", "RECIPE=recipes/tiny.mk", f"RUN={tmp_path}/run",
+                                "SERVE=1"))
