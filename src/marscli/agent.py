@@ -1,11 +1,22 @@
 """The agent loop: trajectories advance turn by turn, generating together and calling tools
 concurrently, and are recorded with token-exact segments (DESIGN.md "Trajectory record").
 
-A turn: every active trajectory's prompt goes to the engine in one batch; each reply is parsed
-(protocol.parse_turn); tool calls of the turn run in a thread pool; the observation is appended
-as a `tool` segment. Model mistakes (bad JSON, unknown tool, bad arguments, unclosed tags)
-become error observations and are counted; the trajectory goes on until it answers or a limit
-(turns, response tokens) stops it.
+Two loops, one set of steps (`_request`, `_take`, `_tool`, `_observe`, `_end_turn`):
+- Lock-step (the hf and replay engines, or `lockstep`): a turn sends every active
+  trajectory's prompt to the engine in one batch; each reply is parsed (protocol.parse_turn);
+  the turn's tool calls run in a thread pool; each observation is appended as a `tool` segment.
+  A turn waits for its slowest tool call.
+- Asynchronous (an engine with `agenerate`: vllm, server, openai): each trajectory is an
+  asyncio task that generates a turn, runs its tool call in a pool of `tool_workers` threads
+  and generates the next, while the others are in other phases; at most `max_inflight` run at
+  once, started in job order. The engine batches whatever requests are pending (continuous
+  batching). The loop runs in a thread of its own and yields records as trajectories finish.
+  Requests are seeded per trajectory and turn, so both loops draw the same tokens where the
+  engine's numerics do not depend on what shares a batch.
+
+Model mistakes (bad JSON, unknown tool, bad arguments, unclosed tags) become error observations
+and are counted; the trajectory goes on until it answers or a limit (turns, response tokens)
+stops it.
 
 Prompt rendering has two modes:
 - Default: marscli's own system prompt (or `--system-prompt FILE`) followed by its `# Tools`
