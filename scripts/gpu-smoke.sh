@@ -15,7 +15,10 @@
 #  3. `marscli rollout --engine vllm --device cuda` and `--engine hf --device cuda` (bfloat16);
 #  4. teacher-forces every trajectory through transformers in float32 on the GPU and compares
 #     the recorded log-probs (bf16 engines: loose bound), then samples from a float32 vLLM
-#     engine directly and compares again (tight bound, the same check as the CPU tests).
+#     engine directly and compares again (tight bound, the same check as the CPU tests);
+#  5. runs benchmarks/bench_async.py (the asynchronous against the lock-step agent loop under a
+#     heavy-tailed search delay) and benchmarks/bench_serve.py (`POST /reload` against a fresh
+#     engine, served against in-process tokens/s) on CUDA vLLM, one GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -150,3 +153,5 @@ if __name__ == "__main__":  # vLLM spawns workers on GPUs
     main()
 EOF
 "$PY" "$WORK/compare.py" "$WORK" "$BF16_TOL" "$FP32_TOL"
+"$BIN/python" benchmarks/bench_async.py --model "$WORK/tiny"
+"$BIN/python" benchmarks/bench_serve.py --model "$WORK/tiny"
