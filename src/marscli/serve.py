@@ -93,14 +93,14 @@ class PolicyServer:
     def submit(self, body: Any) -> tuple[GenRequest, Any]:
         """Parse and queue a generation; (request, future) or HttpFailure 400."""
         r, params = self.parse(body)
-        prep = self.engine._prepare(r, params, f"request {self.requests}")
+        prep = self.engine.prepare(r, params, f"request {self.requests}")
         self.requests += 1
         if isinstance(prep, Generation):
             return r, prep
         return r, self.loop.submit(*prep)
 
     def reply(self, r: GenRequest, result: Any) -> dict:
-        g = result if isinstance(result, Generation) else self.engine._finish(r, result)
+        g = result if isinstance(result, Generation) else self.engine.finish(r, result)
         return {"tokens": g.tokens, "logprobs": g.logprobs, "finish": g.finish,
                 "policy": self.policy}
 

