@@ -96,10 +96,17 @@ class ServerEngine:
     def _call(self, method: str, path: str, payload: dict | None = None) -> dict:
         try:
             if method == "GET":
-                return orjson.loads(self.http.get_bytes(self.url + path, max_bytes=1 << 20))
-            return self.http.post_json(self.url + path, orjson.dumps(payload))
+                reply = orjson.loads(self.http.get_bytes(self.url + path, max_bytes=1 << 20))
+            else:
+                reply = self.http.post_json(self.url + path, orjson.dumps(payload))
         except HttpError as e:
             raise RuntimeFailure(f"marscli serve at {redact(self.url)}: {e.reason}") from None
+        except orjson.JSONDecodeError:
+            reply = None
+        if not isinstance(reply, dict) or not isinstance(reply.get("policy"), str):
+            raise RuntimeFailure(f"{redact(self.url)}{path}: not a marscli serve reply — is "
+                                 "that URL a `marscli serve`?")
+        return reply
 
     def config(self) -> dict:
         return dict(self._config)
