@@ -318,3 +318,22 @@ def test_follow_refuses_stdin_and_a_torn_last_line_is_bad_input(tmp_path):
     with pytest.raises(BadInput, match=r"t.jsonl:2: not valid JSON"):
         main(str(src), str(tmp_path / "s.jsonl"), follow=True)
     assert not (tmp_path / "s.jsonl").exists()
+
+
+def test_follow_drops_a_torn_tail_that_the_resumed_writer_cuts(tmp_path):
+    """A killed rollout left a torn last line; `--follow` has read it (unfinished) when the
+    resumed rollout opens the file, cuts the tail and appends: the rows come out whole, as
+    scoring the finished file gives them."""
+    src = tmp_path / "t.jsonl"
+    rows = [{**traj(answer=a), "id": f"q#{i}"} for i, a in enumerate(["Paris", "Lyon", "Nice"])]
+    src.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows[:2]) + b'{"v": 1, "id": "q#2"')
+    follow = subprocess.Popen([PY, "-m", "marscli", "reward", "t.jsonl", "-o", "followed.jsonl",
+                               "--follow"], cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.0)  # it has read the two rows and the torn tail
+    writer = start_writer(tmp_path, rows[2:], 1, sidecar=True)  # cuts the tail, appends
+    assert writer.wait(timeout=60) == 0
+    _, err = follow.communicate(timeout=60)
+    assert follow.returncode == 0, err
+    main(str(src), str(tmp_path / "whole.jsonl"))
+    followed = (tmp_path / "followed.jsonl").read_bytes()
+    assert followed == (tmp_path / "whole.jsonl").read_bytes() and followed.count(b"\n") == 3

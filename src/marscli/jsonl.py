@@ -222,7 +222,8 @@ def follow_rows(path: str, *, grace_s: float = 10.0, poll_s: float = 0.1
     everything before it is read — `tail -f` that knows when to stop. Hashed and registered as
     an input, like `iter_rows`. The writer is watched through its lock file (`OUT.lock`, its
     pid: this machine only): when no live process has held it for `grace_s` seconds and no
-    sidecar has come, the writer died, and RuntimeFailure says so rather than waiting forever."""
+    sidecar has come, the writer died, and RuntimeFailure says so rather than waiting forever.
+    A torn last line that a resumed writer cuts off (AppendJsonl does) is dropped unread."""
     from time import monotonic, sleep
 
     p, sidecar = Path(path), Path(f"{path}.meta.json")
@@ -244,25 +245,27 @@ def follow_rows(path: str, *, grace_s: float = 10.0, poll_s: float = 0.1
         sleep(poll_s)
     fh = _open_in(path)
     entry = _register(path, fh)
-    h, buf, n = hashlib.sha256(), b"", 0
+    h, n, done = hashlib.sha256(), 0, 0  # `done`: the offset after the last complete line
     try:
         while True:
             finished = sidecar.exists()  # before the read: all it covers is read below
-            chunk = fh.read(1 << 20)
-            if chunk:
-                h.update(chunk)
-                buf += chunk
-                *lines, buf = buf.split(b"\n")
-                for raw in lines:
-                    n += 1
-                    if len(raw) > limit:
-                        raise BadInput(f"{path}:{n}: row is over {limit} bytes")
-                    if raw.strip():
-                        yield n, _parse(raw + b"\n", path, n)
+            fh.seek(done)  # an unfinished last line is read again: a resumed writer may cut it
+            data = fh.read()
+            *lines, tail = data.split(b"\n")
+            for raw in lines:
+                n += 1
+                done += len(raw) + 1
+                h.update(raw + b"\n")
+                if len(raw) > limit:
+                    raise BadInput(f"{path}:{n}: row is over {limit} bytes")
+                if raw.strip():
+                    yield n, _parse(raw + b"\n", path, n)
+            if lines:
                 continue
             if finished:
-                if buf.strip():
-                    _parse(buf, path, n + 1)  # a torn last line: BadInput naming it
+                if tail.strip():  # a last line without its newline: whole, or BadInput
+                    h.update(tail)
+                    yield n + 1, _parse(tail, path, n + 1)
                 break
             if writer_gone():
                 raise RuntimeFailure(f"{path}: its writer stopped without writing "
