@@ -48,7 +48,7 @@ def start_server(policy: str) -> tuple[subprocess.Popen, str, float]:
         try:
             requests.get(url + "/health", timeout=5)
             return proc, url, time.perf_counter() - t0
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):  # refused, or still loading
             time.sleep(0.1)
 
 

@@ -60,7 +60,7 @@ class Server:
             try:
                 self.health()
                 return
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):  # refused, or still loading
                 time.sleep(0.5)
         raise AssertionError("marscli serve did not come up in 300 s")
 

@@ -69,3 +69,24 @@ def test_a_url_that_is_not_a_marscli_server():
     with FakeServer(always(200, "hello")) as srv, \
             pytest.raises(RuntimeFailure, match="not a marscli serve reply"):
         make_engine("server", None, base_url=srv.url)
+
+
+def test_serve_refuses_a_port_in_use_before_loading_anything(tiny_model):
+    """Bound before the engine loads: a busy port is one line and exit 1 at once (here vLLM
+    need not even be installed)."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "marscli", "serve", str(tiny_model), "--port",
+                            str(port)], capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.strip() == (f"error: --port {port}: cannot listen on 127.0.0.1 "
+                                "(Address already in use)")
+    r = subprocess.run([sys.executable, "-m", "marscli", "serve", "/no/such/ckpt"],
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 2 and "no such checkpoint folder" in r.stderr

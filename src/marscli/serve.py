@@ -328,10 +328,19 @@ def make_handler(server: PolicyServer) -> type[BaseHTTPRequestHandler]:
 
 
 def serve(policy: str, host: str = "127.0.0.1", port: int = 8471, **engine_opts: Any) -> None:
-    """Load the policy into vLLM and serve until interrupted."""
-    server = PolicyServer(policy, **engine_opts)
-    http = ThreadingHTTPServer((host, port), make_handler(server))
+    """Load the policy into vLLM and serve until interrupted. The port is bound first, so a
+    port in use fails before a minute of model loading (clients that connect meanwhile wait
+    in the listen queue until the engine is up)."""
+    from marscli.errors import RuntimeFailure
+
+    try:
+        http = ThreadingHTTPServer((host, port), BaseHTTPRequestHandler)
+    except OSError as e:
+        raise RuntimeFailure(f"--port {port}: cannot listen on {host} ({e.strerror or e})") \
+            from None
     http.daemon_threads = True
+    server = PolicyServer(policy, **engine_opts)
+    http.RequestHandlerClass = make_handler(server)
     print(f"serve: {server.policy} on http://{host}:{http.server_address[1]}", file=sys.stderr,
           flush=True)
     try:
