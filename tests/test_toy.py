@@ -407,3 +407,41 @@ def test_perception_rows_are_the_zoom_tools_crop_and_the_experts_box(tmp_path, t
     assert [s["role"] for s in traj["segments"]] == ["prompt", "model"]
     with pytest.raises(BadInput, match="--perceive"):
         build_world(tmp_path / "bad", seed=0, perceive=-1, **SMALL)
+
+
+def test_direct_share_answers_that_many_sft_rows_without_zooming(tmp_path):
+    from marscli.toy.expert import DIRECT
+
+    base = {"entities": 5, "train": 4, "test": 3, "sft": 10, "size": 512, "grid": 4,
+            "kinds": ("perception",)}
+    build_world(tmp_path / "z", seed=0, **base)
+    build_world(tmp_path / "d", seed=0, direct=0.3, **base)
+    zoomed, direct = rows(tmp_path / "z", "sft"), rows(tmp_path / "d", "sft")
+    no_zoom = [d for d in direct if len(d["replies"]) == 1]
+    assert len(no_zoom) == 3  # exactly round(0.3 x 10)
+    for z, d in zip(zoomed, direct):
+        assert z["replies"][-1].endswith(f"<answer>{z['answer'][0]}</answer>")
+        if len(d["replies"]) == 1:  # the same question, the same answer, no tool call
+            assert d["replies"][0] == (f"<thinking>{DIRECT}</thinking>"
+                                       f"<answer>{z['answer'][0]}</answer>")
+        else:
+            assert d["replies"] == z["replies"]
+    # the scenes and the other splits do not move (world.json records the share, vocab.txt and
+    # the README hold the replies)
+    moved = {"sft.jsonl": b"", "world.json": b"", "vocab.txt": b"", "README.md": b""}
+    assert files(tmp_path / "z") | moved == files(tmp_path / "d") | moved
+    with pytest.raises(BadInput, match="--direct"):
+        build_world(tmp_path / "bad", seed=0, direct=1.5, **base)
+
+
+def test_clutter_zero_leaves_the_gradient_and_the_logo(tmp_path):
+    build_world(tmp_path / "w", seed=0, clutter=0.0, **SMALL)
+    for r in rows(tmp_path / "w", "train"):
+        pix = np.asarray(Image.open(tmp_path / "w" / r["image"]).convert("RGB")).astype(int)
+        x0, y0, x1, y1 = r["toy"]["logo_box"]
+        outside = pix.copy()
+        outside[y0:y1, x0:x1] = pix[y0:y1, :1]  # the logo blanked out with its rows' colour
+        # every row of the rest is one colour: a vertical gradient and nothing on it
+        assert (outside == outside[:, :1]).all()
+    with pytest.raises(BadInput, match="--clutter"):
+        build_world(tmp_path / "bad", seed=0, clutter=-1, **SMALL)

@@ -437,6 +437,12 @@ def toy_world(
         help="Scenes of perception pre-training in perceive.jsonl (two message rows each: "
              "read the logo's crop, give the logo's box), for a random model to learn to see "
              "before the cold start.")] = 0,
+    clutter: Annotated[float, typer.Option(
+        help="Amount of muted clutter in the scenes, as a multiple of the default (0: the "
+             "background gradient alone).")] = 1.0,
+    direct: Annotated[float, typer.Option(
+        help="Share of the cold-start (sft) perception rows whose expert answers without "
+             "zooming: a teacher that under-uses the tool, for RL to learn when to zoom.")] = 0.0,
     force: Annotated[bool, typer.Option("--force", help="Replace a non-empty OUT.")] = False,
 ) -> None:
     """Write a synthetic MARS-like world (logos, scenes, corpus, prompts, expert replies)."""
@@ -451,7 +457,7 @@ def toy_world(
 
         toy_main(out, entities=entities, seed=seed, train=train, test=test, sft=sft, size=size,
                  grid=grid, kinds=kinds, zoom_cells=zoom_cells, perceive=perceive,
-                 force=force)
+                 clutter=clutter, direct=direct, force=force)
 
 
 @app.command()

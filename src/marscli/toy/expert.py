@@ -44,6 +44,17 @@ def perception_answer(entity: Entity, attr: str) -> str:
     return _turn(f"The logo is clear now. I read {what} on it.", f"<answer>{answer}</answer>")
 
 
+DIRECT = "The logo is big enough. I answer without zooming."
+
+
+def direct_answer(entity: Entity, attr: str) -> str:
+    """A perception answer without the zoom: what a cold-start teacher writes when it does not
+    zoom (the toy world's `--direct` share of the SFT rows). Seen at the scene's resolution the
+    logo is a few pixels, so a policy that answers so is mostly guessing: RL has to learn that
+    zooming pays."""
+    return _turn(DIRECT, f"<answer>{perception_answer(entity, attr).split('<answer>')[1]}")
+
+
 def search_turns(entity: Entity, attr: str, rank: int) -> list[str]:
     """Image search, pick result `rank` (1-based), text search, answer."""
     n, kw = entity.name, KEYWORD[attr]
@@ -60,8 +71,11 @@ def search_turns(entity: Entity, attr: str, rank: int) -> list[str]:
 
 
 def expert_replies(kind: str, attr: str, entity: Entity, zoom_box: list[int],
-                   rank: int) -> list[str]:
+                   rank: int, direct: bool = False) -> list[str]:
+    """The expert's turns; `direct`: a perception question answered without zooming."""
     if kind == "perception":
+        if direct:
+            return [direct_answer(entity, attr)]
         return [zoom_turn(zoom_box), perception_answer(entity, attr)]
     if kind == "knowledge":
         return search_turns(entity, attr, rank)

@@ -107,12 +107,12 @@ def _background(rng: random.Random, size: int) -> Image.Image:
     return Image.fromarray(np.repeat(rows[:, None, :], size, axis=1), "RGB")  # [H, W, 3]
 
 
-def _clutter(d: ImageDraw.ImageDraw, rng: random.Random, size: int) -> None:
-    for _ in range(6):  # large blocks: "buildings", "tables"
+def _clutter(d: ImageDraw.ImageDraw, rng: random.Random, size: int, amount: float) -> None:
+    for _ in range(round(6 * amount)):  # large blocks: "buildings", "tables"
         w, h = rng.randint(size // 8, size // 3), rng.randint(size // 8, size // 2)
         x, y = rng.randint(-w // 2, size - w // 2), rng.randint(size // 4, size - h // 3)
         d.rectangle((x, y, x + w, y + h), fill=muted(rng))
-    for _ in range(40):  # small things
+    for _ in range(round(40 * amount)):  # small things
         kind = rng.randrange(4)
         w, h = rng.randint(size // 64, size // 10), rng.randint(size // 64, size // 10)
         x, y = rng.randint(0, size - 1), rng.randint(0, size - 1)
@@ -130,15 +130,17 @@ def _clutter(d: ImageDraw.ImageDraw, rng: random.Random, size: int) -> None:
 
 
 def render_scene(rng: random.Random, logo: Logo, size: int = 1024,
-                 grid: int = 8, zoom_cells: int = 1) -> tuple[Image.Image, list[int], list[int]]:
+                 grid: int = 8, zoom_cells: int = 1,
+                 clutter: float = 1.0) -> tuple[Image.Image, list[int], list[int]]:
     """A `size` x `size` cluttered scene with `logo` drawn small in one grid cell.
 
+    `clutter` scales the number of clutter objects (0: the gradient alone).
     Returns (image, logo box in pixels [x1, y1, x2, y2) exclusive, zoom box in 0..1000
     [x1, y1, x2, y2]: the block of `zoom_cells` x `zoom_cells` cells, aligned to multiples
     of `zoom_cells`, that holds the logo's cell)."""
     im = _background(rng, size)
     d = ImageDraw.Draw(im)
-    _clutter(d, rng, size)
+    _clutter(d, rng, size, clutter)
     gx, gy = rng.randrange(grid), rng.randrange(grid)
     cx0, cy0 = -(-gx * size // grid), -(-gy * size // grid)  # first whole pixel of the cell
     cx1, cy1 = (gx + 1) * size // grid, (gy + 1) * size // grid  # last pixel + 1 (or so)

@@ -19,7 +19,7 @@ from marscli.errors import BadInput
 from marscli.jsonl import dumps
 from marscli.toy.corpus import make_corpus
 from marscli.toy.entities import MAX_ENTITIES, Entity, make_entities
-from marscli.toy.expert import expert_replies
+from marscli.toy.expert import DIRECT, expert_replies
 from marscli.toy.perceive import SYSTEM, WHERE, perception_rows
 from marscli.toy.prompts import KINDS, gold, plan, question, search_hits
 from marscli.toy.render import LOGO_MAX, render_logo, render_scene
@@ -36,7 +36,8 @@ def _rng(seed: int, *purpose: object) -> random.Random:
 
 
 def check_options(entities: int, train: int, test: int, sft: int, size: int, grid: int,
-                  zoom_cells: int = 1, perceive: int = 0) -> None:
+                  zoom_cells: int = 1, perceive: int = 0, clutter: float = 1.0,
+                  direct: float = 0.0) -> None:
     if not MIN_ENTITIES <= entities <= MAX_ENTITIES:
         raise BadInput(f"--entities: {entities} is out of range — must be {MIN_ENTITIES}.."
                        f"{MAX_ENTITIES} (each logo is a distinct shape, colour and plate)")
@@ -52,6 +53,12 @@ def check_options(entities: int, train: int, test: int, sft: int, size: int, gri
     if zoom_cells < 1 or grid % zoom_cells or zoom_cells == grid:
         raise BadInput(f"--zoom-cells: {zoom_cells} must divide the grid ({grid}) and be "
                        "smaller than it (the zoom box is a block of cells, not the scene)")
+    if not 0.0 <= clutter <= 4.0:
+        raise BadInput(f"--clutter: {clutter} is out of range — must be 0..4 (a multiple of "
+                       "the default amount of clutter)")
+    if not 0.0 <= direct <= 1.0:
+        raise BadInput(f"--direct: {direct} is out of range — must be 0..1 (a share of the "
+                       "cold-start perception rows)")
     if size // grid < MIN_CELL:
         raise BadInput(f"--size {size} with a {grid}x{grid} grid gives cells under "
                        f"{MIN_CELL} px — use --size >= {MIN_CELL * grid}")
@@ -74,13 +81,18 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 
 
 def _split_rows(split: str, n: int, seed: int, ents: list[Entity], tmp: Path, size: int,
-                grid: int, kinds: tuple[str, ...] = KINDS, zoom_cells: int = 1) -> list[dict]:
+                grid: int, kinds: tuple[str, ...] = KINDS, zoom_cells: int = 1,
+                clutter: float = 1.0, direct: float = 0.0) -> list[dict]:
     rows = []
-    for i, (kind, attr, k) in enumerate(plan(_rng(seed, "plan", split), n, len(ents), kinds)):
+    planned = plan(_rng(seed, "plan", split), n, len(ents), kinds)
+    perception = [i for i, (kind, _, _) in enumerate(planned) if kind == "perception"]
+    # exactly round(direct x count) of the SFT perception rows, drawn by a keyed RNG of their own
+    no_zoom = set(_rng(seed, "direct", split).sample(perception, round(direct * len(perception))))
+    for i, (kind, attr, k) in enumerate(planned):
         e = ents[k]
         rid = f"{split}-{i:04d}"
         im, logo_box, zoom_box = render_scene(_rng(seed, "scene", split, i), e.logo, size, grid,
-                                               zoom_cells)
+                                               zoom_cells, clutter)
         rel = f"images/{rid}.png"
         im.save(tmp / rel, format="PNG", compress_level=PNG_LEVEL)
         hits = search_hits(_rng(seed, "hits", split, i), ents, k, lookalike=kind == "both")
@@ -92,7 +104,7 @@ def _split_rows(split: str, n: int, seed: int, ents: list[Entity], tmp: Path, si
                "toy": {"entity": e.name, "attribute": attr, "logo_box": logo_box,
                        "size": size, "zoom_box": zoom_box, "hit": rank}}
         if split == "sft":
-            row["replies"] = expert_replies(kind, attr, e, zoom_box, rank)
+            row["replies"] = expert_replies(kind, attr, e, zoom_box, rank, i in no_zoom)
         rows.append(row)
     return rows
 
@@ -130,12 +142,12 @@ def _vocab(corpus: list[dict], splits: dict[str, list[dict]], ents: list[Entity]
 def build_world(out: str | Path, entities: int = 24, seed: int = 0, train: int = 240,
                 test: int = 60, sft: int = 120, size: int = 1024, grid: int = 8,
                 kinds: tuple[str, ...] = KINDS, zoom_cells: int = 1, perceive: int = 0,
-                force: bool = False) -> dict:
+                clutter: float = 1.0, direct: float = 0.0, force: bool = False) -> dict:
     """Write the toy world to folder `out` (see the README it writes); return statistics.
 
     Built in `OUT.tmp-PID` and renamed onto `out`; a non-empty `out` is refused unless `force`.
     """
-    check_options(entities, train, test, sft, size, grid, zoom_cells, perceive)
+    check_options(entities, train, test, sft, size, grid, zoom_cells, perceive, clutter, direct)
     out = Path(out)
     t0 = time.perf_counter()
     _check_out(out, force)
@@ -153,17 +165,18 @@ def build_world(out: str | Path, entities: int = 24, seed: int = 0, train: int =
         corpus = make_corpus(_rng(seed, "corpus"), ents, shops, cities)
         _write_jsonl(tmp / "corpus.jsonl", corpus)
         counts = {"train": train, "test": test, "sft": sft}
-        splits = {s: _split_rows(s, counts[s], seed, ents, tmp, size, grid, kinds, zoom_cells)
-                  for s in SPLITS}
+        splits = {s: _split_rows(s, counts[s], seed, ents, tmp, size, grid, kinds, zoom_cells,
+                                 clutter, direct if s == "sft" else 0.0) for s in SPLITS}
         for s, rows in splits.items():
             _write_jsonl(tmp / f"{s}.jsonl", rows)
         if perceive:  # scenes of their own (keyed RNG: the other splits stay as they were)
             scenes = _split_rows("perceive", perceive, seed, ents, tmp, size, grid,
-                                 ("perception",), zoom_cells)
+                                 ("perception",), zoom_cells, clutter)
             _write_jsonl(tmp / "perceive.jsonl", perception_rows(scenes, tmp, PNG_LEVEL))
-        extra = [SYSTEM, WHERE] if perceive else []
+        extra = ([DIRECT] if direct else []) + ([SYSTEM, WHERE] if perceive else [])
         (tmp / "vocab.txt").write_text(_vocab(corpus, splits, ents, extra), encoding="utf-8")
-        world = {"v": 1, "seed": seed, "size": size, "grid": grid, "cities": cities,
+        world = {"v": 1, "seed": seed, "size": size, "grid": grid, "clutter": clutter,
+                 "direct": direct, "cities": cities,
                  "shops": shops, "entities": [e.to_dict() for e in ents],
                  "splits": counts}
         (tmp / "world.json").write_bytes(orjson.dumps(world, option=orjson.OPT_INDENT_2) + b"\n")
@@ -235,7 +248,8 @@ this small in a scene; use `data`.
 
 def main(out: str, entities: int = 24, seed: int = 0, train: int = 240, test: int = 60,
          sft: int = 120, size: int = 1024, grid: int = 8, kinds: str = ",".join(KINDS),
-         zoom_cells: int = 1, perceive: int = 0, force: bool = False) -> dict:
+         zoom_cells: int = 1, perceive: int = 0, clutter: float = 1.0, direct: float = 0.0,
+         force: bool = False) -> dict:
     """`marscli toy-world`: build, write `OUT.meta.json` beside the folder, report on stderr."""
     import sys
 
@@ -247,7 +261,8 @@ def main(out: str, entities: int = 24, seed: int = 0, train: int = 240, test: in
     if bad or not kind_list:
         raise BadInput(f"--kinds {kinds!r}: choose from {', '.join(KINDS)} (comma-separated)")
     config = {"entities": entities, "train": train, "test": test, "sft": sft, "size": size,
-              "grid": grid, "kinds": kind_list, "zoom_cells": zoom_cells, "perceive": perceive}
+              "grid": grid, "kinds": kind_list, "zoom_cells": zoom_cells, "perceive": perceive,
+              "clutter": clutter, "direct": direct}
     stats = build_world(out, force=force, seed=seed, **config)
     write_sidecar(str(Path(out)), stage="toy-world", seed=seed, config=config, stats=stats,
                   started=started)
