@@ -59,6 +59,28 @@
 #     little and RL with a format weight of 0.2 unlearned it (see 7). Reading learns slowly: 360
 #     steps gave colour 44%, shape 28%, letter 25% on held-out crops (a flat 60 px square's colour
 #     takes 100 steps). Off by default (it adds ~2 minutes).
+#  f. Seeing is a plateau with a late, random exit. The tiny model learns a global colour at once
+#     but a small object only when it is about one merged vision token (32 px of the model's
+#     view) and, even then, after a plateau at the answers' marginal whose length varies by seed:
+#     `marscli sft` on the grounding rows alone of 480 quadrant scenes (toy-world --zoom-cells 2
+#     --clutter 0, 256x256 view) for 300 steps still gave one box for 76 of 96 test scenes.
+#     What got out of it, each step measured by `scripts/perception_probe.py WORLD POLICY` (held-
+#     out test scenes: grounding = the exact quadrant, reading = the word from the expert's crop;
+#     chance 25% and ~20%), all `--lr 1e-3 --batch-size 16 --schedule constant`, 2 cores:
+#       toy-world VW --entities 8 --grid 4 --zoom-cells 2 --clutter 0 --perceive 2000
+#         --kinds perception,knowledge,both --train 192 --test 96 --sft 240 --seed 0;
+#       tiny-model VB --text VW/vocab.txt --size tiny --min-pixels 16384 --max-pixels 65536;
+#       1. sft VW/perceive.jsonl, 8 epochs (2000 steps, 12.5 min): grounding 97.9%, reading 24.0%
+#          (one word per question: grounding's 13 loss tokens outweigh reading's 2);
+#       2. then its reading rows alone (odd lines), 8 epochs (1000 steps, 5.3 min): reading 43.8%,
+#          grounding 0.0% (forgotten: it answers "where" with a colour);
+#       3. then every row plus the reading rows twice more, 1 epoch (500 steps, 3.2 min):
+#          grounding 90.6%, reading 46.9% (colour 56.2, shape 46.9, letter 37.5).
+#     So about 21 minutes of pre-training buy a model that finds the logo and reads half of it:
+#     more than the 10-minute demo holds, and not yet enough for RL to show +10 points (one RL
+#     run from it with a cold start that zooms on 30% of the rows, toy-world --direct 0.7, is in
+#     the note of issue 19). The next step is a committed pre-trained tiny VLM (5 MB) that the
+#     demo starts from, as MARS starts from Qwen3-VL-Instruct.
 # What would make the demo learn, by these numbers: a policy that already sees (a pretrained VLM,
 # or minutes of perception pre-training), so that RL's job is where and when to zoom, as in MARS.
 
