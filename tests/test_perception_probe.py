@@ -8,9 +8,10 @@ import json
 import numpy as np
 from PIL import Image
 
-from helpers import ROOT
 from marscli.toy.perceive import WHERE, crop_of
 from marscli.toy.world import build_world
+
+from helpers import ROOT
 
 spec = importlib.util.spec_from_file_location("probe", ROOT / "scripts" / "perception_probe.py")
 probe = importlib.util.module_from_spec(spec)
