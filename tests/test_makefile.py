@@ -253,3 +253,18 @@ def test_follow_runs_the_reward_beside_the_rollout_and_serve_reloads_in_place(tm
     assert any("--engine server:$(cat " in x and "/run/serve.url)" in x
                for x in dry_run("rl-iter", "RECIPE=recipes/tiny.mk", f"RUN={tmp_path}/run",
                                 "SERVE=1"))
+
+
+def test_tiny_vlm_chains_its_three_perception_phases_then_probes(tmp_path):
+    run = str(tmp_path / "vlm")
+    lines = dry_run("tiny-vlm", "RECIPE=recipes/tiny.mk", f"VLM_RUN={run}")
+    sft = [x for x in lines if " sft " in x]
+    # all rows from the random model; the reading rows from phase 1; the mix from phase 2
+    assert [x.split(" sft ")[1].split()[0] for x in sft] == [
+        f"{run}-world/perceive.jsonl", f"{run}-world/read.jsonl", f"{run}-world/mix.jsonl"]
+    assert [x.split("--policy ")[1].split()[0] for x in sft] == [
+        f"{run}-random", f"{run}-1", f"{run}-2"]
+    assert [x.split("--out ")[1].split()[0] for x in sft] == [f"{run}-1", f"{run}-2", run]
+    assert [x.split("--epochs ")[1].split()[0] for x in sft] == ["8", "8", "1"]
+    assert "--perceive 2000" in next(x for x in lines if "toy-world" in x)
+    assert lines[-1].endswith(f"scripts/perception_probe.py {run}-world {run}")
