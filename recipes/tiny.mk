@@ -76,10 +76,11 @@
 #          90.6%, reading 46.9% (colour 56.2, shape 46.9, letter 37.5).
 #     About 21 minutes buy a model that finds the logo and reads half of it: more than the
 #     10-minute demo holds. And the skill did not carry over into the agent's format: after a
-#     cold start on its trajectories (vision frozen, the perception rows mixed in), its zoom
-#     boxes hit the logo at about chance, so zooming still bought nothing (issue 19's note has
-#     the runs). Next: cold-start data and pre-training that share one format, then a committed
-#     pre-trained tiny VLM (5 MB) for the demo to start from, as MARS starts from Qwen3-VL.
+#     cold start on its trajectories (vision frozen, the perception rows mixed in), its sampled
+#     zoom boxes hit the logo 31-38% of the time (chance 25%), so zooming still bought little
+#     (issue 19's note has the runs). Next: cold-start data and pre-training that share one
+#     format, then a committed pre-trained tiny VLM (5 MB) for the demo to start from, as MARS
+#     starts from Qwen3-VL.
 # What would make the demo learn, by these numbers: a policy that already sees (a pretrained VLM,
 # or minutes of perception pre-training), so that RL's job is where and when to zoom, as in MARS.
 
