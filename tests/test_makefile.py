@@ -255,16 +255,23 @@ def test_follow_runs_the_reward_beside_the_rollout_and_serve_reloads_in_place(tm
                                 "SERVE=1"))
 
 
-def test_tiny_vlm_chains_its_three_perception_phases_then_probes(tmp_path):
+def test_tiny_vlm_chains_its_perception_phases_then_the_agents_format(tmp_path):
     run = str(tmp_path / "vlm")
     lines = dry_run("tiny-vlm", "RECIPE=recipes/tiny.mk", f"VLM_RUN={run}")
     sft = [x for x in lines if " sft " in x]
-    # all rows from the random model; the reading rows from phase 1; the mix from phase 2
+    # all rows from the random model; the reading rows; the mix; the agent's trajectories
     assert [x.split(" sft ")[1].split()[0] for x in sft] == [
-        f"{run}-world/perceive.jsonl", f"{run}-world/read.jsonl", f"{run}-world/mix.jsonl"]
+        f"{run}-world/perceive.jsonl", f"{run}-world/read.jsonl", f"{run}-world/mix.jsonl",
+        f"{run}-agent/mix.jsonl"]
     assert [x.split("--policy ")[1].split()[0] for x in sft] == [
-        f"{run}-random", f"{run}-1", f"{run}-2"]
-    assert [x.split("--out ")[1].split()[0] for x in sft] == [f"{run}-1", f"{run}-2", run]
-    assert [x.split("--epochs ")[1].split()[0] for x in sft] == ["8", "8", "1"]
+        f"{run}-random", f"{run}-1", f"{run}-2", f"{run}-3"]
+    assert [x.split("--out ")[1].split()[0] for x in sft] == [
+        f"{run}-1", f"{run}-2", f"{run}-3", run]
+    assert [x.split("--epochs ")[1].split()[0] for x in sft] == ["8", "8", "1", "2"]
+    assert ["--freeze-vision" in x for x in sft] == [False, False, False, True]
     assert "--perceive 2000" in next(x for x in lines if "toy-world" in x)
-    assert lines[-1].endswith(f"scripts/perception_probe.py {run}-world {run}")
+    # the replayed trajectories come from the phase-3 model's tokenizer, before phase 4
+    replay = next(i for i, x in enumerate(lines) if "--engine replay" in x)
+    assert f"--policy {run}-3" in lines[replay] and replay < lines.index(sft[3])
+    probes = [x for x in lines if "perception_probe.py" in x]
+    assert [p.split()[-1] for p in probes] == [f"{run}-3", run]
