@@ -83,10 +83,11 @@
 #     (one seed each, 6 iterations, the issue's note) raised the rollouts' accuracy (35.9 ->
 #     42.2% with DIRECT=0.7, 33.6 -> 46.9% with 0.5) but by reading better from the whole scene,
 #     not by zooming more: the greedy policy never zoomed, and its test accuracy went 37.5 ->
-#     34.4% and 34.4 -> 31.2% after 6 iterations (one question is 1.04 points), because at the 256x256 view the scene's logo (25-41 px, about one vision token, the size
-#     this model learns best) is legible without a zoom. Next: a view where only the zoom makes
-#     the logo that size, then a committed pre-trained tiny VLM (5 MB) for the demo to start
-#     from, as MARS starts from Qwen3-VL.
+#     34.4% and 34.4 -> 31.2% after 6 iterations (one question is 1.04 points), because at the
+#     256x256 view the scene's logo (25-41 px, about one vision token, the size this model learns
+#     best) is legible without a zoom. Next: a view where only the zoom makes the logo that size,
+#     then a committed pre-trained tiny VLM (5 MB) for the demo to start from, as MARS starts from
+#     Qwen3-VL.
 # What would make the demo learn, by these numbers: a policy that already sees (a pretrained VLM,
 # or minutes of perception pre-training), so that RL's job is where and when to zoom, as in MARS.
 
