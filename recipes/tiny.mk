@@ -182,12 +182,12 @@ SFT_FROM_TARGET = $(PERCEIVED)/config.json
 endif
 
 # `make tiny-vlm`: a tiny Qwen3-VL that sees (lever f), from nothing, in about 27 minutes on 2
-# cores (13 at a 128x128 view): its own world (every question kind, so that its tokenizer knows every word a recipe
-# uses; VLM_SCENES scenes of perception rows), the random model, three SFT phases on the
-# perception rows — all rows; the reading rows alone (odd lines); all rows with the reading rows
-# twice more — then a fourth in the agent's own format, the vision tower frozen: the expert's
-# trajectories (zoom on the quadrant, read) on VLM_AGENT scenes of the demo's world, with as
-# many reading rows. The probe after phase 3 (VLM_RUN-3-probe/probe.json) and after phase 4
+# cores (13 at a 128x128 view): its own world (every question kind, so that its tokenizer knows
+# every word a recipe uses; VLM_SCENES scenes of perception rows), the random model, three SFT
+# phases on the perception rows — all rows; the reading rows alone (odd lines); all rows with the
+# reading rows twice more — then a fourth in the agent's own format, the vision tower frozen: the
+# expert's trajectories (zoom on the quadrant, read) on VLM_AGENT scenes of the demo's world, with
+# as many reading rows. The probe after phase 3 (VLM_RUN-3-probe/probe.json) and after phase 4
 # (reading; its grounding is in the tool call now). Not yet what the demo starts from (see f).
 VLM_RUN ?= runs/tiny-vlm
 VLM_SCENES ?= 2000
