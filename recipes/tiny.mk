@@ -94,7 +94,7 @@
 #     the time and read 31% of its hits right: 17.7%. Two epochs of phase 4 teach the protocol,
 #     not yet the skills inside it; after a cold start with DIRECT=0.7 (direct answers at chance
 #     now, 13-20%) 4 RL iterations left the test accuracy at 19.8 -> 20.8%. Six epochs
-#     (VLM_AGENT_EPOCHS=6, 7.7 min of phase 4): hits 44%, 50% of them read right, 32.3% in all,
+#     (VLM_AGENT_EPOCHS=6, 4.1 min of phase 4): hits 44%, 50% of them read right, 32.3% in all,
 #     and still rising. Next: phase 4 until the agent's zooms hit and read as the probe does,
 #     then commit that model (5 MB) for the demo to start from, as MARS starts from Qwen3-VL.
 # What would make the demo learn, by these numbers: a policy that already sees (a pretrained VLM,
