@@ -165,8 +165,14 @@ $(WORLD)/train.jsonl $(WORLD)/test.jsonl $(WORLD)/sft.jsonl: | $(WORLD).meta.jso
 $(WORLD)/text.sqlite.meta.json: $(WORLD).meta.json
 	$(MARSCLI) index text $(WORLD)/corpus.jsonl -o $(WORLD)/text.sqlite
 
+# VLM=FOLDER (recipes/tiny-sees.mk): BASE is a link to a model that already sees instead.
+ifeq ($(VLM),)
 $(BASE).meta.json: $(WORLD).meta.json
 	$(MARSCLI) tiny-model $(BASE) --text $(WORLD)/vocab.txt $(MODEL_OPTS) --force
+else
+$(BASE).meta.json: $(VLM)/config.json
+	mkdir -p $(dir $(BASE)) && ln -sfn $(abspath $(VLM)) $(BASE) && cp $(VLM)/marscli.meta.json $@
+endif
 
 $(SFT_DATA).meta.json: $(BASE).meta.json $(WORLD)/text.sqlite.meta.json
 	stages/rollout.sh $(WORLD)/sft.jsonl $(BASE) $(SFT_DATA) --engine replay -n 1 $(AGENT_OPTS)
