@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 
 from marscli.toy.entities import Entity
+from marscli.toy.prompts import gold
 
 KEYWORD = {"city": "city", "founder": "founder", "year": "year"}  # text-search query word
 
@@ -52,7 +53,7 @@ def direct_answer(entity: Entity, attr: str) -> str:
     zoom (the toy world's `--direct` share of the SFT rows). Seen at the scene's resolution the
     logo is a few pixels, so a policy that answers so is mostly guessing: RL has to learn that
     zooming pays."""
-    return _turn(DIRECT, f"<answer>{perception_answer(entity, attr).split('<answer>')[1]}")
+    return _turn(DIRECT, f"<answer>{gold(entity, attr)}</answer>")
 
 
 def search_turns(entity: Entity, attr: str, rank: int) -> list[str]:
