@@ -57,7 +57,9 @@ ask-demo: setup
 #   make rl ITERS=n                                        iterations 0..n-1
 # Layout: $(RUN)/ckpt-k (HF checkpoints; ckpt-0 = the cold-start SFT model),
 #         $(RUN)/iter-k/{prompts,rollouts,scored,advantages,metrics}.jsonl, $(RUN)/eval/.
-RECIPE ?= recipes/tiny.mk
+# The default recipe is the demo's (recipes/tiny-sees.mk: the committed tiny VLM that sees);
+# recipes/tiny.mk starts from the random tiny model (CI's iterations, the recipes' common part).
+RECIPE ?= recipes/tiny-sees.mk
 include $(RECIPE)
 ITER ?= 0
 ITERS ?= 3
@@ -232,8 +234,8 @@ seed_runs = for s in $$(seq 0 $$(( $(SEEDS) - 1 ))); do run=$(1)$$( [ $$s = 0 ] 
   $(MAKE) --no-print-directory $(2) RUN=$$run SEED=$$s WORLD=$(WORLD) BASE=$(BASE) \
     SFT_DATA=$(SFT_DATA) || exit $$?; done
 demo: setup
-	$(MAKE) --no-print-directory runs/demo/ckpt-0/config.json RECIPE=recipes/tiny.mk NAME=demo
-	$(MAKE) --no-print-directory demo-seeds RECIPE=recipes/tiny.mk NAME=demo
+	$(MAKE) --no-print-directory runs/demo/ckpt-0/config.json RECIPE=$(RECIPE) NAME=demo
+	$(MAKE) --no-print-directory demo-seeds RECIPE=$(RECIPE) NAME=demo
 	$(MARSCLI) ask $$(ls runs/demo/world/images/test-*.png | head -1) \
 	  "What colour is the shape on the logo in this image?" --policy runs/demo/ckpt-$(DEMO_ITERS) \
 	  --system-prompt recipes/toy-system.txt --max-turns 3 --max-turn-tokens 64 \

@@ -3,11 +3,12 @@ table on stderr, `RUN/summary.json` for each run and, with --plot, one PNG of ac
 
 Seed s of run RUN lives in RUN (s = 0) or RUN-seed<s> (the Makefile's layout). Iteration 0 is
 the cold-start SFT model. Per iteration and seed: the greedy test accuracy of checkpoint k, its
-zoom hit rate (zoom calls whose box holds the whole logo, toy world only), and, from the
-training rollouts sampled from checkpoint k (iter-k/), their accuracy and zoom hit rate, the
-pooled std of the group-normalised advantages and the share of flat groups (all rewards equal).
-Across seeds: the mean and the half-width of its 95% confidence interval (Student's t; none for
-one seed).
+zoom hit rate (zoom calls whose box holds the whole logo, toy world only) and zoom calls per
+question, and, from the training rollouts sampled from checkpoint k (iter-k/), their accuracy,
+the share of them that zoom, their zoom hit rate, the pooled std of the group-normalised
+advantages and the share of flat groups (all rewards equal). An iteration that was not evaluated
+(EVAL_EVERY) still has its rollout columns. Across seeds: the mean and the half-width of its 95%
+confidence interval (Student's t; none for one seed).
 
 usage: python scripts/run_summary.py RUN [RUN...] --iters N [--seeds S] [--plot PNG]
 """
@@ -27,11 +28,12 @@ from rich.table import Table
 from marscli.jsonl import AtomicFile
 from marscli.toy.hits import hit_rate
 
-SHORT = {"image_zoom_in_tool": "zoom", "text_search_tool": "text", "image_search_tool": "image"}
+ZOOM = "image_zoom_in_tool"
+SHORT = {ZOOM: "zoom", "text_search_tool": "text", "image_search_tool": "image"}
 # Student's t at 0.975 by degrees of freedom (1..10); the normal 1.96 beyond
 T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
-KEYS = ("test_accuracy", "zoom_hit_rate", "rollout_accuracy", "rollout_zoom_hit_rate",
-        "pooled_std", "flat_groups")
+KEYS = ("test_accuracy", "zoom_hit_rate", "zoom_calls", "rollout_accuracy", "rollout_zoom_share",
+        "rollout_zoom_hit_rate", "pooled_std", "flat_groups")
 
 
 def seed_run(run: Path, s: int) -> Path:
@@ -68,20 +70,25 @@ def by_category(rows: list[dict]) -> dict[str, dict]:
 
 
 def iteration(run: Path, k: int) -> dict | None:
+    """Checkpoint k's row: its test-split evaluation (None where it was not evaluated) and the
+    rollouts sampled from it; None when it has neither."""
     path = run / "eval" / f"ckpt-{k}.summary.json"
-    if not path.is_file():
-        return None
-    s = orjson.loads(path.read_bytes())
-    (bench,) = s["benchmarks"].values()  # the toy test split is one benchmark
-    evals = records(run / "eval" / f"ckpt-{k}.jsonl")
-    out = {"iter": k, "test_accuracy": bench["accuracy"], "items": bench["items"],
-           "mean_turns": bench["mean_turns"],
-           "tool_calls": {name: u["mean"] for name, u in bench["tool_use"].items()},
-           "categories": {c: v["accuracy"] for c, v in bench["categories"].items()},
-           "by_category": by_category(evals),
-           "zoom_hit_rate": pct(hit_rate(evals, run / "eval")),
-           "rollout_reward": rollout_reward(run, k)}
+    out: dict = {"iter": k, "test_accuracy": None, "items": None, "mean_turns": None,
+                 "tool_calls": {}, "categories": {}, "by_category": {}, "zoom_hit_rate": None,
+                 "zoom_calls": None, "rollout_reward": rollout_reward(run, k)}
+    if path.is_file():
+        (bench,) = orjson.loads(path.read_bytes())["benchmarks"].values()  # one benchmark
+        evals = records(run / "eval" / f"ckpt-{k}.jsonl")
+        tools = {name: u["mean"] for name, u in bench["tool_use"].items()}
+        out.update(test_accuracy=bench["accuracy"], items=bench["items"],
+                   mean_turns=bench["mean_turns"], tool_calls=tools,
+                   categories={c: v["accuracy"] for c, v in bench["categories"].items()},
+                   by_category=by_category(evals),
+                   zoom_hit_rate=pct(hit_rate(evals, run / "eval")),
+                   zoom_calls=tools.get(ZOOM, 0.0))
     out.update(rollout_stats(run, k))
+    if out["test_accuracy"] is None and out["rollout_accuracy"] is None:
+        return None
     return out
 
 
@@ -96,8 +103,11 @@ def rollout_reward(run: Path, k: int) -> dict | None:
 def rollout_stats(run: Path, k: int) -> dict:
     it = run / f"iter-{k}"
     rr = rollout_reward(run, k)
+    rollouts = records(it / "rollouts.jsonl")
+    zooming = sum(1 for r in rollouts if (r.get("tool_calls") or {}).get(ZOOM))
     out = {"rollout_accuracy": pct(rr["accuracy"]) if rr else None,
-           "rollout_zoom_hit_rate": pct(hit_rate(records(it / "rollouts.jsonl"), it)),
+           "rollout_zoom_share": pct(zooming / len(rollouts)) if rollouts else None,
+           "rollout_zoom_hit_rate": pct(hit_rate(rollouts, it)),
            "pooled_std": None, "flat_groups": None}
     meta = it / "advantages.jsonl.meta.json"
     if meta.is_file():
@@ -152,14 +162,15 @@ def fmt(m: float | None, ci: float | None = None, digits: int = 1) -> str:
 
 def table(summaries: dict[Path, list[dict]], n_seeds: int) -> Table:
     t = Table(title=f"by iteration (0: the SFT model), mean ± 95% CI over {n_seeds} RL seed(s); "
-                    "rollout columns: the training samples of that checkpoint",
+                    "zoom: zoom calls per test question; turns, image, text: seed 0's; rollout "
+                    "columns: the training samples of that checkpoint",
               title_justify="left")
     # A per-category column only where some run has more than one category (a perception-only
     # toy world has one, equal to the overall accuracy).
     by_cat = any(len(r["categories"]) > 1 for rows in summaries.values() for r in rows)
     cols = ("run", "iter", "test acc %", *(("per seed",) if n_seeds > 1 else ()), "zoom hit %",
-            "turns", "zoom", "image", "text", *(("by category",) if by_cat else ()),
-            "rollout acc %", "rollout hit %", "pooled std", "flat %")
+            "zoom", "turns", "image", "text", *(("by category",) if by_cat else ()),
+            "rollout acc %", "rollout zoom %", "rollout hit %", "pooled std", "flat %")
     for col in cols:
         t.add_column(col, justify="left" if col in ("run", "by category", "per seed")
                      else "right")
@@ -169,12 +180,16 @@ def table(summaries: dict[Path, list[dict]], n_seeds: int) -> Table:
             cats = " ".join(category_cell(c, a, r["by_category"].get(c))
                             for c, a in r["categories"].items() if a is not None)
             seeds = " ".join(fmt(p["test_accuracy"]) for p in r["per_seed"])
+            evaluated = r["test_accuracy"] is not None
             t.add_row(run.name, str(r["iter"]), fmt(r["test_accuracy"], r["test_accuracy_ci95"]),
                       *((seeds,) if n_seeds > 1 else ()),
-                      fmt(r["zoom_hit_rate"], r["zoom_hit_rate_ci95"]), f"{r['mean_turns']:.2f}",
-                      *(f"{tools.get(x, 0) or 0:.2f}" for x in ("zoom", "image", "text")),
+                      fmt(r["zoom_hit_rate"], r["zoom_hit_rate_ci95"]),
+                      fmt(r["zoom_calls"], digits=2), fmt(r["mean_turns"], digits=2),
+                      *(fmt(tools.get(x, 0) if evaluated else None, digits=2)
+                        for x in ("image", "text")),
                       *((cats,) if by_cat else ()),
-                      fmt(r["rollout_accuracy"]), fmt(r["rollout_zoom_hit_rate"]),
+                      fmt(r["rollout_accuracy"]), fmt(r["rollout_zoom_share"]),
+                      fmt(r["rollout_zoom_hit_rate"]),
                       fmt(r["pooled_std"], digits=3), fmt(r["flat_groups"], digits=0))
         if rows:
             t.add_section()
@@ -187,16 +202,23 @@ def plot(summaries: dict[Path, list[dict]], out: Path, n_seeds: int) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), dpi=100)
-    for run, rows in summaries.items():
-        for ax, key in zip(axes, ("test_accuracy", "zoom_hit_rate"), strict=True):
+    # (panel, key, line style): the zoom hit rate of the test split (greedy; none while the
+    # greedy policy does not zoom) and of the training rollouts, dashed, in one panel.
+    series = ((0, "test_accuracy", "-"), (1, "zoom_hit_rate", "-"),
+              (1, "rollout_zoom_hit_rate", "--"), (2, "rollout_zoom_share", "-"))
+    titles = ("test accuracy %", "zoom hit rate % (test; rollouts dashed)",
+              "rollouts that zoom %")
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.6), dpi=100)
+    for i, (run, rows) in enumerate(summaries.items()):
+        for panel, key, style in series:
             pts = [(r["iter"], r[key], r[f"{key}_ci95"] or 0.0) for r in rows
                    if r[key] is not None]
             if not pts:
                 continue
             x, y, e = zip(*pts, strict=True)
-            ax.errorbar(x, y, yerr=e, capsize=3, marker="o", label=run.name)
-    for ax, title in zip(axes, ("test accuracy %", "zoom hit rate %"), strict=True):
+            axes[panel].errorbar(x, y, yerr=e, capsize=3, marker="o", linestyle=style,
+                                 color=f"C{i}", label=run.name if panel == 0 else None)
+    for ax, title in zip(axes, titles, strict=True):
         ax.set_title(f"{title} (mean ± 95% CI, {n_seeds} seeds)", fontsize=9)
         ax.set_xlabel("RL iteration (0: SFT)")
         ax.grid(alpha=0.3)

@@ -121,3 +121,29 @@ def test_seeds_give_mean_and_student_t_interval(tmp_path):
     assert last["by_category"]["perception"]["tool_calls"] == {"zoom": 1.0}
     assert "25.0 ± 11.4" in table and "20.0 26.0 29.0" in table
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_iterations_between_evaluations_keep_their_rollout_columns(tmp_path):
+    """EVAL_EVERY=2: checkpoint 1 has no test-split evaluation, but its training rollouts (how
+    often they zoom, and where) still make a row."""
+    run = make_run(tmp_path, "demo", [30.0, None, 40.0])
+    logo, hit, miss = [600, 600, 700, 700], [500, 500, 750, 750], [0, 0, 250, 250]
+    it = run / "iter-1"
+    it.mkdir()
+    (it / "scored.jsonl.meta.json").write_bytes(orjson.dumps(
+        {"stats": {"rows": 4, "accuracy_mean": 0.5, "format_mean": 1.0}}))
+    direct = {"toy": {"logo_box": logo, "size": 1000}, "images": [{"path": "s.png"}],
+              "tool_calls": {}}
+    (it / "rollouts.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in [
+        zoom_record(hit, logo, 1), zoom_record(hit, logo, 1), zoom_record(miss, logo, 0),
+        direct]))
+    table = summarize(run, iters=2)
+    rows = orjson.loads((run / "summary.json").read_bytes())["iterations"]
+    assert [r["iter"] for r in rows] == [0, 1, 2]
+    mid = rows[1]
+    assert mid["test_accuracy"] is None and mid["zoom_hit_rate"] is None
+    assert mid["rollout_accuracy"] == 50.0
+    assert mid["rollout_zoom_share"] == 75.0  # 3 of 4 rollouts zoom
+    assert mid["rollout_zoom_hit_rate"] == pytest.approx(66.667, abs=1e-2)  # 2 of 3 calls hit
+    assert rows[2]["zoom_calls"] == pytest.approx(0.8)
+    assert "75.0" in table and "66.7" in table
