@@ -222,10 +222,12 @@ rl-eval: rl
 	$(MAKE) --no-print-directory $(foreach k,$(EVAL_CKPTS),$(RUN)/eval/ckpt-$(k).summary.json)
 	$(if $(filter 1,$(SUMMARY)),$(PY) scripts/run_summary.py $(RUN) --iters $(ITERS))
 
-# The demo: toy world → tiny model → SFT → RL iterations → eval, in about 10 minutes on 2 cores.
-# SEEDS=n repeats the RL part with RL seeds 1..n-1 into runs/demo-seed<s> (the world, the base
+# The demo (RECIPE, recipes/tiny-sees.mk by default): toy world → the committed tiny VLM → SFT →
+# DEMO_ITERS RL iterations, the test split every DEMO_EVAL_EVERY → the table; about 7 minutes
+# on 2 cores. SEEDS=n repeats the RL part with RL seeds 1..n-1 into runs/demo-seed<s> (the world, the base
 # and the SFT model are shared) and reports mean ± 95% CI over the n seeds.
 DEMO_ITERS ?= 4
+DEMO_EVAL_EVERY ?= $(EVAL_EVERY)
 SEEDS ?= 1
 # $(call seed_runs,RUN,CMD...): make CMD for every seed s < SEEDS into RUN (s = 0) or RUN-seed<s>,
 # that run's ckpt-0 a link to RUN's
@@ -243,7 +245,7 @@ demo: setup
 
 .PHONY: demo-seeds
 demo-seeds:
-	$(call seed_runs,$(RUN),rl-eval ITERS=$(DEMO_ITERS) SUMMARY=0)
+	$(call seed_runs,$(RUN),rl-eval ITERS=$(DEMO_ITERS) EVAL_EVERY=$(DEMO_EVAL_EVERY) SUMMARY=0)
 	$(PY) scripts/run_summary.py $(RUN) --iters $(DEMO_ITERS) --seeds $(SEEDS)
 
 # grpo, gspo and bn-gspo (and dr-grpo, rloo) from the same cold-start model under the same

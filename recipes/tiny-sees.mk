@@ -13,8 +13,10 @@ WORLD_OPTS ?= --entities 8 --grid 4 --zoom-cells 2 --clutter 0 --direct $(DIRECT
   --kinds $(KINDS) --train 192 --test 96 --sft 240 --seed 0
 # The vision tower stays as the pre-training left it; the LM learns the protocol.
 SFT_OPTS ?= --epochs 6 --lr 1e-3 --batch-size 4 --schedule cosine --freeze-vision
-# Twelve iterations (one pass over the 192 training prompts), the test split every second one.
+# The demo: twelve iterations (one pass over the 192 training prompts), the test split every
+# second checkpoint. `make rl`/`rl-eval`/`ablation`: 8 iterations, evaluated at 0, 4 and 8.
 DEMO_ITERS ?= 12
+DEMO_EVAL_EVERY ?= 2
 ITERS ?= 8
-EVAL_EVERY ?= 2
+EVAL_EVERY ?= 4
 include recipes/tiny.mk

@@ -1,4 +1,6 @@
-# recipes/tiny.mk — the CPU demo: the toy world and a small random Qwen3-VL, minutes on 2 cores.
+# recipes/tiny.mk — the CPU recipes' common part: the toy world and a small random Qwen3-VL,
+# minutes on 2 cores. `make demo` runs recipes/tiny-sees.mk, which includes this file and starts
+# from a tiny VLM that already sees (recipes/tiny-vlm; levers g-k below: what each bought).
 #
 # Departures from the paper (recipes/mars-8b.mk has its settings), each for the 10-minute CPU budget:
 #  1. Policy: the 1.2 M-parameter random Qwen3-VL (`tiny-model --size tiny`) whose tokenizer is
@@ -99,9 +101,28 @@
 #     that model, recipes/tiny-sees.mk (cold start DIRECT=0.7, vision frozen) and 8 RL
 #     iterations: the greedy SFT model never zooms (test 34.4%); RL raised the zoom share of the
 #     rollouts from 19% to 55%, and ckpt-8 zooms on every question: test 73.6 +- 3.0% over 3 RL
-#     seeds (72.9 / 75.0 / 72.9). Next: commit that model (5 MB) and make it the demo's start.
-# What would make the demo learn, by these numbers: a policy that already sees (a pretrained VLM,
-# or minutes of perception pre-training), so that RL's job is where and when to zoom, as in MARS.
+#     seeds (72.9 / 75.0 / 72.9). That model is now committed and the demo's start (g).
+# What made the demo learn (recipes/tiny-sees.mk, `make demo`), lever by lever, with what each
+# bought (2 cores; greedy test accuracy on the 96 test questions unless said):
+#  g. A policy that sees, committed (recipes/tiny-vlm, 4.7 MB): `make tiny-vlm` (above, ~17 min)
+#     at a 128x128 view, phase 4 for 12 epochs. Bought: the zooms of the greedy agent hit the
+#     logo 85% of the time and read 88% of their hits (82.3% in all), where the random model's
+#     hit at chance. RL's job is then where and when to zoom, as in MARS from Qwen3-VL-Instruct.
+#  h. The 128x128 view (the processor's max-pixels 16384): the scene's logo (12-20 px) is below
+#     one vision token, the zoom's crop (25-41 px) about one. At 256x256 the logo was legible
+#     without a zoom and RL improved direct answers instead (greedy never zoomed; 37.5 -> 34.4%).
+#  i. Phase 4 in the agent's own format, 12 epochs instead of 2 (8.4 min instead of 2.4): the
+#     greedy agent's accuracy 17.7% (2 epochs) -> 32.3% (6) -> 82.3% (12).
+#  j. A cold start that under-uses the tool (`toy-world --direct 0.7`: 70% of the 240 expert rows
+#     answer without a zoom) with the vision tower frozen (`sft --freeze-vision`; unfrozen at lr
+#     2e-3 the reading was lost): the SFT model never zooms (test 34.4%: direct answers at the
+#     answers' marginal), so what RL must learn is exactly when to zoom. With quadrant zoom
+#     boxes (--zoom-cells 2) and no clutter (--clutter 0), the pre-training's world.
+#  k. Twelve cheaper iterations instead of 4 (one iteration is ~20 s on 2 cores: 16 prompts x 8
+#     samples, 4 optimiser steps), the test split every second checkpoint (DEMO_EVAL_EVERY): in
+#     8-iteration runs two of three seeds were still at the SFT model's accuracy at iteration 4
+#     and flipped to zooming by iteration 8; twelve leave a margin for slower seeds.
+#  The result (`make demo SEEDS=3`, README): see recipes/tiny-sees.mk's header.
 
 # Same seeds, same numbers on another x86-64 machine: torch (ATen), oneDNN and MKL pick kernels by
 # the CPU's instruction set and split reductions by thread count, and both change float
@@ -191,24 +212,26 @@ SFT_FROM = $(PERCEIVED)
 SFT_FROM_TARGET = $(PERCEIVED)/config.json
 endif
 
-# `make tiny-vlm`: a tiny Qwen3-VL that sees (lever f), from nothing, in about 27 minutes on 2
-# cores (13 at a 128x128 view): its own world (every question kind, so that its tokenizer knows
+# `make tiny-vlm`: a tiny Qwen3-VL that sees (levers f-i), from nothing, in about 17 minutes on 2
+# cores at the 128x128 view (VLM_MODEL_OPTS; 27 at 256x256 with 2 agent epochs): its own world (every question kind, so that its tokenizer knows
 # every word a recipe uses; VLM_SCENES scenes of perception rows), the random model, three SFT
 # phases on the perception rows — all rows; the reading rows alone (odd lines); all rows with the
 # reading rows twice more — then a fourth in the agent's own format, the vision tower frozen: the
 # expert's trajectories (zoom on the quadrant, read) on VLM_AGENT scenes of the demo's world, with
 # as many reading rows. The probe after phase 3 (VLM_RUN-3-probe/probe.json) and after phase 4
-# (reading; its grounding is in the tool call now). Not yet what the demo starts from (see f).
+# (reading; its grounding is in the tool call now). recipes/tiny-vlm is this target's VLM_RUN
+# (built with these defaults, phase 4 run as the same command by hand); `make demo VLM=runs/tiny-vlm`
+# starts the demo from a rebuilt one.
 VLM_RUN ?= runs/tiny-vlm
 VLM_SCENES ?= 2000
 VLM_AGENT ?= 1000
-VLM_AGENT_EPOCHS ?= 2
+VLM_AGENT_EPOCHS ?= 12
 VLM_WORLD_OPTS ?= --entities 8 --grid 4 --zoom-cells 2 --clutter 0 \
   --kinds perception,knowledge,both --train 192 --test 96 --sft 240 --perceive $(VLM_SCENES) \
   --seed 0
 VLM_AGENT_OPTS ?= --entities 8 --grid 4 --zoom-cells 2 --clutter 0 --kinds perception \
   --train 16 --test 96 --sft $(VLM_AGENT) --seed 0
-VLM_MODEL_OPTS ?= --size tiny --min-pixels 16384 --max-pixels 65536 --seed 0
+VLM_MODEL_OPTS ?= --size tiny --min-pixels 16384 --max-pixels 16384 --seed 0
 VLM_SFT = $(MARSCLI) sft $(1) --policy $(2) --out $(3) --epochs $(4) --lr 1e-3 --batch-size 16 \
   --schedule $(if $(5),cosine --freeze-vision,constant) --seed 0 --force \
   --metrics $(3).metrics.jsonl

@@ -6,6 +6,7 @@ option a recipe passes to a stage exists in that stage's `--help`."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import shlex
@@ -267,7 +268,7 @@ def test_tiny_vlm_chains_its_perception_phases_then_the_agents_format(tmp_path):
         f"{run}-random", f"{run}-1", f"{run}-2", f"{run}-3"]
     assert [x.split("--out ")[1].split()[0] for x in sft] == [
         f"{run}-1", f"{run}-2", f"{run}-3", run]
-    assert [x.split("--epochs ")[1].split()[0] for x in sft] == ["8", "8", "1", "2"]
+    assert [x.split("--epochs ")[1].split()[0] for x in sft] == ["8", "8", "1", "12"]
     assert ["--freeze-vision" in x for x in sft] == [False, False, False, True]
     assert "--perceive 2000" in next(x for x in lines if "toy-world" in x)
     # the replayed trajectories come from the phase-3 model's tokenizer, before phase 4
@@ -275,3 +276,34 @@ def test_tiny_vlm_chains_its_perception_phases_then_the_agents_format(tmp_path):
     assert f"--policy {run}-3" in lines[replay] and replay < lines.index(sft[3])
     probes = [x for x in lines if "perception_probe.py" in x]
     assert [p.split()[-1] for p in probes] == [f"{run}-3", run]
+
+
+def test_the_committed_tiny_vlm_is_what_make_tiny_vlm_builds(tmp_path):
+    """recipes/tiny-vlm (the demo's start) was trained by the target's phase 4 as it stands: the
+    same options, the same view; a change to either must rebuild and recommit the model."""
+    meta = json.loads((ROOT / "recipes" / "tiny-vlm" / "marscli.meta.json").read_text())
+    run = str(tmp_path / "vlm")
+    phase4 = shlex.split(next(x for x in dry_run("tiny-vlm", "RECIPE=recipes/tiny.mk",
+                                                   f"VLM_RUN={run}") if f"--out {run} " in x))
+    opt = {a.lstrip("-").replace("-", "_"): b for a, b in itertools.pairwise(phase4)
+           if a.startswith("--")}
+    cfg = meta["config"]
+    assert (cfg["epochs"], cfg["lr"], cfg["batch_size"], cfg["schedule"], cfg["seed"]) == (
+        int(opt["epochs"]), float(opt["lr"]), int(opt["batch_size"]), opt["schedule"],
+        int(opt["seed"]))
+    assert cfg["freeze_vision"] and "--freeze-vision" in phase4
+    processor = json.loads((ROOT / "recipes" / "tiny-vlm" / "processor_config.json").read_text())
+    model = next(x for x in dry_run("tiny-vlm", "RECIPE=recipes/tiny.mk", f"VLM_RUN={run}")
+                 if " tiny-model " in x)
+    pixels = int(model.split("--max-pixels ")[1].split()[0])
+    assert processor["image_processor"]["size"]["longest_edge"] == pixels == 128 * 128
+
+
+def test_the_demo_starts_from_the_committed_tiny_vlm(tmp_path):
+    run = tmp_path / "demo"
+    lines = dry_run(f"{run}/ckpt-0/config.json", f"RUN={run}")  # the default recipe's
+    link = re.search(r"ln -sfn (\S+) (\S+)", next(x for x in lines if "ln -sfn" in x))
+    assert link.groups() == (str(ROOT / "recipes" / "tiny-vlm"), f"{run}/base")
+    sft = only(lines, "sft")
+    assert f"{run}/base" in sft and "--freeze-vision" in sft
+    assert "--direct 0.7" in next(x for x in lines if " toy-world " in x)

@@ -14,7 +14,7 @@ import torch
 from marscli.batch import Example, Spec, collate, load_example, micro_batches, plan, shard
 from marscli.errors import BadInput
 
-from helpers import picture, varied_rows
+from helpers import ROOT, picture, varied_rows
 
 # ----------------------------------------------------------------------------- fixtures
 
@@ -294,3 +294,27 @@ def test_feature_cache_reuses_pixels_until_the_file_changes_and_stays_under_budg
     small = FeatureCache(max_bytes=one)  # room for one image: b evicts a
     small.get(proc, a), small.get(proc, b), small.get(proc, a)
     assert (small.hits, small.misses) == (0, 3) and small.bytes <= one
+
+
+@pytest.mark.parametrize("size", [(1024, 512), (512, 1024), (1024, 1024), (700, 300)])
+def test_image_tokens_agree_when_min_pixels_equals_max_pixels(tmp_path, size):
+    """The demo's processor (recipes/tiny-vlm: min = max = 128x128 pixels). A 1024x512 crop
+    (a zoom on half the scene) scaled to the budget is 64x160, under min_pixels, which the
+    processor would scale up again to 96x224: the rollout's placeholders (21) then disagreed
+    with the update's count from the file's header (10), and the update refused the row."""
+    from PIL import Image
+
+    from marscli.batch import placeholder_count
+    from marscli.policy import load_processor
+    from marscli.tokens import image_features
+
+    proc = load_processor(str(ROOT / "recipes" / "tiny-vlm"))
+    path = tmp_path / "crop.png"
+    Image.new("RGB", size, (200, 30, 30)).save(path)
+    with Image.open(path) as im:
+        direct = proc.image_processor(images=[im.convert("RGB")], return_tensors="pt")
+        n = image_features(proc, im.convert("RGB")).n_tokens
+    want = int(direct["image_grid_thw"][0].prod()) // 4
+    assert n == placeholder_count(proc, path) == want
+    if size == (1024, 512):
+        assert want == 10

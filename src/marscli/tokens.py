@@ -165,7 +165,14 @@ def model_image(processor: Any, image: Any) -> Any:
     if not max_px or image.width * image.height <= max_px:
         return image
     factor = int(getattr(ip, "patch_size", 14)) * int(getattr(ip, "merge_size", 2))
-    h, w = smart_resize(image.height, image.width, factor, min_px or factor * factor, max_px)
+    lo = min_px or factor * factor
+    h, w = smart_resize(image.height, image.width, factor, lo, max_px)
+    if smart_resize(h, w, factor, lo, max_px) != (h, w):
+        # The processor would resize that size again: scaled down to max_pixels, an image of
+        # another aspect ratio can fall under min_pixels (they are equal in the tiny recipes)
+        # and be scaled up (a 1024x512 crop: 64x160, then 96x224, 21 tokens instead of 10).
+        # The processor resizes the source itself then, once, as it does everywhere else.
+        return image
     from PIL import Image
 
     return image.resize((w, h), Image.BICUBIC, reducing_gap=3.0)
