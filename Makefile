@@ -246,7 +246,7 @@ demo: setup
 .PHONY: demo-seeds
 demo-seeds:
 	$(call seed_runs,$(RUN),rl-eval ITERS=$(DEMO_ITERS) EVAL_EVERY=$(DEMO_EVAL_EVERY) SUMMARY=0)
-	$(PY) scripts/run_summary.py $(RUN) --iters $(DEMO_ITERS) --seeds $(SEEDS)
+	$(PY) scripts/run_summary.py $(RUN) --iters $(DEMO_ITERS) --seeds $(SEEDS) --plot $(RUN).png
 
 # grpo, gspo and bn-gspo (and dr-grpo, rloo) from the same cold-start model under the same
 # budget, each with RL seeds 0..SEEDS-1 into $(RUN)-NAME(-seed<s>); a table of mean ± 95% CI

@@ -5,8 +5,9 @@ Seed s of run RUN lives in RUN (s = 0) or RUN-seed<s> (the Makefile's layout). I
 the cold-start SFT model. Per iteration and seed: the greedy test accuracy of checkpoint k, its
 zoom hit rate (zoom calls whose box holds the whole logo, toy world only) and zoom calls per
 question, and, from the training rollouts sampled from checkpoint k (iter-k/), their accuracy,
-the share of them that zoom, their zoom hit rate, the pooled std of the group-normalised
-advantages and the share of flat groups (all rewards equal). An iteration that was not evaluated
+the share of them that zoom, their zoom hit rate, the share of them whose zoom finds the logo,
+the pooled std of the group-normalised advantages and the share of flat groups (all rewards
+equal). An iteration that was not evaluated
 (EVAL_EVERY) still has its rollout columns. Across seeds: the mean and the half-width of its 95%
 confidence interval (Student's t; none for one seed).
 
@@ -26,14 +27,14 @@ from rich.console import Console
 from rich.table import Table
 
 from marscli.jsonl import AtomicFile
-from marscli.toy.hits import hit_rate
+from marscli.toy.hits import hit_rate, zoom_hits
 
 ZOOM = "image_zoom_in_tool"
 SHORT = {ZOOM: "zoom", "text_search_tool": "text", "image_search_tool": "image"}
 # Student's t at 0.975 by degrees of freedom (1..10); the normal 1.96 beyond
 T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
 KEYS = ("test_accuracy", "zoom_hit_rate", "zoom_calls", "rollout_accuracy", "rollout_zoom_share",
-        "rollout_zoom_hit_rate", "pooled_std", "flat_groups")
+        "rollout_zoom_hit_rate", "rollout_found", "pooled_std", "flat_groups")
 
 
 def seed_run(run: Path, s: int) -> Path:
@@ -105,9 +106,12 @@ def rollout_stats(run: Path, k: int) -> dict:
     rr = rollout_reward(run, k)
     rollouts = records(it / "rollouts.jsonl")
     zooming = sum(1 for r in rollouts if (r.get("tool_calls") or {}).get(ZOOM))
+    found = sum(1 for r in rollouts if zoom_hits(r, it)[1])
     out = {"rollout_accuracy": pct(rr["accuracy"]) if rr else None,
            "rollout_zoom_share": pct(zooming / len(rollouts)) if rollouts else None,
            "rollout_zoom_hit_rate": pct(hit_rate(rollouts, it)),
+           # where to look and when, in one number: the rollouts with a zoom on the logo
+           "rollout_found": pct(found / len(rollouts)) if rollouts else None,
            "pooled_std": None, "flat_groups": None}
     meta = it / "advantages.jsonl.meta.json"
     if meta.is_file():
@@ -170,7 +174,8 @@ def table(summaries: dict[Path, list[dict]], n_seeds: int) -> Table:
     by_cat = any(len(r["categories"]) > 1 for rows in summaries.values() for r in rows)
     cols = ("run", "iter", "test acc %", *(("per seed",) if n_seeds > 1 else ()), "zoom hit %",
             "zoom", "turns", "image", "text", *(("by category",) if by_cat else ()),
-            "rollout acc %", "rollout zoom %", "rollout hit %", "pooled std", "flat %")
+            "rollout acc %", "rollout zoom %", "rollout hit %", "rollout found %",
+            "pooled std", "flat %")
     for col in cols:
         t.add_column(col, justify="left" if col in ("run", "by category", "per seed")
                      else "right")
@@ -189,7 +194,7 @@ def table(summaries: dict[Path, list[dict]], n_seeds: int) -> Table:
                         for x in ("image", "text")),
                       *((cats,) if by_cat else ()),
                       fmt(r["rollout_accuracy"]), fmt(r["rollout_zoom_share"]),
-                      fmt(r["rollout_zoom_hit_rate"]),
+                      fmt(r["rollout_zoom_hit_rate"]), fmt(r["rollout_found"]),
                       fmt(r["pooled_std"], digits=3), fmt(r["flat_groups"], digits=0))
         if rows:
             t.add_section()

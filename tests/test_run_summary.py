@@ -145,5 +145,6 @@ def test_iterations_between_evaluations_keep_their_rollout_columns(tmp_path):
     assert mid["rollout_accuracy"] == 50.0
     assert mid["rollout_zoom_share"] == 75.0  # 3 of 4 rollouts zoom
     assert mid["rollout_zoom_hit_rate"] == pytest.approx(66.667, abs=1e-2)  # 2 of 3 calls hit
+    assert mid["rollout_found"] == 50.0  # 2 of 4 rollouts zoom on the logo
     assert rows[2]["zoom_calls"] == pytest.approx(0.8)
     assert "75.0" in table and "66.7" in table
