@@ -210,9 +210,10 @@ def plot(summaries: dict[Path, list[dict]], out: Path, n_seeds: int) -> None:
     # (panel, key, line style): the zoom hit rate of the test split (greedy; none while the
     # greedy policy does not zoom) and of the training rollouts, dashed, in one panel.
     series = ((0, "test_accuracy", "-"), (1, "zoom_hit_rate", "-"),
-              (1, "rollout_zoom_hit_rate", "--"), (2, "rollout_zoom_share", "-"))
+              (1, "rollout_zoom_hit_rate", "--"), (2, "rollout_zoom_share", "-"),
+              (2, "rollout_found", "--"))
     titles = ("test accuracy %", "zoom hit rate % (test; rollouts dashed)",
-              "rollouts that zoom %")
+              "rollouts that zoom % (that find the logo dashed)")
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.6), dpi=100)
     for i, (run, rows) in enumerate(summaries.items()):
         for panel, key, style in series:
