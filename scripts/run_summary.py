@@ -213,7 +213,7 @@ def plot(summaries: dict[Path, list[dict]], out: Path, n_seeds: int) -> None:
               (1, "rollout_zoom_hit_rate", "--"), (2, "rollout_zoom_share", "-"),
               (2, "rollout_found", "--"))
     titles = ("test accuracy %", "zoom hit rate % (test; rollouts dashed)",
-              "rollouts that zoom % (that find the logo dashed)")
+              "rollouts that zoom % (dashed: that find the logo)")
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.6), dpi=100)
     for i, (run, rows) in enumerate(summaries.items()):
         for panel, key, style in series:
@@ -225,10 +225,11 @@ def plot(summaries: dict[Path, list[dict]], out: Path, n_seeds: int) -> None:
             axes[panel].errorbar(x, y, yerr=e, capsize=3, marker="o", linestyle=style,
                                  color=f"C{i}", label=run.name if panel == 0 else None)
     for ax, title in zip(axes, titles, strict=True):
-        ax.set_title(f"{title} (mean ± 95% CI, {n_seeds} seeds)", fontsize=9)
+        ax.set_title(title, fontsize=9)
         ax.set_xlabel("RL iteration (0: SFT)")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
+    fig.suptitle(f"mean ± 95% CI over {n_seeds} RL seed(s)", fontsize=9)
     fig.tight_layout()
     with AtomicFile(out, "wb") as fh:
         fig.savefig(fh, format="png")
