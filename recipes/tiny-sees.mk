@@ -6,6 +6,10 @@
 # model under-uses the tool; RL has to learn when and where to zoom. Rebuild the model with
 #   make tiny-vlm VLM_RUN=runs/tiny-vlm                                    (~17 min, 2 cores)
 # and run the demo from it with VLM=runs/tiny-vlm. Everything else is recipes/tiny.mk's.
+# Measured (2 cores, `make demo SEEDS=3` from an empty runs/, ~18 min; `make demo`, one seed, 6 min
+# on a fresh clone): greedy test accuracy 34.4% after SFT (never zooms) -> 70.8 +- 11.3% after
+# 12 iterations (seeds 0/1/2: 74.0 / 65.6 / 72.9; 74.0 +- 4.5 after 10), zoom hit rate 83.7 +-
+# 3.0%; rollouts that zoom 17% -> 92%, that find the logo 12% -> 78% (iteration 10).
 VLM ?= recipes/tiny-vlm
 DIRECT ?= 0.7
 # The 4x4 grid's quadrants are the zoom boxes (--zoom-cells 2); no clutter around the logo.
