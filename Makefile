@@ -223,9 +223,9 @@ rl-eval: rl
 	$(if $(filter 1,$(SUMMARY)),$(PY) scripts/run_summary.py $(RUN) --iters $(ITERS))
 
 # The demo (RECIPE, recipes/tiny-sees.mk by default): toy world → the committed tiny VLM → SFT →
-# DEMO_ITERS RL iterations, the test split every DEMO_EVAL_EVERY → the table; about 7 minutes
-# on 2 cores. SEEDS=n repeats the RL part with RL seeds 1..n-1 into runs/demo-seed<s> (the world, the base
-# and the SFT model are shared) and reports mean ± 95% CI over the n seeds.
+# DEMO_ITERS RL iterations, the test split every DEMO_EVAL_EVERY → the table and RUN.png; about
+# 6 minutes on 2 cores. SEEDS=n repeats the RL part with RL seeds 1..n-1 into runs/demo-seed<s>
+# (the world, the base and the SFT model are shared) and reports mean ± 95% CI over the n seeds.
 DEMO_ITERS ?= 4
 DEMO_EVAL_EVERY ?= $(EVAL_EVERY)
 SEEDS ?= 1

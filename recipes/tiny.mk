@@ -159,7 +159,8 @@ PROMPTS_PER_ITER ?= 16
 N ?= 8
 MAX_TURNS ?= 5
 MAX_TURN_TOKENS ?= 64
-ROLLOUT_OPTS ?= -n $(N) --temperature 1.0 --max-turns $(MAX_TURNS) \
+TEMPERATURE ?= 1.0
+ROLLOUT_OPTS ?= -n $(N) --temperature $(TEMPERATURE) --max-turns $(MAX_TURNS) \
   --max-turn-tokens $(MAX_TURN_TOKENS) --max-response-tokens 4096 --batch-size 64 $(AGENT_OPTS)
 REWARD_OPTS ?= --judge exact --format-weight 0
 ESTIMATOR ?= bn-gspo

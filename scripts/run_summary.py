@@ -7,9 +7,9 @@ zoom hit rate (zoom calls whose box holds the whole logo, toy world only) and zo
 question, and, from the training rollouts sampled from checkpoint k (iter-k/), their accuracy,
 the share of them that zoom, their zoom hit rate, the share of them whose zoom finds the logo,
 the pooled std of the group-normalised advantages and the share of flat groups (all rewards
-equal). An iteration that was not evaluated
-(EVAL_EVERY) still has its rollout columns. Across seeds: the mean and the half-width of its 95%
-confidence interval (Student's t; none for one seed).
+equal). An iteration that was not evaluated (EVAL_EVERY) still has its rollout columns. Across
+seeds: the mean and the half-width of its 95% confidence interval (Student's t; none for one
+seed).
 
 usage: python scripts/run_summary.py RUN [RUN...] --iters N [--seeds S] [--plot PNG]
 """
