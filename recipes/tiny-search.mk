@@ -11,13 +11,14 @@
 # search: in 6 BN-GSPO iterations the rollouts' accuracy fell 11.7 -> 6.3%, knowledge rollouts
 # without any search rose from 5 to 40 of 64, and the perception rollouts' zoom share fell
 # 17 -> 12% (11 of 16 groups flat at iteration 5). At TEMPERATURE=0.7 the sampled chains
-# succeeded on 3-9% of the knowledge rollouts in iterations 0-5 (the share that searched at all
-# fell 64 -> 45 of 64), and at iteration 6 the policy collapsed: garbled turns in both kinds,
-# rollout accuracy 14.8 -> 18.0% (iterations 0, 5) -> 3.1 -> 0.8%. What it would take: the search chain
-# pre-trained in the agent's own format (as `make tiny-vlm`'s phase 4 did for the zoom: 2 ->
-# 12 epochs took the greedy zoom agent 17.7 -> 82.3%), so that sampled chains succeed often
-# enough to reinforce; a knowledge trajectory is ~730 tokens (6 images, the 3 tools' schemas),
-# ~3x a zoom one, so that phase costs ~25 min on 2 cores.
+# succeeded on 2-9% of the knowledge rollouts in iterations 0-5 (those that searched at all fell
+# from 64 to 45 of 64), and at iteration 6 the policy collapsed into garbled turns in both
+# kinds: rollout accuracy 14.8% (iteration 0), 18.0% (5), 3.1% (6), 0.8% (7).
+# What it would take: the search chain pre-trained in the agent's own format (as `make
+# tiny-vlm`'s phase 4 did for the zoom: 2 -> 12 epochs took the greedy zoom agent 17.7 ->
+# 82.3%), so that sampled chains succeed often enough to reinforce; a knowledge trajectory is
+# ~730 tokens (6 images, the 3 tools' schemas), ~3x a zoom one, so that phase costs ~25 min on
+# 2 cores.
 NAME ?= search
 KINDS ?= perception,knowledge
 include recipes/tiny-sees.mk
