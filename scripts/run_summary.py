@@ -87,7 +87,7 @@ def iteration(run: Path, k: int) -> dict | None:
                    by_category=by_category(evals),
                    zoom_hit_rate=pct(hit_rate(evals, run / "eval")),
                    zoom_calls=tools.get(ZOOM, 0.0))
-    out.update(rollout_stats(run, k))
+    out.update(rollout_stats(run, k, out["rollout_reward"]))
     if out["test_accuracy"] is None and out["rollout_accuracy"] is None:
         return None
     return out
@@ -101,9 +101,9 @@ def rollout_reward(run: Path, k: int) -> dict | None:
     return {"accuracy": st["accuracy_mean"], "format": st["format_mean"], "rows": st["rows"]}
 
 
-def rollout_stats(run: Path, k: int) -> dict:
+def rollout_stats(run: Path, k: int, rr: dict | None) -> dict:
+    """The training rollouts of checkpoint k (iter-k/); `rr`: their reward stats."""
     it = run / f"iter-{k}"
-    rr = rollout_reward(run, k)
     rollouts = records(it / "rollouts.jsonl")
     zooming = sum(1 for r in rollouts if (r.get("tool_calls") or {}).get(ZOOM))
     found = sum(1 for r in rollouts if zoom_hits(r, it)[1])
