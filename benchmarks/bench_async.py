@@ -119,7 +119,7 @@ def main() -> None:
     from PIL import Image
 
     from marscli.engines.vllm import VLLMEngine
-    from marscli.records import Prompt
+    from marscli.records.schema import Prompt
     from marscli.search.text_index import build_text_index
     from marscli.tools.search import TextSearchTool
 

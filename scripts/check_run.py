@@ -7,8 +7,8 @@ import math
 import sys
 from pathlib import Path
 
-from marscli.jsonl import get_field, read_rows
-from marscli.records import load_prompts, parse_segments
+from marscli.records.jsonl import get_field, read_rows
+from marscli.records.schema import load_prompts, parse_segments
 
 
 def check(run: Path, k: int) -> list[str]:

@@ -369,7 +369,7 @@ def make_run(tiny_model: Path, root: Path) -> Path:
     from marscli.agent import Agent, AgentConfig
     from marscli.engines import SamplingParams
     from marscli.policy import load_processor
-    from marscli.records import Prompt
+    from marscli.records.schema import Prompt
     from marscli.tools import build_tools
 
     from scripted import ScriptedEngine

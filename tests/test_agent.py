@@ -10,7 +10,7 @@ from PIL import Image
 
 from marscli.agent import Agent, AgentConfig
 from marscli.engines import SamplingParams
-from marscli.records import Prompt
+from marscli.records.schema import Prompt
 from marscli.tokens import assemble, compact, expand, image_features, special_ids
 from marscli.tools import build_tools
 

@@ -13,7 +13,7 @@ import pytest
 
 from marscli.agent import Agent, AgentConfig
 from marscli.engines import SamplingParams
-from marscli.records import Prompt
+from marscli.records.schema import Prompt
 from marscli.tools import build_tools
 
 from helpers import REPLIES, big_scene, strip_ms

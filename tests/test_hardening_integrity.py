@@ -12,7 +12,7 @@ import pytest
 
 from marscli.agent import Agent, AgentConfig, safe_name
 from marscli.errors import BadInput
-from marscli.records import Prompt
+from marscli.records.schema import Prompt
 
 from helpers import ZOOM_THEN_ANSWER, picture, trajectory
 from scripted import ScriptedEngine

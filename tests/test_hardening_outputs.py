@@ -26,10 +26,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from marscli import jsonl
 from marscli.checkpoint import AtomicDir, check_out
 from marscli.errors import BadInput, RuntimeFailure, save_error
-from marscli.jsonl import AppendJsonl, AtomicJsonl, iter_rows, read_rows, write_sidecar
+from marscli.records import jsonl
+from marscli.records.jsonl import AppendJsonl, AtomicJsonl, iter_rows, read_rows, write_sidecar
 
 from helpers import ENV, MARSCLI, invoke, prompt, scene, trajectory, write_jsonl, write_prompts
 
@@ -254,7 +254,7 @@ def test_rescore_may_replace_its_own_input_in_place(tmp_path):
 
 HOLD = """
 import sys
-from marscli.jsonl import OutputLock
+from marscli.records.jsonl import OutputLock
 with OutputLock(sys.argv[1]):
     print("held", flush=True)
     sys.stdin.read()

@@ -16,7 +16,7 @@ def cli(*args: str):
 
 
 def ids(path: Path, *where: str, **kw) -> list[str]:
-    from marscli.jsonl import iter_rows
+    from marscli.records.jsonl import iter_rows
     from marscli.view import parse_where, select
 
     rows = (r for _, r in iter_rows(str(path)))

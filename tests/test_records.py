@@ -10,8 +10,15 @@ import orjson
 import pytest
 
 from marscli.errors import BadInput
-from marscli.jsonl import AppendJsonl, AtomicJsonl, get_field, iter_rows, read_rows, write_sidecar
-from marscli.records import load_prompts, parse_segments
+from marscli.records.jsonl import (
+    AppendJsonl,
+    AtomicJsonl,
+    get_field,
+    iter_rows,
+    read_rows,
+    write_sidecar,
+)
+from marscli.records.schema import load_prompts, parse_segments
 
 
 def write(path: Path, text: str) -> str:

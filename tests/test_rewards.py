@@ -251,7 +251,7 @@ def test_exact_path_imports_no_torch(tmp_path):
 WRITER = """
 import sys, time
 import orjson
-from marscli.jsonl import AppendJsonl, write_sidecar
+from marscli.records.jsonl import AppendJsonl, write_sidecar
 out, n, sidecar = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
 rows = [orjson.loads(x) for x in sys.stdin.buffer.read().splitlines()]
 with AppendJsonl(out) as w:  # holds OUT.lock, as rollout does
@@ -291,7 +291,7 @@ def test_follow_scores_rows_as_they_come_and_equals_the_whole_file(tmp_path):
 def test_follow_fails_when_the_writer_dies_without_its_sidecar(tmp_path, monkeypatch):
     import functools
 
-    import marscli.jsonl
+    import marscli.records.jsonl
     import marscli.rewards
     from marscli.errors import RuntimeFailure
 
@@ -301,7 +301,7 @@ def test_follow_fails_when_the_writer_dies_without_its_sidecar(tmp_path, monkeyp
         assert writer.poll() is None
         time.sleep(0.01)
     monkeypatch.setattr(marscli.rewards, "follow_rows",
-                        functools.partial(marscli.jsonl.follow_rows, grace_s=0.5))
+                        functools.partial(marscli.records.jsonl.follow_rows, grace_s=0.5))
     with pytest.raises(RuntimeFailure, match=r"stopped without writing t.jsonl.meta.json .*"
                                              r"2 lines were read"):
         main(str(tmp_path / "t.jsonl"), str(tmp_path / "s.jsonl"), follow=True)

@@ -22,7 +22,7 @@ from marscli.chat_template import QWEN3_VL_TEMPLATE, render
 from marscli.engines import Generation, SamplingParams
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.protocol import SYSTEM_PROMPT, tool_content
-from marscli.records import Prompt
+from marscli.records.schema import Prompt
 from marscli.tokens import assemble, expand, special_ids
 from marscli.tools import NewImage, ToolResult, build_tools
 

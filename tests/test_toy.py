@@ -18,7 +18,7 @@ from PIL import Image
 
 from marscli.errors import BadInput
 from marscli.protocol import Answer, ToolCall, parse_turn
-from marscli.records import load_prompts
+from marscli.records.schema import load_prompts
 from marscli.tools import ConvImage, ToolContext
 from marscli.tools.zoom import ZoomInTool
 from marscli.toy import build_world

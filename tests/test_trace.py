@@ -21,8 +21,8 @@ from rich.console import Console
 
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.generate import GenerationOptions
-from marscli.jsonl import sha256_file
 from marscli.protocol import parse_turn
+from marscli.records.jsonl import sha256_file
 from marscli.trace import LiveTrace, inline_image, inline_protocol, summary
 
 from helpers import REPLIES, ZOOM_THEN_ANSWER, scene

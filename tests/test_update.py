@@ -71,8 +71,8 @@ def seq_logps(model_dir: Path, adv: Path) -> list[float]:
     """Sum of log-probs over each row's model tokens under the checkpoint."""
     from marscli.batch import Spec, collate, load_example
     from marscli.distributed import Dist
-    from marscli.jsonl import read_rows
     from marscli.policy import load_processor
+    from marscli.records.jsonl import read_rows
     from marscli.trainer import build_model
 
     proc = load_processor(str(model_dir))

@@ -199,7 +199,7 @@ def test_agent_loop_logprobs_match_forward(engine, hf_model, tmp_path):
     a forward over the whole trajectory, images included."""
     from marscli.agent import Agent, AgentConfig
     from marscli.engines import SamplingParams
-    from marscli.records import Prompt
+    from marscli.records.schema import Prompt
     from marscli.tokens import assemble
     from marscli.tools import build_tools
 

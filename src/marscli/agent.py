@@ -83,7 +83,6 @@ from marscli.chat_template import TemplateTurns, check_renders_tools, content_pa
 from marscli.engines import Engine, Generation, GenRequest, SamplingParams
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.images import open_image
-from marscli.jsonl import sha256_file
 from marscli.protocol import (
     SYSTEM_PROMPT,
     Answer,
@@ -93,7 +92,8 @@ from marscli.protocol import (
     system_prompt,
     tool_content,
 )
-from marscli.records import Prompt, Segment, new_record
+from marscli.records.jsonl import sha256_file
+from marscli.records.schema import Prompt, Segment, new_record
 from marscli.tokens import (
     IMAGE_MARK,
     ImageFeatures,

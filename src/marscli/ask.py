@@ -27,7 +27,7 @@ from marscli.errors import BadInput, RuntimeFailure
 from marscli.generate import CHECK_PIXELS, GenerationOptions, generate
 from marscli.images import open_image
 from marscli.protocol import read_system_prompt
-from marscli.records import Prompt
+from marscli.records.schema import Prompt
 from marscli.trace import LiveTrace
 
 HUB_PROBE_S = 3.0  # how long an unreachable hub may keep `ask` waiting

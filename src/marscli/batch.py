@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from marscli.errors import BadInput
-from marscli.jsonl import sha256_file
-from marscli.records import parse_image_refs, parse_segments
+from marscli.records.jsonl import sha256_file
+from marscli.records.schema import parse_image_refs, parse_segments
 from marscli.tokens import assemble
 
 MAX_SOURCE_PIXELS = 100_000_000  # as the agent decodes inputs (agent.MAX_SOURCE_PIXELS)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from marscli.errors import BadInput, MarsError, save_error
-from marscli.jsonl import OutputLock, check_no_input_inside, remove_stale_tmp, stale
+from marscli.records.jsonl import OutputLock, check_no_input_inside, remove_stale_tmp, stale
 
 # --save-dtype: auto is bfloat16 on CUDA (what engines run there), float32 on CPU; input: the
 # policy's own

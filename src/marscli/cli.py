@@ -63,7 +63,7 @@ def guard() -> Iterator[None]:
     """`with guard():` around a command body maps MarsError to one stderr line and its exit
     code (`MARSCLI_DEBUG=1`: the traceback instead). Each command starts and ends with no
     remembered inputs (the outputs-never-clobber-inputs check is per command)."""
-    from marscli.jsonl import forget_inputs
+    from marscli.records.jsonl import forget_inputs
 
     forget_inputs()
     try:
@@ -192,7 +192,7 @@ def ask(
         rec = run_ask(image, question, gen, crops_dir=crops_dir, live=not json_out,
                       replies=scripted)
         if json_out:
-            from marscli.jsonl import dumps
+            from marscli.records.jsonl import dumps
 
             sys.stdout.buffer.write(dumps(rec))
         else:
@@ -233,7 +233,7 @@ def _index(stage: str, build: Callable[[str, str], int], source: str, output: st
     """Build one index file, then its sidecar; `unit`: what the index counts."""
     import time
 
-    from marscli.jsonl import write_sidecar
+    from marscli.records.jsonl import write_sidecar
 
     if output == "-":
         raise BadInput("-o -: an index is a SQLite file, not a stream — name a file")

@@ -66,9 +66,9 @@ from marscli.generate import (
     sample_settings,
     start_over,
 )
-from marscli.jsonl import AtomicFile, AtomicJsonl, iter_rows, write_sidecar
 from marscli.judge import JudgeOptions, make_judge
 from marscli.protocol import read_system_prompt
+from marscli.records.jsonl import AtomicFile, AtomicJsonl, iter_rows, write_sidecar
 from marscli.trackers import check_tracker, log_stats
 
 MODES = ("agent", "direct")
@@ -415,7 +415,7 @@ def _rescore(results: str, protocol: str | None, judge_spec: str,
              judge_opts: JudgeOptions | None) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    from marscli.jsonl import forget_inputs
+    from marscli.records.jsonl import forget_inputs
 
     rows = [r for _, r in iter_rows(results)]
     forget_inputs()  # rewriting the results in place (atomically) is what --rescore is for

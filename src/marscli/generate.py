@@ -47,8 +47,8 @@ from marscli.errors import BadInput, check_range
 
 if TYPE_CHECKING:  # the CLI imports this module for the defaults: the rest loads when used
     from marscli.agent import AgentConfig, Event
-    from marscli.jsonl import AppendJsonl
-    from marscli.records import Prompt
+    from marscli.records.jsonl import AppendJsonl
+    from marscli.records.schema import Prompt
 
 CHECK_PIXELS = 1_000_000  # the up-front image check decodes at most this (JPEG draft mode)
 # Upper bounds of the counts, so that a typo (-n 1000000000000) is refused before anything is
@@ -252,8 +252,8 @@ def generate(jobs: list[tuple[Prompt, int]], gen: GenerationOptions, tools: list
     `OUT.settings.json` before the first record. `on_event` replaces the progress bar
     (labelled `label`, shown on a terminal only)."""
     from marscli.agent import Agent
-    from marscli.jsonl import AppendJsonl, OutputLock
     from marscli.progress import progress_bar
+    from marscli.records.jsonl import AppendJsonl, OutputLock
 
     with contextlib.ExitStack() as stack:
         out: AppendJsonl | StdoutSink | None = None
@@ -328,7 +328,7 @@ class StdoutSink:
         self.ids: frozenset[str] = frozenset()
 
     def write(self, rec: dict) -> None:
-        from marscli.jsonl import dumps
+        from marscli.records.jsonl import dumps
 
         for ref in rec.get("images") or []:
             ref["path"] = os.path.normpath(self.base / ref["path"])
@@ -410,7 +410,7 @@ def check_settings(output: str, settings: dict, ids: set[str] | frozenset[str]) 
     path itself may differ (a moved run folder) when the weights are the same."""
     import orjson
 
-    from marscli.jsonl import AtomicFile
+    from marscli.records.jsonl import AtomicFile
 
     path = settings_path(output)
     if not ids:
@@ -443,7 +443,7 @@ def check_settings(output: str, settings: dict, ids: set[str] | frozenset[str]) 
 def start_over(output: str, *also: Path) -> None:
     """`--force`: remove the output, its media folder, sidecar and settings (and `also`),
     holding the output's lock (a writer still at work is not pulled from under)."""
-    from marscli.jsonl import OutputLock
+    from marscli.records.jsonl import OutputLock
 
     with OutputLock(output):
         for p in (Path(output), Path(f"{output}.meta.json"), settings_path(output), *also):

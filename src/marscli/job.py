@@ -34,8 +34,8 @@ from marscli.distributed import (
     seed_everything,
 )
 from marscli.errors import BadInput, check_range
-from marscli.jsonl import OutputLock, check_not_input, dumps, remove_stale_tmp
 from marscli.optim import OptimConfig
+from marscli.records.jsonl import OutputLock, check_not_input, dumps, remove_stale_tmp
 
 
 @dataclass
@@ -200,7 +200,7 @@ class Job:
 
     def sidecar(self, config: dict, stats: dict) -> None:
         if self.dist.main:
-            from marscli.jsonl import write_sidecar
+            from marscli.records.jsonl import write_sidecar
 
             write_sidecar(str(self.folder / "marscli"), stage=self.stage, seed=self.opts.seed,
                           config=config, inputs=self.inputs, stats=stats, started=self.started)

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from marscli.errors import BadInput
-from marscli.jsonl import AtomicJsonl, get_field, iter_rows, write_sidecar
+from marscli.records.jsonl import AtomicJsonl, get_field, iter_rows, write_sidecar
 
 COMPANIONS = (".meta.json", ".settings.json", ".summary.json", ".lock")  # beside a data file
 _TMP = re.compile(r"\.tmp-\d+$")

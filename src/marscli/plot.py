@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from marscli.errors import BadInput, RuntimeFailure
-from marscli.jsonl import AtomicFile, iter_rows
+from marscli.records.jsonl import AtomicFile, iter_rows
 from marscli.runs import (
     IterStats,
     discover,

@@ -34,7 +34,7 @@ import orjson
 
 from marscli import __version__
 from marscli.errors import BadInput, RuntimeFailure
-from marscli.jsonl import AtomicFile
+from marscli.records.jsonl import AtomicFile
 from marscli.runs import (
     Iteration,
     IterStats,

@@ -61,7 +61,9 @@ from typing import Any
 import orjson
 
 from marscli.errors import BadInput, RuntimeFailure
-from marscli.jsonl import (
+from marscli.judge import Judge, JudgeError, JudgeOptions, make_judge
+from marscli.protocol import last_answer
+from marscli.records.jsonl import (
     AtomicJsonl,
     follow_rows,
     get_field,
@@ -69,8 +71,6 @@ from marscli.jsonl import (
     read_rows,
     write_sidecar,
 )
-from marscli.judge import Judge, JudgeError, JudgeOptions, make_judge
-from marscli.protocol import last_answer
 from marscli.registry import Registry
 from marscli.release_scoring import (
     compute_score_em_for_mcq,

@@ -51,9 +51,9 @@ from marscli.generate import (
     sample_settings,
     start_over,
 )
-from marscli.jsonl import iter_rows, write_sidecar
 from marscli.protocol import read_system_prompt
-from marscli.records import load_prompts
+from marscli.records.jsonl import iter_rows, write_sidecar
+from marscli.records.schema import load_prompts
 from marscli.trackers import check_tracker, log_stats
 
 STDOUT_MEDIA = "rollout.media"  # `-o -`: crops go here (in the working directory) by default

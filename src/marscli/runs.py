@@ -30,7 +30,7 @@ from typing import Any
 import orjson
 
 from marscli.errors import BadInput
-from marscli.jsonl import iter_rows
+from marscli.records.jsonl import iter_rows
 
 TRAJ_FILES = ("scored.jsonl", "advantages.jsonl", "rollouts.jsonl")  # stats preference order
 _ITER = re.compile(r"^iter-(\d+)$")

@@ -83,7 +83,7 @@ from marscli.batch import Example, Spec, collate, load_example, plan
 from marscli.distributed import barrier, is_main_process
 from marscli.errors import BadInput, check_range
 from marscli.job import Job, TrainOptions, check_paths, deepspeed_config
-from marscli.jsonl import read_rows, sha256_file
+from marscli.records.jsonl import read_rows, sha256_file
 
 KILL_HOOK = "MARSCLI_SFT_KILL_AFTER_EPOCH"
 # Options that change the trained weights: a partial state of a run that differs in one of
@@ -411,7 +411,7 @@ def _save_partial(job: Job, model, part: Path, policy, processor, fp, epoch, ste
     import torch
 
     from marscli.checkpoint import AtomicDir, save_errors
-    from marscli.jsonl import dumps
+    from marscli.records.jsonl import dumps
     from marscli.trainstate import save_all
 
     d = job.dist

@@ -571,7 +571,7 @@ def main(out: str, seed: int = 0, text_files: Iterable[str] = (), size: str | No
     import sys
     import time
 
-    from marscli.jsonl import write_sidecar
+    from marscli.records.jsonl import write_sidecar
 
     started = time.time()
     text_files = list(text_files)

@@ -149,7 +149,7 @@ class JsonlTracker:
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         row = {"v": 1, "run": self.run, "step": step, "metrics": flatten(metrics)}
-        from marscli.jsonl import dumps  # orjson: NaN becomes null, not invalid JSON
+        from marscli.records.jsonl import dumps  # orjson: NaN becomes null, not invalid JSON
 
         with self.path.open("ab") as fh:
             fh.write(dumps(row))

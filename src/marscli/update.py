@@ -61,7 +61,7 @@ from typing import Any
 from marscli.batch import Example, Spec, collate, load_example, plan
 from marscli.errors import BadInput, check_range
 from marscli.job import Job, TrainOptions, check_paths, deepspeed_config
-from marscli.jsonl import get_field, read_rows
+from marscli.records.jsonl import get_field, read_rows
 
 OLD_LOGP = ("recompute", "engine")  # where π_old comes from (--old-logp)
 

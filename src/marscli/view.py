@@ -26,8 +26,8 @@ from typing import Any
 import orjson
 
 from marscli.errors import BadInput
-from marscli.jsonl import dumps, iter_rows
 from marscli.protocol import Answer, FormatError, ToolCall, parse_turn
+from marscli.records.jsonl import dumps, iter_rows
 from marscli.runs import number, token_counts
 
 # ---------------------------------------------------------------------------------- --where

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from marscli.errors import BadInput
-from marscli.records import Prompt
+from marscli.records.schema import Prompt
 
 LETTERS = "ABCDE"
 IMAGE_EXTS = ("", ".jpg", ".jpeg", ".JPEG", ".JPG", ".png", ".PNG", ".webp")

@@ -42,8 +42,8 @@ from marscli.benchmarks.common import (
     split_options,
 )
 from marscli.errors import BadInput
-from marscli.jsonl import read_rows
-from marscli.records import Prompt
+from marscli.records.jsonl import read_rows
+from marscli.records.schema import Prompt
 
 _DEFAULT_FILES = {"vstar": ("test_questions.jsonl",),
                   "infoseek": ("infoseek_val.jsonl", "infoseek_test.jsonl")}

@@ -22,8 +22,8 @@ from pathlib import Path
 from marscli.benchmarks import FORMATS, benchmark_info, guess_name
 from marscli.benchmarks.common import LoadContext, Loaded, split_options
 from marscli.errors import BadInput
-from marscli.jsonl import read_rows
-from marscli.records import parse_prompt
+from marscli.records.jsonl import read_rows
+from marscli.records.schema import parse_prompt
 
 
 @FORMATS.register("mars")

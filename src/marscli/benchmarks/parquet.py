@@ -43,7 +43,7 @@ from marscli.benchmarks.common import (
     jsonable,
 )
 from marscli.errors import BadInput
-from marscli.records import Prompt, parse_prompt
+from marscli.records.schema import Prompt, parse_prompt
 
 BATCH_ROWS = 16
 

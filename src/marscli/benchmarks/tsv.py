@@ -38,7 +38,7 @@ from marscli.benchmarks.common import (
     mcq_question,
 )
 from marscli.errors import BadInput
-from marscli.records import Prompt
+from marscli.records.schema import Prompt
 
 REQUIRED = ("index", "question", "A", "B", "answer")
 EXPECTED = {"hrbench": "index, question, A, B, C, D, answer, category, image, cycle_category",

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from marscli.errors import RuntimeFailure
-from marscli.jsonl import OutputLock, check_not_input, remove_stale_tmp
+from marscli.records.jsonl import OutputLock, check_not_input, remove_stale_tmp
 
 
 @contextmanager

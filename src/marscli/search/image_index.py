@@ -20,7 +20,7 @@ from PIL import Image
 
 from marscli.errors import BadInput, MarsError
 from marscli.images import open_image
-from marscli.jsonl import get_field, iter_rows
+from marscli.records.jsonl import get_field, iter_rows
 from marscli.search import IMAGE_BACKENDS, ImageHit, NoInput, SearchOptions, need_arg
 from marscli.search.dbfile import new_database
 

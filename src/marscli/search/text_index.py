@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 
 from marscli.errors import BadInput
-from marscli.jsonl import get_field, iter_rows
+from marscli.records.jsonl import get_field, iter_rows
 from marscli.search import TEXT_BACKENDS, Hit, SearchOptions, need_arg
 from marscli.search.dbfile import new_database
 

@@ -251,7 +251,7 @@ def result_json(result: ToolResult) -> dict:
 def load_row(spec: str) -> dict:
     """`ROWS.jsonl[:LINE]` → that row (default: the first), with `_base` set to its folder."""
     from marscli.errors import BadInput
-    from marscli.jsonl import iter_rows
+    from marscli.records.jsonl import iter_rows
 
     path, _, line = spec.rpartition(":") if re.search(r":\d+$", spec) else (spec, "", "")
     want = int(line) if line else None

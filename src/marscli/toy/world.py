@@ -16,7 +16,7 @@ import orjson
 
 from marscli.checkpoint import AtomicDir
 from marscli.errors import BadInput
-from marscli.jsonl import dumps
+from marscli.records.jsonl import dumps
 from marscli.toy.corpus import make_corpus
 from marscli.toy.entities import MAX_ENTITIES, Entity, make_entities
 from marscli.toy.expert import DIRECT, expert_replies
@@ -253,7 +253,7 @@ def main(out: str, entities: int = 24, seed: int = 0, train: int = 240, test: in
     """`marscli toy-world`: build, write `OUT.meta.json` beside the folder, report on stderr."""
     import sys
 
-    from marscli.jsonl import write_sidecar
+    from marscli.records.jsonl import write_sidecar
 
     started = time.time()
     kind_list = tuple(k.strip() for k in kinds.split(",") if k.strip())

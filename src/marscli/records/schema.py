@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from marscli.errors import BadInput
-from marscli.jsonl import SCHEMA_VERSION, get_field, read_rows
+from marscli.records.jsonl import SCHEMA_VERSION, get_field, read_rows
 
 SEGMENT_ROLES = ("prompt", "model", "tool")
 
