@@ -33,7 +33,7 @@ def scene(path: Path) -> Path:
 def bench_engine(model: str, image: Path, batch: int, new_tokens: int) -> None:
     from marscli.engines import GenRequest, SamplingParams, make_engine
     from marscli.protocol import system_prompt
-    from marscli.tokens import encode_parts, image_features, prompt_parts, special_ids
+    from marscli.qwen.tokens import encode_parts, image_features, prompt_parts, special_ids
     from marscli.tools.zoom import SCHEMA
 
     eng = make_engine("hf", model, max_batch=batch)

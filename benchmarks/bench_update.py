@@ -24,8 +24,8 @@ from PIL import Image
 def trajectories(folder: Path, proc, n: int, seed: int) -> list[dict]:
     """n rows: a prompt with one 64x64 image, then a model reply of 16 to 1,024 tokens
     (log-uniform: many short answers, a few long chains of thought)."""
-    from marscli.images import open_image
-    from marscli.tokens import encode_parts, image_features, prompt_parts, special_ids
+    from marscli.qwen.images import open_image
+    from marscli.qwen.tokens import encode_parts, image_features, prompt_parts, special_ids
 
     rng = random.Random(seed)
     tok = proc.tokenizer
@@ -76,7 +76,7 @@ def main() -> None:
     from marscli.batch import Spec, load_example, plan
     from marscli.distributed import Dist, seed_everything
     from marscli.optim import OptimConfig
-    from marscli.policy import load_processor
+    from marscli.qwen.policy import load_processor
     from marscli.trainer import build_model
 
     with tempfile.TemporaryDirectory() as tmp:

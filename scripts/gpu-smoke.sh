@@ -80,7 +80,7 @@ from pathlib import Path
 
 def forward_logprobs(model, proc, ids, input_ids, images):
     import torch
-    from marscli.tokens import image_features
+    from marscli.qwen.tokens import image_features
 
     feats = [image_features(proc, im) for im in images]
     x = torch.tensor([input_ids], device="cuda")
@@ -97,7 +97,7 @@ def forward_logprobs(model, proc, ids, input_ids, images):
 def check_file(path, model, proc, ids):
     import orjson
     from PIL import Image
-    from marscli.tokens import assemble
+    from marscli.qwen.tokens import assemble
 
     worst, n_tok, n_traj = 0.0, 0, 0
     for line in Path(path).read_bytes().splitlines():
@@ -119,8 +119,8 @@ def main():
     work, bf16_tol, fp32_tol = Path(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
     from PIL import Image
     from marscli.engines import GenRequest, SamplingParams, make_engine
-    from marscli.policy import load_model
-    from marscli.tokens import encode_parts, expand, image_features, prompt_parts
+    from marscli.qwen.policy import load_model
+    from marscli.qwen.tokens import encode_parts, expand, image_features, prompt_parts
 
     # fp32 vLLM first, before this process touches CUDA itself
     eng = make_engine("vllm", str(work / "tiny"), device="cuda", dtype="float32",

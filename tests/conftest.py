@@ -36,7 +36,7 @@ def run_dir(tiny_model, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def processor(tiny_model):
     """The tiny model's processor, loaded once."""
-    from marscli.policy import load_processor
+    from marscli.qwen.policy import load_processor
 
     return load_processor(str(tiny_model))
 

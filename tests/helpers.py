@@ -218,8 +218,14 @@ def trajectory(folder: Path, proc, i: int, *, size=(64, 64), answer="red", advan
     zoom call answered by a tool turn with a second image, then an answer. Model segments carry
     no engine log-probs (`null`, as a hand-made row has none) unless `logprob` gives one value
     for every token."""
-    from marscli.images import open_image
-    from marscli.tokens import encode_parts, image_features, prompt_parts, special_ids, tool_parts
+    from marscli.qwen.images import open_image
+    from marscli.qwen.tokens import (
+        encode_parts,
+        image_features,
+        prompt_parts,
+        special_ids,
+        tool_parts,
+    )
 
     tok = proc.tokenizer
     ids = special_ids(tok)
@@ -368,7 +374,7 @@ def make_run(tiny_model: Path, root: Path) -> Path:
     subfolder, as `update --out` leaves it); rollouts for iter-0 only."""
     from marscli.agent import Agent, AgentConfig
     from marscli.engines import SamplingParams
-    from marscli.policy import load_processor
+    from marscli.qwen.policy import load_processor
     from marscli.records.schema import Prompt
     from marscli.tools import build_tools
 
@@ -502,7 +508,7 @@ def recorded_vs_forward(model, processor, rec: dict, base: Path) -> tuple[list[f
     import torch
     from PIL import Image
 
-    from marscli.tokens import assemble, image_features, special_ids
+    from marscli.qwen.tokens import assemble, image_features, special_ids
 
     ids = special_ids(processor.tokenizer)
     seq = assemble(rec["segments"], ids.image_pad)

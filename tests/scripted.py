@@ -5,7 +5,7 @@ be the canonical encoding of their own text)."""
 from __future__ import annotations
 
 from marscli.engines import Generation, GenRequest, SamplingParams
-from marscli.tokens import expand, special_ids
+from marscli.qwen.tokens import expand, special_ids
 
 
 class ScriptedEngine:

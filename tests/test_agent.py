@@ -10,8 +10,8 @@ from PIL import Image
 
 from marscli.agent import Agent, AgentConfig
 from marscli.engines import SamplingParams
+from marscli.qwen.tokens import assemble, compact, expand, image_features, special_ids
 from marscli.records.schema import Prompt
-from marscli.tokens import assemble, compact, expand, image_features, special_ids
 from marscli.tools import build_tools
 
 from helpers import REPLIES, big_scene, messages_of, recorded_vs_forward
@@ -20,7 +20,7 @@ from scripted import ScriptedEngine
 
 @pytest.fixture(scope="module")
 def scripted_run(tiny_model, tmp_path_factory):
-    from marscli.policy import load_processor
+    from marscli.qwen.policy import load_processor
 
     tmp = tmp_path_factory.mktemp("agent")
     big_scene(tmp / "scene.png")

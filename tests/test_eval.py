@@ -102,7 +102,7 @@ def test_direct_eval_has_no_tools_and_one_turn(mixed_runs):
 
 
 def test_prompts_differ_between_modes(mixed_runs, tiny_model):
-    from marscli.policy import load_processor
+    from marscli.qwen.policy import load_processor
 
     tmp, _, _ = mixed_runs
     tok = load_processor(str(tiny_model)).tokenizer

@@ -193,7 +193,7 @@ def bad_ckpts(tiny_model, tmp_path_factory):
     ("tokenizer_json", r"tokenizer\.json: not valid JSON"),
 ])
 def test_damaged_files_are_refused_before_loading(bad_ckpts, case, match):
-    from marscli.policy import check_checkpoint
+    from marscli.qwen.policy import check_checkpoint
 
     with pytest.raises(BadInput, match=match) as e:
         check_checkpoint(str(bad_ckpts[case]))
@@ -214,7 +214,7 @@ def test_damaged_files_are_refused_before_loading(bad_ckpts, case, match):
               r"\[128, 512\]"),
 ])
 def test_weights_that_disagree_with_config_are_refused(bad_ckpts, case, match, capfd):
-    from marscli.policy import check_checkpoint, load_model
+    from marscli.qwen.policy import check_checkpoint, load_model
 
     path = check_checkpoint(str(bad_ckpts[case]))  # the files themselves are sound
     with pytest.raises(BadInput, match=match) as e:
@@ -225,7 +225,7 @@ def test_weights_that_disagree_with_config_are_refused(bad_ckpts, case, match, c
 
 
 def test_a_tokenizer_transformers_cannot_use_is_one_line(bad_ckpts):
-    from marscli.policy import check_checkpoint, load_processor
+    from marscli.qwen.policy import check_checkpoint, load_processor
 
     with pytest.raises(BadInput, match=r"cannot load the tokenizer or processor \(") as e:
         load_processor(check_checkpoint(str(bad_ckpts["tokenizer_shape"])))
@@ -247,7 +247,7 @@ def test_sound_checkpoint_loads_with_nothing_on_stderr(tiny_model):
     import subprocess
     import sys
 
-    code = ("import sys; from marscli.policy import load_model; "
+    code = ("import sys; from marscli.qwen.policy import load_model; "
             "from transformers.utils import logging as l; "
             f"m = load_model({str(tiny_model)!r}); "
             "assert l.is_progress_bar_enabled() and not m.training; print('ok')")
@@ -367,7 +367,7 @@ def test_sharded_rollout_samples_what_one_run_does(seeded_runs):
 
 
 def test_stream_decoder_holds_back_split_characters_and_adds_up(processor):
-    from marscli.tokens import StreamDecoder, special_ids
+    from marscli.qwen.tokens import StreamDecoder, special_ids
 
     tok = processor.tokenizer
     text = "héllo 世界 ✓\nsecond line, red square\n\nend"
@@ -439,7 +439,7 @@ def test_engines_that_do_not_stream_send_no_text_events(processor, tmp_path):
 def test_padding_rows_past_the_tokenizer_are_never_sampled():
     """Qwen3-VL pads 151,669 token names to 151,936 embedding rows: the engines ban the rest
     (with the vision placeholders), and a vocabulary without padding bans placeholders only."""
-    from marscli.tokens import SpecialIds, never_sampled
+    from marscli.qwen.tokens import SpecialIds, never_sampled
 
     ids = SpecialIds(im_start=1, im_end=2, pad=0, image_pad=5, video_pad=6, vision_start=3,
                      vision_end=4)
@@ -450,7 +450,7 @@ def test_padding_rows_past_the_tokenizer_are_never_sampled():
 def test_checkpoint_writers_keep_transformers_bars_out_of_logs(tmp_path, tiny_model):
     """`tiny-model` and `sft` write shards through transformers, whose "Writing model shards"
     bar would land in every Slurm log: stderr holds marscli's own lines only."""
-    from marscli.policy import load_processor
+    from marscli.qwen.policy import load_processor
 
     from helpers import invoke, write_jsonl
 

@@ -215,7 +215,7 @@ def test_atomic_outputs_refuse_an_input_and_merge_refuses_its_output_as_a_shard(
 
 
 def test_a_checkpoint_folder_holding_an_input_is_not_replaced(tmp_path, tiny_model):
-    from marscli.policy import load_processor
+    from marscli.qwen.policy import load_processor
     from marscli.update import run_update
 
     out = tmp_path / "ckpt"
@@ -228,7 +228,7 @@ def test_a_checkpoint_folder_holding_an_input_is_not_replaced(tmp_path, tiny_mod
 
 
 def test_update_metrics_file_may_not_be_its_input(tmp_path, tiny_model):
-    from marscli.policy import load_processor
+    from marscli.qwen.policy import load_processor
     from marscli.update import run_update
 
     adv = write_jsonl(tmp_path / "adv.jsonl",
@@ -415,7 +415,7 @@ def test_full_disk_rollout_keeps_complete_records_only(tmp_path, tiny_model):
 
 @pytest.mark.parametrize("stage", ["update", "update-keep-optimizer", "sft-partial"])
 def test_full_disk_checkpoint_stages_one_line_no_leftovers(stage, tmp_path, tiny_model):
-    from marscli.policy import load_processor
+    from marscli.qwen.policy import load_processor
 
     rows = [trajectory(tmp_path, load_processor(str(tiny_model)), i) for i in range(2)]
     data = write_jsonl(tmp_path / "data.jsonl", rows)
@@ -467,7 +467,7 @@ def without_dac_override() -> Iterator[None]:
 @pytest.mark.parametrize("stage", [
     "rollout", "update", "sft", "tiny-model", "index"])
 def test_read_only_output_folder_one_line_exit_2(stage, tmp_path, tiny_model):
-    from marscli.policy import load_processor
+    from marscli.qwen.policy import load_processor
 
     ro = tmp_path / "ro"
     ro.mkdir()

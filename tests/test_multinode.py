@@ -72,7 +72,7 @@ def delta(ckpt: Path, base: dict):
 def test_zero3_update_on_two_slurm_nodes_matches_one_process(cluster, tmp_path, tiny_model):
     import torch
 
-    from marscli.policy import load_processor
+    from marscli.qwen.policy import load_processor
     from marscli.update import run_update
 
     adv = write_jsonl(tmp_path / "adv.jsonl",

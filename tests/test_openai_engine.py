@@ -16,8 +16,8 @@ import pytest
 from PIL import Image
 
 from marscli.errors import BadInput, RuntimeFailure
+from marscli.qwen.tokens import assemble, special_ids
 from marscli.rollout import run_rollout
-from marscli.tokens import assemble, special_ids
 
 from fakes import FakeServer, chat_reply, current
 from helpers import scene
@@ -150,7 +150,7 @@ def test_all_failed_is_a_runtime_failure(server, tmp_path):
 
 
 def test_tokenize_with_gives_token_exact_segments(server, tiny_model, tmp_path):
-    from marscli.policy import load_processor
+    from marscli.qwen.policy import load_processor
 
     prompts = write_prompts(tmp_path, ["What colour is the corner?", "cut: what colour?"])
     out = tmp_path / "t.jsonl"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from marscli.chat_template import render
 from marscli.errors import RuntimeFailure
 from marscli.protocol import (
     Answer,
@@ -15,6 +14,7 @@ from marscli.protocol import (
     parse_turn,
     tool_content,
 )
+from marscli.qwen.chat_template import render
 
 ZOOM_ARGS = {"bbox_2d": [120, 340, 560, 780], "label": "sign", "img_idx": 0}
 VISION = "<|vision_start|><|image_pad|><|vision_end|>"

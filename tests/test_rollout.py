@@ -12,8 +12,8 @@ import pytest
 
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.generate import media_dir, parse_shard, shard_of
+from marscli.qwen.tokens import assemble, expand, special_ids
 from marscli.rollout import run_rollout
-from marscli.tokens import assemble, expand, special_ids
 
 from helpers import (
     REPLIES,
@@ -31,7 +31,7 @@ from helpers import (
 
 @pytest.mark.slow
 def test_replay_rollout_is_token_exact(tiny_model, tmp_path):
-    from marscli.policy import load_processor
+    from marscli.qwen.policy import load_processor
 
     prompts = write_prompts(tmp_path / "p.jsonl", ["a", "b"])
     with prompts.open("ab") as fh:  # a third prompt that makes every kind of mistake first

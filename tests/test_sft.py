@@ -49,7 +49,7 @@ def sft_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def proc(tiny_model):
-    from marscli.policy import load_processor
+    from marscli.qwen.policy import load_processor
 
     return load_processor(str(tiny_model))
 
@@ -156,8 +156,8 @@ def test_mask_is_the_chat_templates_assistant_mask(traj, spec, proc):
     from PIL import Image
 
     from marscli.messages import default_system
+    from marscli.qwen.tokens import special_ids
     from marscli.sft import load_sft_rows
-    from marscli.tokens import special_ids
 
     rec = next(r for r in read(traj) if list(r["tool_calls"]) == ["image_zoom_in_tool"])
     assert len(rec["images"]) == 2

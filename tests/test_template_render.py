@@ -18,12 +18,12 @@ import pytest
 from PIL import Image
 
 from marscli.agent import Agent, AgentConfig
-from marscli.chat_template import QWEN3_VL_TEMPLATE, render
 from marscli.engines import Generation, SamplingParams
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.protocol import SYSTEM_PROMPT, tool_content
+from marscli.qwen.chat_template import QWEN3_VL_TEMPLATE, render
+from marscli.qwen.tokens import assemble, expand, special_ids
 from marscli.records.schema import Prompt
-from marscli.tokens import assemble, expand, special_ids
 from marscli.tools import NewImage, ToolResult, build_tools
 
 from helpers import big_scene, recorded_vs_forward
@@ -47,7 +47,7 @@ def _qwen_model(folder):
     import torch
     from transformers import GenerationConfig, Qwen3VLForConditionalGeneration
 
-    from marscli.qwen_vocab import QWEN_VOCAB_SIZE, qwen_tokenizer
+    from marscli.qwen.vocab import QWEN_VOCAB_SIZE, qwen_tokenizer
     from marscli.tiny import make_config, make_processor
 
     tok = copy.deepcopy(qwen_tokenizer(QWEN3_VL_TEMPLATE))
@@ -68,7 +68,7 @@ def _qwen_model(folder):
 @pytest.fixture(scope="module", params=VOCABS)
 def vocab(request, tiny_model, tmp_path_factory):
     """(name, checkpoint folder, processor rendering with Qwen3-VL's template)."""
-    from marscli.policy import load_processor
+    from marscli.qwen.policy import load_processor
 
     if request.param == "tiny":
         folder = tiny_model

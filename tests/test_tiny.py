@@ -323,8 +323,8 @@ def test_qwen_vocab_config_and_tokenizer_ids(qwen_model):
 
     from transformers import AutoConfig, AutoProcessor
 
-    from marscli.chat_template import QWEN3_VL_TEMPLATE
-    from marscli.tokens import special_ids
+    from marscli.qwen.chat_template import QWEN3_VL_TEMPLATE
+    from marscli.qwen.tokens import special_ids
 
     cfg = AutoConfig.from_pretrained(qwen_model)
     assert cfg.text_config.vocab_size == 151_936 and cfg.tie_word_embeddings

@@ -376,7 +376,7 @@ def test_zoom_cells_box_is_the_aligned_block_holding_the_logo(tmp_path):
 
 def test_perception_rows_are_the_zoom_tools_crop_and_the_experts_box(tmp_path, tiny_model):
     from marscli.messages import to_trajectory
-    from marscli.policy import load_processor
+    from marscli.qwen.policy import load_processor
     from marscli.toy.perceive import WHERE
 
     plain = tmp_path / "plain"

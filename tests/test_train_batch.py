@@ -21,7 +21,7 @@ from helpers import ROOT, picture, varied_rows
 
 @pytest.fixture(scope="module")
 def proc(tiny_model):
-    from marscli.policy import load_processor
+    from marscli.qwen.policy import load_processor
 
     return load_processor(str(tiny_model))
 
@@ -91,7 +91,7 @@ def test_shard_and_plan_cover_each_sequence_once(world):
 
 def test_hand_made_trajectory_assembles_token_exactly(tmp_path, proc, spec):
     from marscli.batch import placeholder_count
-    from marscli.tokens import special_ids
+    from marscli.qwen.tokens import special_ids
 
     ids = special_ids(proc.tokenizer)
     a = picture(tmp_path / "a.png", (64, 64), 1)
@@ -305,8 +305,8 @@ def test_image_tokens_agree_when_min_pixels_equals_max_pixels(tmp_path, size):
     from PIL import Image
 
     from marscli.batch import placeholder_count
-    from marscli.policy import load_processor
-    from marscli.tokens import image_features
+    from marscli.qwen.policy import load_processor
+    from marscli.qwen.tokens import image_features
 
     proc = load_processor(str(ROOT / "recipes" / "tiny-vlm"))
     path = tmp_path / "crop.png"

@@ -45,7 +45,7 @@ def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def proc(tiny_model):
-    from marscli.policy import load_processor
+    from marscli.qwen.policy import load_processor
 
     return load_processor(str(tiny_model))
 
@@ -71,7 +71,7 @@ def seq_logps(model_dir: Path, adv: Path) -> list[float]:
     """Sum of log-probs over each row's model tokens under the checkpoint."""
     from marscli.batch import Spec, collate, load_example
     from marscli.distributed import Dist
-    from marscli.policy import load_processor
+    from marscli.qwen.policy import load_processor
     from marscli.records.jsonl import read_rows
     from marscli.trainer import build_model
 

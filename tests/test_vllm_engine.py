@@ -46,7 +46,7 @@ def hf_logprobs(model, processor, input_ids: list[int], images: list) -> list[fl
     """log p(input_ids[t] | input_ids[:t]) for t >= 1, by one teacher-forced forward."""
     import torch
 
-    from marscli.tokens import image_features, special_ids
+    from marscli.qwen.tokens import image_features, special_ids
 
     ids = special_ids(processor.tokenizer)
     feats = [image_features(processor, im) for im in images]
@@ -73,7 +73,7 @@ def engine(tiny_model):
 
 @pytest.fixture(scope="module")
 def hf_model(tiny_model):
-    from marscli.policy import load_model
+    from marscli.qwen.policy import load_model
 
     return load_model(str(tiny_model))
 
@@ -100,7 +100,7 @@ def test_device_the_build_cannot_serve(tiny_model):
 
 
 def two_image_prompt(eng, tmp_path):
-    from marscli.tokens import encode_parts, image_features, prompt_parts
+    from marscli.qwen.tokens import encode_parts, image_features, prompt_parts
 
     big = Image.open(picture(tmp_path / "a.png", (640, 480), (300, 200, 600, 450))).convert("RGB")
     crop = Image.open(picture(tmp_path / "b.png", (256, 320), (10, 10, 100, 60))).convert("RGB")
@@ -117,7 +117,7 @@ def test_placeholders_one_per_image(engine, tmp_path):
     is not recognised as such (vLLM replaces its first token and keeps the rest)."""
     from vllm import SamplingParams as VSP
 
-    from marscli.tokens import expand
+    from marscli.qwen.tokens import expand
 
     toks, feats, images = two_image_prompt(engine, tmp_path)
     pad = engine.ids.image_pad
@@ -137,7 +137,7 @@ def test_placeholders_one_per_image(engine, tmp_path):
 @vllm_test
 def test_multi_image_logprobs_match_forward(engine, hf_model, tmp_path):
     from marscli.engines import GenRequest, SamplingParams
-    from marscli.tokens import expand
+    from marscli.qwen.tokens import expand
 
     toks, feats, images = two_image_prompt(engine, tmp_path)
     reqs = [GenRequest(toks, feats, 24) for _ in range(3)]
@@ -199,8 +199,8 @@ def test_agent_loop_logprobs_match_forward(engine, hf_model, tmp_path):
     a forward over the whole trajectory, images included."""
     from marscli.agent import Agent, AgentConfig
     from marscli.engines import SamplingParams
+    from marscli.qwen.tokens import assemble
     from marscli.records.schema import Prompt
-    from marscli.tokens import assemble
     from marscli.tools import build_tools
 
     picture(tmp_path / "scene.png", (1600, 1200), (800, 600, 1199, 749))
@@ -234,8 +234,8 @@ def vision_loving_model(tiny_model, tmp_path_factory) -> Path:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from marscli.policy import load_processor
-    from marscli.tokens import special_ids
+    from marscli.qwen.policy import load_processor
+    from marscli.qwen.tokens import special_ids
 
     out = tmp_path_factory.mktemp("vision-loving") / "model"
     shutil.copytree(tiny_model, out)
@@ -322,8 +322,8 @@ def test_real_vocabulary_logprobs_match_forward_and_padding_never_sampled(qwen_v
     """On Qwen's 151,936 ids: vLLM's log-probs equal a teacher-forced transformers forward,
     and neither vision placeholders nor the unnamed rows past the tokenizer are sampled."""
     from marscli.engines import GenRequest, SamplingParams, make_engine
-    from marscli.policy import load_model
-    from marscli.tokens import expand
+    from marscli.qwen.policy import load_model
+    from marscli.qwen.tokens import expand
 
     eng = make_engine("vllm", str(qwen_vocab_model), max_model_len=4096, max_images=2)
     assert len(eng.processor.tokenizer) == 151_669 and 151_935 in eng.banned

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from marscli.images import resize_crop, smart_resize
+from marscli.qwen.images import resize_crop, smart_resize
 from marscli.tools import ConvImage, ToolContext
 from marscli.tools.zoom import ZoomInTool
 

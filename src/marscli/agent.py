@@ -79,10 +79,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from marscli.chat_template import TemplateTurns, check_renders_tools, content_parts, tool_names
 from marscli.engines import Engine, Generation, GenRequest, SamplingParams
 from marscli.errors import BadInput, RuntimeFailure
-from marscli.images import open_image
 from marscli.protocol import (
     SYSTEM_PROMPT,
     Answer,
@@ -92,9 +90,9 @@ from marscli.protocol import (
     system_prompt,
     tool_content,
 )
-from marscli.records.jsonl import sha256_file
-from marscli.records.schema import Prompt, Segment, new_record
-from marscli.tokens import (
+from marscli.qwen.chat_template import TemplateTurns, check_renders_tools, content_parts, tool_names
+from marscli.qwen.images import open_image
+from marscli.qwen.tokens import (
     IMAGE_MARK,
     ImageFeatures,
     StreamDecoder,
@@ -105,6 +103,8 @@ from marscli.tokens import (
     split_images,
     tool_parts,
 )
+from marscli.records.jsonl import sha256_file
+from marscli.records.schema import Prompt, Segment, new_record
 from marscli.tools import ConvImage, Tool, ToolContext, ToolResult
 
 MAX_SOURCE_PIXELS = 100_000_000  # decoded input cap; the zoom tool crops from this

@@ -25,8 +25,8 @@ from typing import Any
 
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.generate import CHECK_PIXELS, GenerationOptions, generate
-from marscli.images import open_image
 from marscli.protocol import read_system_prompt
+from marscli.qwen.images import open_image
 from marscli.records.schema import Prompt
 from marscli.trace import LiveTrace
 
@@ -127,7 +127,7 @@ def check_hub_policy(policy: str, timeout: float = HUB_PROBE_S) -> None:
     """A policy that is neither a local folder nor in the local HF cache needs the hub: fail
     in seconds when it cannot be reached (RuntimeFailure, one line), rather than after the
     download's own retries. A bad local path fails here too (`check_checkpoint`)."""
-    from marscli.policy import check_checkpoint
+    from marscli.qwen.policy import check_checkpoint
 
     check_checkpoint(policy)
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")

@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from marscli.errors import BadInput
+from marscli.qwen.tokens import assemble
 from marscli.records.jsonl import sha256_file
 from marscli.records.schema import parse_image_refs, parse_segments
-from marscli.tokens import assemble
 
 MAX_SOURCE_PIXELS = 100_000_000  # as the agent decodes inputs (agent.MAX_SOURCE_PIXELS)
 
@@ -50,7 +50,7 @@ class Spec:
     @classmethod
     def of(cls, processor: Any, policy: str) -> Spec:
         """Spec from a loaded processor and the checkpoint folder's config.json."""
-        from marscli.tokens import special_ids
+        from marscli.qwen.tokens import special_ids
 
         ids = special_ids(processor.tokenizer)
         return cls(processor, ids.image_pad, ids.pad, vocab_size(policy, len(processor.tokenizer)))
@@ -285,8 +285,8 @@ class FeatureCache:
         self.hits = self.misses = 0
 
     def get(self, processor: Any, path: Path) -> Any:
-        from marscli.images import open_image
-        from marscli.tokens import image_features
+        from marscli.qwen.images import open_image
+        from marscli.qwen.tokens import image_features
 
         st = os.stat(path)
         key = (str(path), st.st_size, st.st_mtime_ns, id(processor))

@@ -190,7 +190,7 @@ def save_checkpoint(lm: Any, state_dict: dict | None, folder: Path, policy: str,
     dt = getattr(torch, save_dtype_name(dtype, policy))  # "auto" is resolved by the caller
     sd = {k: (v.to(dt) if v.is_floating_point() else v) for k, v in state_dict.items()}
     lm.config.dtype = dt
-    from marscli.policy import quiet_transformers
+    from marscli.qwen.policy import quiet_transformers
 
     with save_errors(folder), quiet_transformers():  # no "Writing model shards" bar in logs
         lm.save_pretrained(folder, state_dict=sd, max_shard_size="5GB")

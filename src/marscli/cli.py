@@ -322,7 +322,7 @@ def serve(
     with guard():
         check_range("--port", port, 0, 65535)
         check_range("--max-batch", max_batch, 1, 65536)
-        from marscli.policy import check_checkpoint
+        from marscli.qwen.policy import check_checkpoint
         from marscli.serve import serve as run_server
 
         check_checkpoint(policy)

@@ -206,7 +206,7 @@ def check_images(src: str, rows: list[tuple[int, Prompt]], unit: str = "line") -
     """Every image must exist and decode, before any generation; one error line names where
     the row is (`SRC:LINE`, or `SRC: UNIT N` for rows that are not lines) and the image. Each
     file is checked once."""
-    from marscli.images import open_image
+    from marscli.qwen.images import open_image
 
     checked: set[Path] = set()
     for line, p in rows:

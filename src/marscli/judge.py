@@ -259,7 +259,7 @@ def _parse_verdict(reply: dict) -> bool:
 
 @lru_cache(maxsize=64)  # G samples of a prompt share one image: encode it once
 def image_data_url(path: str) -> str:
-    from marscli.images import open_image  # Pillow only; kept out of the exact path
+    from marscli.qwen.images import open_image  # Pillow only; kept out of the exact path
 
     im = open_image(path, what="judge image")
     im.thumbnail((IMAGE_MAX_SIDE, IMAGE_MAX_SIDE))

@@ -37,7 +37,7 @@ from typing import Any
 
 from marscli.errors import BadInput
 from marscli.protocol import system_prompt
-from marscli.tokens import (
+from marscli.qwen.tokens import (
     IMAGE_MARK,
     encode_parts,
     prompt_parts,
@@ -244,8 +244,8 @@ def _counts(images: _Images, src: str, line: int, base: Path, processor: Any) ->
         try:
             n = placeholder_count(processor, path)
             if n is None:  # too large to know from the header: decode it as the agent does
-                from marscli.images import open_image
-                from marscli.tokens import image_features
+                from marscli.qwen.images import open_image
+                from marscli.qwen.tokens import image_features
 
                 im = open_image(path, max_pixels=MAX_SOURCE_PIXELS)
                 n = image_features(processor, im).n_tokens

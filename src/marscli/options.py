@@ -16,7 +16,7 @@ import typer
 
 from marscli.errors import check_range
 from marscli.generate import MAX_RETRIES, MAX_TIMEOUT, GenerationOptions
-from marscli.policy import DEFAULT_POLICY  # noqa: F401 - ask's default, re-exported
+from marscli.qwen.policy import DEFAULT_POLICY  # noqa: F401 - ask's default, re-exported
 
 GEN = GenerationOptions()  # the shared defaults
 

@@ -106,8 +106,8 @@ class PolicyServer:
 
     def parse(self, body: Any) -> tuple[GenRequest, SamplingParams]:
         from marscli.agent import MAX_SOURCE_PIXELS
-        from marscli.images import open_image
-        from marscli.tokens import model_image
+        from marscli.qwen.images import open_image
+        from marscli.qwen.tokens import model_image
 
         if not isinstance(body, dict):
             raise HttpFailure(400, "expected a JSON object")
@@ -201,7 +201,7 @@ def _weight_files(path: str) -> list[Path]:
 
 def _tensor_shapes(path: str) -> dict[str, list[int]]:
     """name → shape of every tensor of a checkpoint's safetensors files (headers only)."""
-    from marscli.policy import safetensors_header
+    from marscli.qwen.policy import safetensors_header
 
     shapes: dict[str, list[int]] = {}
     for f in _weight_files(path):
@@ -213,7 +213,7 @@ def _tensor_shapes(path: str) -> dict[str, list[int]]:
 def check_compatible(path: str, held: dict[str, list[int]]) -> None:
     """BadInput unless `path` is a complete checkpoint with the held tensors' names and shapes
     (a checkpoint of another architecture or size cannot go into this engine)."""
-    from marscli.policy import check_checkpoint
+    from marscli.qwen.policy import check_checkpoint
 
     check_checkpoint(path)  # folder, config, headers and sizes of the weight files
     if not _weight_files(path):

@@ -190,8 +190,8 @@ def run_sft(data: str, policy: str, out: str, cfg: SftConfig | None = None,
     cfg = replace(cfg or SftConfig(), **options)
     check_config(cfg)
     from marscli.messages import default_system
-    from marscli.policy import check_checkpoint, load_processor
     from marscli.protocol import read_system_prompt
+    from marscli.qwen.policy import check_checkpoint, load_processor
 
     policy = check_checkpoint(policy)
     check_paths(cfg, out, policy)

@@ -492,8 +492,8 @@ def qwen_parts() -> tuple[object, str, int]:
     the Qwen3-VL chat template, and the padded vocabulary size."""
     import copy
 
-    from marscli.chat_template import QWEN3_VL_TEMPLATE
-    from marscli.qwen_vocab import QWEN_VOCAB_SIZE, qwen_tokenizer
+    from marscli.qwen.chat_template import QWEN3_VL_TEMPLATE
+    from marscli.qwen.vocab import QWEN_VOCAB_SIZE, qwen_tokenizer
 
     return copy.deepcopy(qwen_tokenizer(QWEN3_VL_TEMPLATE)), QWEN3_VL_TEMPLATE, QWEN_VOCAB_SIZE
 
@@ -539,7 +539,7 @@ def build_tiny_model(out: str | Path, seed: int = 0, texts: Iterable[str] = (),
     import torch
     from transformers import GenerationConfig, Qwen3VLForConditionalGeneration
 
-    from marscli.policy import quiet_transformers
+    from marscli.qwen.policy import quiet_transformers
 
     if not 1024 <= min_pixels <= max_pixels:
         raise BadInput(f"--min-pixels/--max-pixels: need 1024 <= min ({min_pixels}) <= max "

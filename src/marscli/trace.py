@@ -167,7 +167,7 @@ def inline_image(path: Path, protocol: str, max_px: int = INLINE_PX) -> str:
     but the last); iTerm2: one OSC 1337 File sequence."""
     from PIL import Image
 
-    from marscli.images import check_regular_file
+    from marscli.qwen.images import check_regular_file
 
     check_regular_file(path)
     with Image.open(path) as im:

@@ -246,7 +246,7 @@ def build_model(policy: str, d: Dist, *, optim: OptimConfig | None = None,
     GPU). DeepSpeed with bf16 loads the 16-bit module copy and, after `deepspeed.initialize`,
     seeds the optimiser's fp32 partitions from the fp32 masters, so no step of an earlier run
     is rounded away."""
-    from marscli.policy import load_model
+    from marscli.qwen.policy import load_model
     from marscli.trainstate import fp32_sources, master_file, tensor_reader
 
     bf16 = bf16_enabled(ds_config)
@@ -300,7 +300,7 @@ def check_masters(lm: nn.Module, master: Path) -> None:
     file's header: nothing is read). A master missing would leave that weight at its 16-bit
     export value, a wrong shape would not copy; both are refused (BadInput) naming the file."""
     from marscli.errors import BadInput
-    from marscli.policy import SHOWN_KEYS, safetensors_header
+    from marscli.qwen.policy import SHOWN_KEYS, safetensors_header
 
     header = safetensors_header(master)
     params = {n: list(p.shape) for n, p in lm.named_parameters()}

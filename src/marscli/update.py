@@ -174,7 +174,7 @@ def run_update(adv: str, policy: str, out: str, cfg: UpdateConfig | None = None,
     check_config(cfg)
     from marscli.distributed import launch_world
     from marscli.losses import AGGS, LOSSES
-    from marscli.policy import check_checkpoint, load_processor
+    from marscli.qwen.policy import check_checkpoint, load_processor
     from marscli.rollout_correction import check as check_rollout_is
     from marscli.trainstate import check_resumable
 

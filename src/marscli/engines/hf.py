@@ -40,8 +40,8 @@ from marscli.engines import (
     request_seed,
     resolve_device,
 )
-from marscli.policy import check_checkpoint, load_model, load_processor
-from marscli.tokens import expand, never_sampled, special_ids
+from marscli.qwen.policy import check_checkpoint, load_model, load_processor
+from marscli.qwen.tokens import expand, never_sampled, special_ids
 
 
 @ENGINES.register("hf")

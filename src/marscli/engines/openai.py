@@ -51,7 +51,7 @@ _SENT_AS_IS = {"image/jpeg", "image/png", "image/webp", "image/gif"}
 def data_url(path: str) -> str:
     """An image file as a `data:` URL: JPEG/PNG/WebP/GIF as they are, anything else as PNG.
     Cached: the G samples of a prompt, and every turn of a conversation, resend the same files."""
-    from marscli.images import check_regular_file  # Pillow: only once there are images
+    from marscli.qwen.images import check_regular_file  # Pillow: only once there are images
 
     mime = mimetypes.guess_type(path)[0]
     check_regular_file(path, "image")
@@ -111,7 +111,7 @@ class OpenAIEngine:
                                max_bytes=max_reply_bytes)
         self.processor = None
         if tokenize_with:
-            from marscli.policy import check_checkpoint, load_processor
+            from marscli.qwen.policy import check_checkpoint, load_processor
 
             self.processor = load_processor(check_checkpoint(tokenize_with, "--tokenize-with"))
 

@@ -13,8 +13,8 @@ from typing import Any
 
 from marscli.engines import ENGINES, Generation, GenRequest, SamplingParams, check_policy
 from marscli.errors import BadInput
-from marscli.policy import check_checkpoint, load_processor
-from marscli.tokens import special_ids
+from marscli.qwen.policy import check_checkpoint, load_processor
+from marscli.qwen.tokens import special_ids
 
 
 @ENGINES.register("replay")

@@ -68,7 +68,7 @@ class ServerEngine:
     def __init__(self, policy: str | None = None, *, base_url: str, timeout: float = 600.0,
                  retries: int = 8, concurrency: int = 64, backoff: float = 2.0,
                  **_: Any) -> None:
-        from marscli.policy import load_processor
+        from marscli.qwen.policy import load_processor
 
         self.url = base_url.rstrip("/")
         self.concurrency = concurrency

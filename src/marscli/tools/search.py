@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 from PIL import Image
 
 from marscli.errors import MarsError
-from marscli.images import MAX_INPUT_PIXELS, fit_pixels, open_image
+from marscli.qwen.images import MAX_INPUT_PIXELS, fit_pixels, open_image
 from marscli.search import (
     Hit,
     ImageHit,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from marscli.images import resize_crop
+from marscli.qwen.images import resize_crop
 from marscli.tools import TOOLS, NewImage, ToolContext, ToolResult, error
 
 SCHEMA = {

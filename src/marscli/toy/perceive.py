@@ -22,7 +22,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from marscli.images import resize_crop
+from marscli.qwen.images import resize_crop
 
 SYSTEM = "You look at images and answer in one word or one box."
 WHERE = "Where is the logo in this image? Answer with its box [x1, y1, x2, y2] in 0..1000."

@@ -158,7 +158,7 @@ def model_image(processor: Any, image: Any) -> Any:
     through the processor's float pipeline at full size for every trajectory and every
     training forward. Rollout, update and sft all get pixels through `image_features`, so
     they see the same ones."""
-    from marscli.images import smart_resize
+    from marscli.qwen.images import smart_resize
 
     ip = processor.image_processor
     max_px, min_px = _size(ip, "longest_edge"), _size(ip, "shortest_edge")

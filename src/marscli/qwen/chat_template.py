@@ -244,7 +244,7 @@ class TemplateTurns:
 
     def prompt(self, messages: list[dict], counts: Sequence[int]) -> list[int]:
         """Compact ids of the prompt segment."""
-        from marscli.tokens import encode_parts
+        from marscli.qwen.tokens import encode_parts
 
         self.messages = list(messages)
         self.text = self.render()
@@ -255,7 +255,7 @@ class TemplateTurns:
              turn: int) -> list[int]:
         """Compact ids of the tool segment after reply `turn` (1-based): from the end of the
         model's ids to the next generation prompt (`<|im_end|>` first when the reply was cut)."""
-        from marscli.tokens import encode_parts
+        from marscli.qwen.tokens import encode_parts
 
         before = self.text + reply + ("<|im_end|>" if closed else "")
         self.messages += [{"role": "assistant", "content": reply},
