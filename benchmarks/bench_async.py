@@ -96,7 +96,7 @@ class ScriptedVLLM:
 
 
 def run(engine: Any, tools: list, jobs: list, tmp: Path, lockstep: bool) -> tuple[float, list]:
-    from marscli.agent import Agent, AgentConfig
+    from marscli.agent.loop import Agent, AgentConfig
     from marscli.engines import SamplingParams
 
     cfg = AgentConfig(max_turns=TOOL_TURNS + 1, max_turn_tokens=4096, batch_size=len(jobs),

@@ -31,8 +31,8 @@ def scene(path: Path) -> Path:
 
 
 def bench_engine(model: str, image: Path, batch: int, new_tokens: int) -> None:
+    from marscli.agent.protocol import system_prompt
     from marscli.engines import GenRequest, SamplingParams, make_engine
-    from marscli.protocol import system_prompt
     from marscli.qwen.tokens import encode_parts, image_features, prompt_parts, special_ids
     from marscli.tools.zoom import SCHEMA
 

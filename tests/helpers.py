@@ -302,7 +302,7 @@ def max_diff(a: dict, b: dict) -> float:
 def messages_of(rec: dict, proc) -> tuple[list[dict], list[Image.Image]]:
     """Rebuild the chat messages (and images in order) that a trajectory stands for, as the
     processor's chat template would be given them."""
-    from marscli.protocol import system_prompt
+    from marscli.agent.protocol import system_prompt
     from marscli.tools.zoom import SCHEMA
 
     images = [Image.open(Path(rec["_base"]) / im["path"]).convert("RGB") for im in rec["images"]]
@@ -372,7 +372,7 @@ def make_run(tiny_model: Path, root: Path) -> Path:
     """ROOT/demo/{iter-0,iter-1}: trajectories made by the real agent loop with a scripted
     engine, then scored (one unscored), advantages and metrics (iter-1's in a checkpoint
     subfolder, as `update --out` leaves it); rollouts for iter-0 only."""
-    from marscli.agent import Agent, AgentConfig
+    from marscli.agent.loop import Agent, AgentConfig
     from marscli.engines import SamplingParams
     from marscli.qwen.policy import load_processor
     from marscli.records.schema import Prompt

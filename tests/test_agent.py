@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from marscli.agent import Agent, AgentConfig
+from marscli.agent.loop import Agent, AgentConfig
 from marscli.engines import SamplingParams
 from marscli.qwen.tokens import assemble, compact, expand, image_features, special_ids
 from marscli.records.schema import Prompt

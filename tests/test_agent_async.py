@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from marscli.agent import Agent, AgentConfig
+from marscli.agent.loop import Agent, AgentConfig
 from marscli.engines import SamplingParams
 from marscli.records.schema import Prompt
 from marscli.tools import build_tools

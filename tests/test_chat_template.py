@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from marscli.agent.tools_config import load_tool_schemas
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.qwen.chat_template import (
     QWEN3_VL_TEMPLATE,
@@ -17,7 +18,6 @@ from marscli.qwen.chat_template import (
     render,
     text_extension,
 )
-from marscli.tools_config import load_tool_schemas
 
 IMG = {"type": "image"}
 ZOOM = {"type": "function", "function": {

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from marscli.agent import Agent, AgentConfig, safe_name
+from marscli.agent.loop import Agent, AgentConfig, safe_name
 from marscli.errors import BadInput
 from marscli.records.schema import Prompt
 
@@ -289,7 +289,7 @@ class _Killed(BaseException):
 def seeded_runs(tiny_model, tmp_path_factory):
     """8 prompts × 4 samples with the hf engine: uninterrupted, killed after 12 records and
     resumed (the rest then batched differently), and as 2 shards."""
-    import marscli.agent
+    import marscli.agent.loop
     from marscli.rollout import run_rollout
 
     from helpers import read_jsonl, strip_ms, write_prompts
@@ -305,7 +305,7 @@ def seeded_runs(tiny_model, tmp_path_factory):
     (tmp / "whole").mkdir()
     run_rollout(str(prompts), str(tmp / "whole" / "t.jsonl"), **kw)
     (tmp / "resumed").mkdir()
-    real, made = marscli.agent.Agent._record, []
+    real, made = marscli.agent.loop.Agent._record, []
 
     def dies_after_12(self, t):
         if len(made) == 12:
@@ -313,12 +313,12 @@ def seeded_runs(tiny_model, tmp_path_factory):
         made.append(t.id)
         return real(self, t)
 
-    marscli.agent.Agent._record = dies_after_12
+    marscli.agent.loop.Agent._record = dies_after_12
     try:
         with pytest.raises(_Killed):
             run_rollout(str(prompts), str(tmp / "resumed" / "t.jsonl"), **kw)
     finally:
-        marscli.agent.Agent._record = real
+        marscli.agent.loop.Agent._record = real
     assert len(read_jsonl(tmp / "resumed" / "t.jsonl")) == 12
     run_rollout(str(prompts), str(tmp / "resumed" / "t.jsonl"), **kw)
     shards = []

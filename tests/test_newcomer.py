@@ -17,9 +17,9 @@ import time
 import orjson
 import pytest
 
+from marscli.agent.runner import media_dir, settings_path, weights_fingerprint
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.evaluate import run_eval
-from marscli.generate import media_dir, settings_path, weights_fingerprint
 from marscli.rollout import run_rollout
 
 from fakes import always, chat_reply

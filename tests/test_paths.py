@@ -67,7 +67,7 @@ def tree(tmp_path_factory) -> Path:
 
 
 def test_rollout_writes_only_inside_its_output_folder(tiny_model, tree):
-    from marscli.generate import media_dir
+    from marscli.agent.runner import media_dir
     from marscli.rollout import run_rollout
 
     root = tree / "rollout"
@@ -82,8 +82,8 @@ def test_rollout_writes_only_inside_its_output_folder(tiny_model, tree):
 
 
 def test_eval_writes_only_inside_its_output_folder(tiny_model, tree):
+    from marscli.agent.runner import media_dir
     from marscli.evaluate import run_eval
-    from marscli.generate import media_dir
 
     root = tree / "eval"
     bench = inputs(root)

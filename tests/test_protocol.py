@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from marscli.protocol import (
+from marscli.agent.protocol import (
     Answer,
     FormatError,
     ToolCall,

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from marscli.errors import RuntimeFailure
-from marscli.protocol import (
+from marscli.agent.protocol import (
     Answer,
     FormatError,
     ToolCall,
@@ -14,6 +13,7 @@ from marscli.protocol import (
     parse_turn,
     tool_content,
 )
+from marscli.errors import RuntimeFailure
 from marscli.qwen.chat_template import render
 
 ZOOM_ARGS = {"bbox_2d": [120, 340, 560, 780], "label": "sign", "img_idx": 0}

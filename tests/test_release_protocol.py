@@ -15,10 +15,10 @@ from pathlib import Path
 import orjson
 import pytest
 
+from marscli.agent.protocol import last_answer
 from marscli.benchmarks.protocols import ScoreContext, make_protocol
 from marscli.errors import BadInput
 from marscli.judge import Judge, JudgeError, JudgeOptions, make_judge
-from marscli.protocol import last_answer
 from marscli.rewards import main as reward_main
 from marscli.rewards import run as reward_run
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import orjson
 import pytest
 
+from marscli.agent.runner import media_dir, parse_shard, shard_of
 from marscli.errors import BadInput, RuntimeFailure
-from marscli.generate import media_dir, parse_shard, shard_of
 from marscli.qwen.tokens import assemble, expand, special_ids
 from marscli.rollout import run_rollout
 
@@ -154,7 +154,7 @@ def test_finished_run_is_not_redone(tiny_model, tmp_path, monkeypatch):
     def no_engine(*a, **kw):
         raise AssertionError("the engine was loaded")
 
-    monkeypatch.setattr("marscli.generate.make_engine", no_engine)
+    monkeypatch.setattr("marscli.agent.runner.make_engine", no_engine)
     again = run_rollout(str(prompts), str(out), policy=str(tiny_model), engine="replay",
                         n=3, progress=False)
     assert out.read_bytes() == before

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from marscli.agent.runner import GenerationOptions
 from marscli.engines import GenRequest, SamplingParams, make_engine
 from marscli.errors import BadInput, RuntimeFailure
-from marscli.generate import GenerationOptions
 
 from fakes import FakeServer, always, sequence
 

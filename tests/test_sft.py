@@ -90,8 +90,8 @@ def as_message_row(rec: dict, style: str) -> dict:
     turn, image paths as strings. `parts`: {"type": "image"} parts consumed in order.
     `openai`: the openai engine's record (system turn, image parts by index, tool responses
     as wrapped user turns, text-only segments)."""
-    from marscli.agent import message_content
-    from marscli.messages import default_system
+    from marscli.agent.loop import message_content
+    from marscli.agent.messages import default_system
 
     segs = rec["segments"]
     paths = [im["path"] for im in rec["images"]]
@@ -129,7 +129,7 @@ def as_message_row(rec: dict, style: str) -> dict:
 
 @pytest.mark.parametrize("style", ["llamafactory", "parts", "openai"])
 def test_message_rows_give_the_trajectories_token_ids_and_mask(traj, spec, style):
-    from marscli.messages import default_system
+    from marscli.agent.messages import default_system
     from marscli.sft import load_sft_rows
 
     recs = read(traj)
@@ -155,7 +155,7 @@ def test_mask_is_the_chat_templates_assistant_mask(traj, spec, proc):
     the tool response."""
     from PIL import Image
 
-    from marscli.messages import default_system
+    from marscli.agent.messages import default_system
     from marscli.qwen.tokens import special_ids
     from marscli.sft import load_sft_rows
 
@@ -194,8 +194,8 @@ def test_mask_is_the_chat_templates_assistant_mask(traj, spec, proc):
 def test_tool_calls_field_and_generic_turns(tmp_path, spec):
     """OpenAI `tool_calls` become marscli's inline call; two tool messages in a row share one
     user turn; bad rows name their field."""
-    from marscli.messages import default_system
-    from marscli.protocol import ToolCall, parse_turn
+    from marscli.agent.messages import default_system
+    from marscli.agent.protocol import ToolCall, parse_turn
     from marscli.sft import load_sft_rows
 
     row = {"messages": [
@@ -276,9 +276,9 @@ def test_loss_falls_and_output_is_a_checkpoint(trained, tiny_model):
 def test_step_loss_is_the_token_mean_over_the_step(trained, traj, spec, tiny_model):
     """The first step's loss equals −Σ log p / N over its sequences' model tokens, computed
     here with one forward per sequence under the input policy."""
+    from marscli.agent.messages import default_system
     from marscli.batch import collate
     from marscli.distributed import Dist
-    from marscli.messages import default_system
     from marscli.sft import epoch_order, load_sft_rows
     from marscli.trainer import build_model
 

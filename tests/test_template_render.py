@@ -17,10 +17,10 @@ import copy
 import pytest
 from PIL import Image
 
-from marscli.agent import Agent, AgentConfig
+from marscli.agent.loop import Agent, AgentConfig
+from marscli.agent.protocol import SYSTEM_PROMPT, tool_content
 from marscli.engines import Generation, SamplingParams
 from marscli.errors import BadInput, RuntimeFailure
-from marscli.protocol import SYSTEM_PROMPT, tool_content
 from marscli.qwen.chat_template import QWEN3_VL_TEMPLATE, render
 from marscli.qwen.tokens import assemble, expand, special_ids
 from marscli.records.schema import Prompt
@@ -285,7 +285,7 @@ def test_default_layout_matches_the_processor(vocab, tmp_path):
     on both vocabularies to the processor's ids and assistant mask — also for a tool response
     that starts with whitespace and ends with a newline, which Qwen's vocabulary merges with
     the wrapper's newlines (`\\n  \\n`, `\\n\\n`)."""
-    from marscli.protocol import system_prompt
+    from marscli.agent.protocol import system_prompt
 
     _, _, proc = vocab
     tools = [*build_tools(), Fake("text_search_tool", "  \n leading whitespace\n")]
@@ -438,7 +438,7 @@ def test_tools_config_option_is_read_early_and_is_a_sample_setting(tmp_path):
     `check()` (before any model loads), and the schemas' hash is a sample setting."""
     import orjson
 
-    from marscli.generate import GenerationOptions, sample_settings
+    from marscli.agent.runner import GenerationOptions, sample_settings
 
     good = tmp_path / "tools.json"
     good.write_bytes(orjson.dumps(_schemas(_tools())))

@@ -16,8 +16,8 @@ import orjson
 import pytest
 from PIL import Image
 
+from marscli.agent.protocol import Answer, ToolCall, parse_turn
 from marscli.errors import BadInput
-from marscli.protocol import Answer, ToolCall, parse_turn
 from marscli.records.schema import load_prompts
 from marscli.tools import ConvImage, ToolContext
 from marscli.tools.zoom import ZoomInTool
@@ -267,7 +267,7 @@ def test_vocab_makes_every_answer_one_token(world):
 
 
 def test_expert_replays_through_the_real_agent_and_tools(world, text_index, tiny_model, tmp_path):
-    from marscli.agent import Agent, AgentConfig
+    from marscli.agent.loop import Agent, AgentConfig
     from marscli.engines.replay import ReplayEngine
     from marscli.tools import build_tools
 
@@ -375,7 +375,7 @@ def test_zoom_cells_box_is_the_aligned_block_holding_the_logo(tmp_path):
 
 
 def test_perception_rows_are_the_zoom_tools_crop_and_the_experts_box(tmp_path, tiny_model):
-    from marscli.messages import to_trajectory
+    from marscli.agent.messages import to_trajectory
     from marscli.qwen.policy import load_processor
     from marscli.toy.perceive import WHERE
 

@@ -19,9 +19,9 @@ import pytest
 from PIL import Image
 from rich.console import Console
 
+from marscli.agent.protocol import parse_turn
+from marscli.agent.runner import GenerationOptions
 from marscli.errors import BadInput, RuntimeFailure
-from marscli.generate import GenerationOptions
-from marscli.protocol import parse_turn
 from marscli.records.jsonl import sha256_file
 from marscli.trace import LiveTrace, inline_image, inline_protocol, summary
 
@@ -298,7 +298,7 @@ def feed(on_event) -> None:
 
 
 def test_progress_bar_counts_what_the_events_say():
-    from marscli.progress import progress_bar
+    from marscli.agent.progress import progress_bar
 
     c, buf = console(terminal=True)
     with progress_bar("rollout", 4, show=True, console=c) as on_event:
@@ -311,7 +311,7 @@ def test_progress_bar_counts_what_the_events_say():
 
 
 def test_progress_bar_is_silent_off_a_terminal_or_when_not_shown():
-    from marscli.progress import progress_bar
+    from marscli.agent.progress import progress_bar
 
     for terminal, show in ((False, True), (True, False)):
         c, buf = console(terminal=terminal)

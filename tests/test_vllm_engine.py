@@ -197,7 +197,7 @@ def test_keyed_requests_sample_the_same_whatever_shares_their_call(engine, tmp_p
 def test_agent_loop_logprobs_match_forward(engine, hf_model, tmp_path):
     """The agent loop (tools and all) over vLLM: every model token's recorded log-prob equals
     a forward over the whole trajectory, images included."""
-    from marscli.agent import Agent, AgentConfig
+    from marscli.agent.loop import Agent, AgentConfig
     from marscli.engines import SamplingParams
     from marscli.qwen.tokens import assemble
     from marscli.records.schema import Prompt

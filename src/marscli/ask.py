@@ -23,9 +23,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from marscli.agent.protocol import read_system_prompt
+from marscli.agent.runner import CHECK_PIXELS, GenerationOptions, generate
 from marscli.errors import BadInput, RuntimeFailure
-from marscli.generate import CHECK_PIXELS, GenerationOptions, generate
-from marscli.protocol import read_system_prompt
 from marscli.qwen.images import open_image
 from marscli.records.schema import Prompt
 from marscli.trace import LiveTrace

@@ -16,8 +16,8 @@ from typing import Annotated
 import typer
 
 from marscli import options as opt
+from marscli.agent.runner import MAX_TOKENS
 from marscli.errors import BadInput, MarsError, check_range, os_error
-from marscli.generate import MAX_TOKENS
 from marscli.secrets import redact  # torch-free: an error may echo a URL with a password
 
 app = typer.Typer(
@@ -408,7 +408,7 @@ def rollout(
     """Sample N trajectories per prompt with the agent; resumable, shardable."""
     gen = opt.generation_options(locals())
     with guard():
-        from marscli.generate import parse_shard
+        from marscli.agent.runner import parse_shard
         from marscli.rollout import run_rollout
         run_rollout(prompts, output, gen, n=n, shard=parse_shard(shard), image_dir=image_dir,
                     force=force, media=media_dir, track=track)
@@ -692,8 +692,8 @@ def eval_cmd(
             raise BadInput("-o: missing — name the results file, e.g. -o results.jsonl")
         if rescore:
             raise BadInput("--rescore: only with --summarize RESULTS.jsonl")
+        from marscli.agent.runner import parse_shard
         from marscli.evaluate import run_eval
-        from marscli.generate import parse_shard
         run_eval(bench, output, gen, fmt=fmt, mode=mode, samples=samples, judge_spec=judge,
                  protocol=protocol or "mars", shard=parse_shard(shard), benchmark=benchmark,
                  image_dir=image_dir, max_unscored=max_unscored, judge_opts=jopts, force=force,

@@ -53,11 +53,8 @@ from typing import Any
 
 import orjson
 
-from marscli.benchmarks import LoadContext, format_names, load_benchmark
-from marscli.benchmarks.paper import reported
-from marscli.benchmarks.protocols import ScoreContext, make_protocol
-from marscli.errors import BadInput, RuntimeFailure, check_range, unknown_name
-from marscli.generate import (
+from marscli.agent.protocol import read_system_prompt
+from marscli.agent.runner import (
     MAX_SAMPLES,
     GenerationOptions,
     check_images,
@@ -66,8 +63,11 @@ from marscli.generate import (
     sample_settings,
     start_over,
 )
+from marscli.benchmarks import LoadContext, format_names, load_benchmark
+from marscli.benchmarks.paper import reported
+from marscli.benchmarks.protocols import ScoreContext, make_protocol
+from marscli.errors import BadInput, RuntimeFailure, check_range, unknown_name
 from marscli.judge import JudgeOptions, make_judge
-from marscli.protocol import read_system_prompt
 from marscli.records.jsonl import AtomicFile, AtomicJsonl, iter_rows, write_sidecar
 from marscli.trackers import check_tracker, log_stats
 
@@ -397,7 +397,7 @@ def run_summarize(results: str, *, rescore: bool = False, protocol: str | None =
 def _rescored_settings(results: str, protocol: str | None, judge_spec: str) -> None:
     """After `--rescore`, the settings file names the judge (and protocol) the records now
     carry, so that a resume with them is not refused."""
-    from marscli.generate import settings_path
+    from marscli.agent.runner import settings_path
     from marscli.secrets import redact
 
     path = settings_path(results)

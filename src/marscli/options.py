@@ -14,8 +14,8 @@ from typing import Annotated, Any
 
 import typer
 
+from marscli.agent.runner import MAX_RETRIES, MAX_TIMEOUT, GenerationOptions
 from marscli.errors import check_range
-from marscli.generate import MAX_RETRIES, MAX_TIMEOUT, GenerationOptions
 from marscli.qwen.policy import DEFAULT_POLICY  # noqa: F401 - ask's default, re-exported
 
 GEN = GenerationOptions()  # the shared defaults

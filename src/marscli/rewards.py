@@ -60,9 +60,9 @@ from typing import Any
 
 import orjson
 
+from marscli.agent.protocol import last_answer
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.judge import Judge, JudgeError, JudgeOptions, make_judge
-from marscli.protocol import last_answer
 from marscli.records.jsonl import (
     AtomicJsonl,
     follow_rows,

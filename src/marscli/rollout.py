@@ -40,8 +40,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from marscli.errors import RuntimeFailure, check_range
-from marscli.generate import (
+from marscli.agent.protocol import read_system_prompt
+from marscli.agent.runner import (
     MAX_SAMPLES,
     GenerationOptions,
     check_images,
@@ -51,7 +51,7 @@ from marscli.generate import (
     sample_settings,
     start_over,
 )
-from marscli.protocol import read_system_prompt
+from marscli.errors import RuntimeFailure, check_range
 from marscli.records.jsonl import iter_rows, write_sidecar
 from marscli.records.schema import load_prompts
 from marscli.trackers import check_tracker, log_stats

@@ -141,7 +141,7 @@ def load_sft_rows(path: str, spec: Spec, max_tokens: int, system: str, skip_bad:
                   ) -> tuple[list[Example], list[str]]:
     """Validate and assemble every row (module docstring, points 1-2). Returns the examples
     (`extra["kind"]`: trajectory or messages) and the messages of the rows skipped."""
-    from marscli.messages import row_kind, to_trajectory
+    from marscli.agent.messages import row_kind, to_trajectory
 
     base = Path.cwd() if path == "-" else Path(path).resolve().parent
     out, bad = [], []
@@ -189,8 +189,8 @@ def run_sft(data: str, policy: str, out: str, cfg: SftConfig | None = None,
     started = time.time()
     cfg = replace(cfg or SftConfig(), **options)
     check_config(cfg)
-    from marscli.messages import default_system
-    from marscli.protocol import read_system_prompt
+    from marscli.agent.messages import default_system
+    from marscli.agent.protocol import read_system_prompt
     from marscli.qwen.policy import check_checkpoint, load_processor
 
     policy = check_checkpoint(policy)

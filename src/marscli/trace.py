@@ -28,7 +28,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from marscli.protocol import FormatError, ToolCall
+from marscli.agent.protocol import FormatError, ToolCall
 
 SUMMARY_LINES, SUMMARY_CHARS = 8, 600  # how much of a tool response the trace shows
 INLINE_PX = 384  # inline images are drawn at most this wide and tall

@@ -25,8 +25,8 @@ from typing import Any
 
 import orjson
 
+from marscli.agent.protocol import Answer, FormatError, ToolCall, parse_turn
 from marscli.errors import BadInput
-from marscli.protocol import Answer, FormatError, ToolCall, parse_turn
 from marscli.records.jsonl import dumps, iter_rows
 from marscli.runs import number, token_counts
 

@@ -209,7 +209,7 @@ def template_parts(text: str, image_counts: Sequence[int], what: str) -> list[st
 def content_parts(text: str, n_images: int, what: str) -> list[dict]:
     """Chat-template content of a text with `<image>` markers, as verl builds it
     (`protocol.marked_parts`); BadInput naming `what` when there are more markers than images."""
-    from marscli.protocol import marked_parts
+    from marscli.agent.protocol import marked_parts
 
     parts = marked_parts(text, n_images)
     if parts is None:

@@ -114,7 +114,7 @@ def _vocab(corpus: list[dict], splits: dict[str, list[dict]], ents: list[Entity]
     """All the world's text, for `marscli tiny-model --text`: the system prompt and tool
     schemas, the corpus, every question, answer and expert reply, and the tool observations'
     fixed phrases."""
-    from marscli.protocol import system_prompt
+    from marscli.agent.protocol import system_prompt
     from marscli.tools import TOOLS
 
     schemas = [TOOLS.get(n).schema for n in

@@ -35,8 +35,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from marscli.agent.protocol import system_prompt
 from marscli.errors import BadInput
-from marscli.protocol import system_prompt
 from marscli.qwen.tokens import (
     IMAGE_MARK,
     encode_parts,

@@ -46,7 +46,7 @@ from marscli.engines import ENGINES, SamplingParams, check_engine, make_engine, 
 from marscli.errors import BadInput, check_range
 
 if TYPE_CHECKING:  # the CLI imports this module for the defaults: the rest loads when used
-    from marscli.agent import AgentConfig, Event
+    from marscli.agent.loop import AgentConfig, Event
     from marscli.records.jsonl import AppendJsonl
     from marscli.records.schema import Prompt
 
@@ -124,7 +124,7 @@ class GenerationOptions:
         """The schemas of `--tools-config` (tools_config.load_tool_schemas), None without one."""
         if self.tools_config is None:
             return None
-        from marscli.tools_config import load_tool_schemas
+        from marscli.agent.tools_config import load_tool_schemas
 
         return load_tool_schemas(self.tools_config)
 
@@ -147,7 +147,7 @@ class GenerationOptions:
 
     def agent_config(self, system_prompt: str | None) -> AgentConfig:
         """`system_prompt`: the text (the stage reads the file `self.system_prompt` early)."""
-        from marscli.agent import AgentConfig
+        from marscli.agent.loop import AgentConfig
 
         return AgentConfig(
             max_turns=AgentConfig.max_turns if self.max_turns is None else self.max_turns,
@@ -251,8 +251,8 @@ def generate(jobs: list[tuple[Prompt, int]], gen: GenerationOptions, tools: list
     already in `output` must have been made with (`check_settings`), recorded in
     `OUT.settings.json` before the first record. `on_event` replaces the progress bar
     (labelled `label`, shown on a terminal only)."""
-    from marscli.agent import Agent
-    from marscli.progress import progress_bar
+    from marscli.agent.loop import Agent
+    from marscli.agent.progress import progress_bar
     from marscli.records.jsonl import AppendJsonl, OutputLock
 
     with contextlib.ExitStack() as stack:

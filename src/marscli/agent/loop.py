@@ -79,9 +79,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from marscli.engines import Engine, Generation, GenRequest, SamplingParams
-from marscli.errors import BadInput, RuntimeFailure
-from marscli.protocol import (
+from marscli.agent.protocol import (
     SYSTEM_PROMPT,
     Answer,
     FormatError,
@@ -90,6 +88,8 @@ from marscli.protocol import (
     system_prompt,
     tool_content,
 )
+from marscli.engines import Engine, Generation, GenRequest, SamplingParams
+from marscli.errors import BadInput, RuntimeFailure
 from marscli.qwen.chat_template import TemplateTurns, check_renders_tools, content_parts, tool_names
 from marscli.qwen.images import open_image
 from marscli.qwen.tokens import (
@@ -214,7 +214,7 @@ class Agent:
     def _offered(self, schemas: list[dict]) -> list[dict] | None:
         """The schemas the template renders (`tools=`): exactly the tools this run offers, each
         under its schema's name; None when the stage offers no tools (eval --mode direct)."""
-        from marscli.tools_config import RELEASE_TOOLS
+        from marscli.agent.tools_config import RELEASE_TOOLS
 
         if self.message_level:
             raise BadInput("--tools-config: prompts are rendered by the policy's chat template, "
