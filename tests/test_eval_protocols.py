@@ -19,7 +19,7 @@ from marscli.benchmarks.protocols import (
     token_f1,
 )
 from marscli.errors import BadInput
-from marscli.judge import Judge, JudgeError, JudgeOptions, make_judge
+from marscli.scoring.judge import Judge, JudgeError, JudgeOptions, make_judge
 
 EXACT = ScoreContext(judge=make_judge("exact"), base=Path("."))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from marscli.judge import JudgeOptions
+from marscli.scoring.judge import JudgeOptions
 
 from chaos import FAULTS, ChaosServer
 from helpers import read_jsonl, write_prompts
@@ -100,7 +100,7 @@ def test_rollout_attempts_stay_within_the_bound(rollout_run):
 
 
 def test_reward_finishes_through_chaos(rollout_run):
-    from marscli.rewards import main as reward_main
+    from marscli.scoring.answers import main as reward_main
 
     tmp, out, _, _, _ = rollout_run
     scored = tmp / "scored.jsonl"

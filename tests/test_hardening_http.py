@@ -17,9 +17,9 @@ from PIL import Image
 
 from marscli.errors import BadInput
 from marscli.http import HttpClient, HttpError
-from marscli.judge import JudgeError, JudgeOptions, make_judge
 from marscli.qwen.images import open_image
-from marscli.rewards import main as reward_main
+from marscli.scoring.answers import main as reward_main
+from marscli.scoring.judge import JudgeError, JudgeOptions, make_judge
 from marscli.secrets import redact, split_userinfo
 from marscli.tools.search import TextSearchTool, tool_failed
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from marscli.release_scoring import (
+from marscli.scoring.release import (
     extract_solution_for_mcq,
     last_turn,
     normalize_answer,

@@ -146,7 +146,7 @@ def reward(
         check_range("--format-weight", format_weight, 0)
         check_range("--max-unscored", max_unscored, 0, 1)
         opt.check_judge_options(judge_timeout, judge_retries, judge_concurrency)
-        from marscli.rewards import main as reward_main
+        from marscli.scoring.answers import main as reward_main
 
         reward_main(traj, output, judge, format_weight, max_unscored, judge_timeout,
                     judge_retries, judge_concurrency, judge_cache, protocol=protocol,
@@ -673,7 +673,7 @@ def eval_cmd(
     gen = opt.generation_options(locals())
     with guard():
         opt.check_judge_options(judge_timeout, judge_retries, judge_concurrency)
-        from marscli.judge import JudgeOptions
+        from marscli.scoring.judge import JudgeOptions
 
         jopts = JudgeOptions(timeout_s=judge_timeout, attempts=judge_retries + 1,
                              concurrency=judge_concurrency, cache_path=judge_cache)

@@ -67,8 +67,8 @@ from marscli.benchmarks import LoadContext, format_names, load_benchmark
 from marscli.benchmarks.paper import reported
 from marscli.benchmarks.protocols import ScoreContext, make_protocol
 from marscli.errors import BadInput, RuntimeFailure, check_range, unknown_name
-from marscli.judge import JudgeOptions, make_judge
 from marscli.records.jsonl import AtomicFile, AtomicJsonl, iter_rows, write_sidecar
+from marscli.scoring.judge import JudgeOptions, make_judge
 from marscli.trackers import check_tracker, log_stats
 
 MODES = ("agent", "direct")

@@ -61,9 +61,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from marscli.benchmarks import benchmark_info
-from marscli.judge import Judge, JudgeError
 from marscli.registry import Registry
-from marscli.rewards import (
+from marscli.scoring.answers import (
     extract_choice,
     model_text,
     normalize,
@@ -71,6 +70,7 @@ from marscli.rewards import (
     response_answer,
     score_answer,
 )
+from marscli.scoring.judge import Judge, JudgeError
 from marscli.secrets import redact
 
 

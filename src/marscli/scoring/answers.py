@@ -62,7 +62,6 @@ import orjson
 
 from marscli.agent.protocol import last_answer
 from marscli.errors import BadInput, RuntimeFailure
-from marscli.judge import Judge, JudgeError, JudgeOptions, make_judge
 from marscli.records.jsonl import (
     AtomicJsonl,
     follow_rows,
@@ -72,7 +71,8 @@ from marscli.records.jsonl import (
     write_sidecar,
 )
 from marscli.registry import Registry
-from marscli.release_scoring import (
+from marscli.scoring.judge import Judge, JudgeError, JudgeOptions, make_judge
+from marscli.scoring.release import (
     compute_score_em_for_mcq,
     em_check,
     last_turn,
