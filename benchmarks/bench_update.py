@@ -48,7 +48,7 @@ def trajectories(folder: Path, proc, n: int, seed: int) -> list[dict]:
 def run(model, groups, spec, lr: float = 1e-6) -> tuple[float, int]:
     """Seconds and real tokens for one minibatch trained over `groups` of examples."""
     from marscli.batch import collate
-    from marscli.losses import micro_weight
+    from marscli.rl.losses import micro_weight
     from marscli.trainer import train_minibatch
 
     n_tok = sum(e.n_model_tokens for g in groups for e in g)

@@ -12,8 +12,8 @@ import numpy as np
 import orjson
 import pytest
 
-from marscli import advantages as A
 from marscli.errors import BadInput
+from marscli.rl import advantages as A
 
 EPS_G = 1e-6
 
@@ -404,7 +404,7 @@ def test_cli_path_never_imports_torch(tmp_path):
     src = _write(tmp_path / "scored.jsonl", SCORED)
     code = (
         "import sys\n"
-        "import marscli.advantages, marscli.cli\n"
+        "import marscli.rl.advantages, marscli.cli\n"
         f"sys.argv = ['marscli', 'advantages', {str(src)!r}, '-o', {str(tmp_path / 'o.jsonl')!r}]\n"
         "try:\n    marscli.cli.main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
         "bad = [m for m in ('torch', 'transformers') if m in sys.modules]\n"

@@ -5,7 +5,7 @@ The task: 16 prompts, each with a 4-token reply (3 "thinking" tokens, then an an
 6 choices); reward 1 for the prompt's right answer. The policy is a table of logits per prompt
 and position that starts, as a cold-start model would, right about half the time (p = 0.5 on
 the right answer). Each iteration samples 8 replies per prompt, scores them, normalises with
-`marscli.advantages.compute`, then takes 4 minibatch AdamW steps on the registered loss (old
+`marscli.rl.advantages.compute`, then takes 4 minibatch AdamW steps on the registered loss (old
 log-probs from before the first step, so the ratio and its clipping act). The expected reward
 is computed exactly from the policy. A broken sign, a lost batch step, a ratio that ignores
 the new policy: each of them fails this test (the sign flip is checked below).
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from marscli import advantages as A
-from marscli.losses import LOSSES
+from marscli.rl import advantages as A
+from marscli.rl.losses import LOSSES
 
 PROMPTS, SAMPLES, LENGTH, CHOICES, ITERS, MINIBATCHES = 16, 8, 4, 6, 5, 4
 # (estimator, loss) as `make ablation` pairs them

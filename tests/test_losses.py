@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from marscli.errors import BadInput
-from marscli.losses import LOSSES, add_kl, aggregate, grpo_loss, gspo_loss, kl_k3
+from marscli.rl.losses import LOSSES, add_kl, aggregate, grpo_loss, gspo_loss, kl_k3
 
 F64 = torch.float64
 CLIPS = [(3e-4, 4e-4), (0.2, 0.28)]  # GSPO paper; DAPO-style clip-higher

@@ -230,7 +230,7 @@ def _scored(*specs) -> list[tuple[int, dict]]:
 
 
 def test_advantages_skip_unscored_rows_and_count_them():
-    from marscli.advantages import run
+    from marscli.rl.advantages import run
 
     rows = _scored(("a", 1.0), ("a", None), ("a", 0.0), ("b", 1.0), ("b", 0.5), ("b", None))
     out, stats = run(rows, "s.jsonl", "grpo")
@@ -258,7 +258,7 @@ def test_advantages_cli_reports_skipped_rows(tmp_path):
 
 @pytest.mark.parametrize("est", ["bn-gspo", "grpo", "dr-grpo", "rloo"])
 def test_flat_groups_get_exactly_zero(est):
-    from marscli.advantages import compute
+    from marscli.rl.advantages import compute
 
     # a flat group beside groups with signal: the batch step's mean is ~1e-17, not 0
     r = [0.1, 0.1, 0.1, 1, 1, 1, 1, 0.2, 1.2, 0.2, 1.2, 0, 1, 1, 1.2]

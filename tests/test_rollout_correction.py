@@ -1,4 +1,4 @@
-"""Rollout correction (marscli.rollout_correction) against hand-computed numbers: the weights
+"""Rollout correction (marscli.rl.rollout_correction) against hand-computed numbers: the weights
 of every mode, the bounds, null engine log-probs, and the metrics of a simulated mismatch
 (engine log-probs perturbed by known offsets); then `update` end to end on the tiny model's hf
 rollouts, as the engine wrote them and perturbed, with `--old-logp engine`, `--rollout-is off`
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from marscli.errors import BadInput
-from marscli.rollout_correction import (
+from marscli.rl.rollout_correction import (
     DEFAULT_CAP,
     DEFAULT_MODE,
     METRICS,

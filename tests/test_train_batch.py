@@ -193,7 +193,7 @@ def test_accumulation_over_micro_batches_equals_one_big_batch(policy, examples, 
                                                                loss_name, agg):
     import torch
 
-    from marscli.losses import LOSSES, micro_weight
+    from marscli.rl.losses import LOSSES, micro_weight
 
     loss_fn = LOSSES.get(loss_name)
     params = [p for p in policy.module.parameters() if p.requires_grad]

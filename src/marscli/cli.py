@@ -114,7 +114,7 @@ def advantages(
     """Add `advantage` and `group` statistics to scored rows (numpy only, no torch)."""
     with guard():
         check_range("--minibatches", minibatches, 1, 1 << 20)
-        from marscli.advantages import main as advantages_main
+        from marscli.rl.advantages import main as advantages_main
 
         advantages_main(scored, output, estimator, minibatches, filter_zero_std, seed,
                         mask_truncated)

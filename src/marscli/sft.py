@@ -329,7 +329,7 @@ def _step(model, group: list[Example], spec: Spec, d, cfg: SftConfig, lr: float)
     from marscli import trainer
     from marscli.distributed import all_reduce
     from marscli.job import Timer
-    from marscli.losses import micro_weight
+    from marscli.rl.losses import micro_weight
 
     n_tok = sum(e.n_model_tokens for e in group)  # the whole step, every rank knows it
     n_seq = len(group)

@@ -10,7 +10,7 @@
    minibatch is sharded over ranks by sequence and bucketed by length into micro-batches.
 3. π_old: `--old-logp recompute` (the default) recomputes the log-probs with the input policy
    for every row before the first optimiser step, and corrects for the engine having sampled
-   from a slightly different distribution: `--rollout-is MODE` (marscli.rollout_correction:
+   from a slightly different distribution: `--rollout-is MODE` (marscli.rl.rollout_correction:
    token-truncate at `--rollout-is-cap 2` unless told otherwise; `off` for none) weighs each
    model token's policy loss by π_old/π_engine, bounded. `--old-logp engine` takes the rollout
    engine's log-probs as π_old and skips that forward (verl's "bypass" mode, what the released
@@ -173,9 +173,9 @@ def run_update(adv: str, policy: str, out: str, cfg: UpdateConfig | None = None,
     cfg = replace(cfg or UpdateConfig(), **options)
     check_config(cfg)
     from marscli.distributed import launch_world
-    from marscli.losses import AGGS, LOSSES
     from marscli.qwen.policy import check_checkpoint, load_processor
-    from marscli.rollout_correction import check as check_rollout_is
+    from marscli.rl.losses import AGGS, LOSSES
+    from marscli.rl.rollout_correction import check as check_rollout_is
     from marscli.trainstate import check_resumable
 
     check_rollout_is(cfg.is_mode, cfg.rollout_is_cap, cfg.rollout_is_floor)
@@ -198,9 +198,9 @@ def run_update(adv: str, policy: str, out: str, cfg: UpdateConfig | None = None,
 
 
 def _train(job: Job, policy, ref, cfg, agg, loss, processor, spec, examples, masked) -> dict:
-    from marscli import rollout_correction as rc
     from marscli.distributed import all_reduce
     from marscli.optim import lr_at
+    from marscli.rl import rollout_correction as rc
     from marscli.trainstate import read_state
 
     d, ds_cfg = job.dist, job.ds_cfg
@@ -282,7 +282,7 @@ def old_logps(model, plans, spec, d, cfg: UpdateConfig, examples: list[Example]
     example (none under `--old-logp engine`: there is nothing to compare with)."""
     import torch
 
-    from marscli import rollout_correction as rc
+    from marscli.rl import rollout_correction as rc
 
     if cfg.old_logp == "engine":  # bypass: no old-policy forward
         return {"old_logp": {e.index: torch.tensor(e.engine_logp()[0], dtype=torch.float32)
@@ -306,11 +306,11 @@ def _step(model, micros, group, spec, d, cfg, agg, loss_fn, lr, logps, rollout
           ) -> tuple[dict, dict]:
     """One optimiser step over a minibatch; returns its metrics (all ranks reduced) and the
     totals of its rollout metrics (rollout_correction.merge)."""
-    from marscli import rollout_correction as rc
     from marscli import trainer
     from marscli.distributed import all_reduce
     from marscli.job import Timer
-    from marscli.losses import add_kl, micro_weight
+    from marscli.rl import rollout_correction as rc
+    from marscli.rl.losses import add_kl, micro_weight
 
     n_tok = sum(e.n_model_tokens for e in group)  # the whole minibatch, every rank knows it
     n_seq = len(group)

@@ -5,14 +5,14 @@ Every entry of `LOSSES` is a `Loss`: called with one signature,
 metrics)`, with logp, old_logp, mask [B, T] (mask 1 on model tokens, 0 on prompt, tool and
 padding tokens), advantages [B] (one per trajectory), loss a scalar tensor and metrics plain
 floats. `weights` [B, T] (no gradient), when given, multiplies each token's policy loss before
-aggregation: the rollout-correction weights of `marscli.rollout_correction`; None leaves the loss
+aggregation: the rollout-correction weights of `marscli.rl.rollout_correction`; None leaves the loss
 exactly as it was (the ratio and clip metrics never see the weights). The entry
 carries what callers need to know about the loss, so no caller names one: `agg`, its default
 aggregation (the default of its function's `agg` parameter), and `ratio`, the level of its
 ratio metrics ("sequence" or "token"). `micro_weight` turns an aggregate over one micro-batch
 into its share of the minibatch's.
 
-- `gspo` (the paper's BN-GSPO loss, with the BN in `marscli.advantages`): the sequence ratio
+- `gspo` (the paper's BN-GSPO loss, with the BN in `marscli.rl.advantages`): the sequence ratio
   s_i = exp(mean_t(logp − old_logp)) over model tokens, applied in the GSPO-token form
   s_it = sg(s_i) · π(y_t) / sg(π(y_t)), clipped to [1 − clip_low, 1 + clip_high] PPO-style.
   Its gradient equals that of −A_i·s_i (GSPO paper, eq. 10 vs 14) while the ratio is unclipped.

@@ -1,0 +1,2 @@
+"""RL math: advantage estimators, policy losses and rollout correction.
+"""
