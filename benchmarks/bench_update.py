@@ -2,7 +2,7 @@
 (the same number of sequences per batch, in input order), on variable-length trajectories of
 the tiny model, measured in the same run; prints tokens/s of each and the ratio.
 
-Both arms run the same forward + backward + AdamW step (marscli.trainer.train_minibatch) over the
+Both arms run the same forward + backward + AdamW step (marscli.train.trainer.train_minibatch) over the
 same trajectories with the same number of micro-batches; only the grouping differs, so the
 ratio is the padding that bucketing does not compute.
 
@@ -47,9 +47,9 @@ def trajectories(folder: Path, proc, n: int, seed: int) -> list[dict]:
 
 def run(model, groups, spec, lr: float = 1e-6) -> tuple[float, int]:
     """Seconds and real tokens for one minibatch trained over `groups` of examples."""
-    from marscli.batch import collate
     from marscli.rl.losses import micro_weight
-    from marscli.trainer import train_minibatch
+    from marscli.train.batch import collate
+    from marscli.train.trainer import train_minibatch
 
     n_tok = sum(e.n_model_tokens for g in groups for e in g)
     n_seq = sum(len(g) for g in groups)
@@ -73,11 +73,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
-    from marscli.batch import Spec, load_example, plan
-    from marscli.distributed import Dist, seed_everything
-    from marscli.optim import OptimConfig
     from marscli.qwen.policy import load_processor
-    from marscli.trainer import build_model
+    from marscli.train.batch import Spec, load_example, plan
+    from marscli.train.distributed import Dist, seed_everything
+    from marscli.train.optim import OptimConfig
+    from marscli.train.trainer import build_model
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)

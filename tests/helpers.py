@@ -438,7 +438,7 @@ def torchrun(stage: str, data: Path, policy: Path, out: Path, *args: str, env: d
              ok: bool = True) -> subprocess.CompletedProcess:
     """`torchrun --nproc_per_node 2 -m marscli STAGE DATA --policy P --out O ARGS` (2 CPU ranks,
     gloo); with `ok`, a non-zero exit fails the test."""
-    from marscli.distributed import free_port
+    from marscli.train.distributed import free_port
 
     port = str(free_port())
     cmd = [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node", "2",

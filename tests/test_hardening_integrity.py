@@ -58,7 +58,7 @@ def _tools():
 
 @pytest.fixture(scope="module")
 def spec(processor, tiny_model):
-    from marscli.batch import Spec
+    from marscli.train.batch import Spec
 
     return Spec.of(processor, str(tiny_model))
 
@@ -71,7 +71,7 @@ def _row_with_hashes(folder, processor) -> dict:
 
 
 def test_training_refuses_an_image_whose_sha256_changed(processor, spec, tmp_path):
-    from marscli.batch import load_example
+    from marscli.train.batch import load_example
 
     row = _row_with_hashes(tmp_path, processor)
     assert load_example(row, "adv.jsonl", 4, tmp_path, spec).images  # intact: accepted
@@ -85,7 +85,7 @@ def test_training_refuses_an_image_whose_sha256_changed(processor, spec, tmp_pat
 
 
 def test_each_image_is_hashed_once_per_process(processor, spec, tmp_path, monkeypatch):
-    import marscli.batch as batch
+    import marscli.train.batch as batch
 
     calls = []
     real = batch.sha256_file
@@ -233,8 +233,8 @@ def test_a_tokenizer_transformers_cannot_use_is_one_line(bad_ckpts):
 
 
 def test_incomplete_fp32_masters_are_refused(bad_ckpts):
-    from marscli.distributed import Dist
-    from marscli.trainer import build_model
+    from marscli.train.distributed import Dist
+    from marscli.train.trainer import build_model
 
     with pytest.raises(BadInput, match=r"train_state/master\.safetensors: 1 fp32 master\(s\) "
                                        r"missing: model\.visual\.merger\.norm\.weight"):

@@ -26,10 +26,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from marscli.checkpoint import AtomicDir, check_out
 from marscli.errors import BadInput, RuntimeFailure, save_error
 from marscli.records import jsonl
 from marscli.records.jsonl import AppendJsonl, AtomicJsonl, iter_rows, read_rows, write_sidecar
+from marscli.train.checkpoint import AtomicDir, check_out
 
 from helpers import ENV, MARSCLI, invoke, prompt, scene, trajectory, write_jsonl, write_prompts
 

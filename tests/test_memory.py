@@ -47,10 +47,10 @@ def test_large_image_peak_rss_is_bounded(large):
 
 @pytest.mark.slow
 def test_large_image_trajectory_trains_on_the_same_pixels(large, tiny_model):
-    from marscli.batch import Spec, collate, load_example
     from marscli.qwen.images import CROP_MAX_PIXELS
     from marscli.qwen.policy import load_processor
     from marscli.qwen.tokens import image_features, model_image
+    from marscli.train.batch import Spec, collate, load_example
 
     work, _, (_, _, code, err) = large
     assert code == 0, err

@@ -58,7 +58,7 @@ import json, os, signal, sys
 import torch, transformers  # noqa: F401
 from transformers import AutoModelForImageTextToText, AutoProcessor  # noqa: F401
 import marscli.agent.loop, marscli.cli, marscli.engines.replay, marscli.evaluate  # noqa: F401
-import marscli.rollout, marscli.trainer, marscli.update  # noqa: F401
+import marscli.rollout, marscli.train.trainer, marscli.update  # noqa: F401
 try:
     import marscli.sft  # noqa: F401
 except ImportError:

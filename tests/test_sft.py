@@ -56,7 +56,7 @@ def proc(tiny_model):
 
 @pytest.fixture(scope="module")
 def spec(proc, tiny_model):
-    from marscli.batch import Spec
+    from marscli.train.batch import Spec
 
     return Spec.of(proc, str(tiny_model))
 
@@ -277,10 +277,10 @@ def test_step_loss_is_the_token_mean_over_the_step(trained, traj, spec, tiny_mod
     """The first step's loss equals −Σ log p / N over its sequences' model tokens, computed
     here with one forward per sequence under the input policy."""
     from marscli.agent.messages import default_system
-    from marscli.batch import collate
-    from marscli.distributed import Dist
     from marscli.sft import epoch_order, load_sft_rows
-    from marscli.trainer import build_model
+    from marscli.train.batch import collate
+    from marscli.train.distributed import Dist
+    from marscli.train.trainer import build_model
 
     out, _, _ = trained
     exs, _ = load_sft_rows(str(traj), spec, 10**6, default_system())

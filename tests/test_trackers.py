@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from marscli.errors import BadInput
-from marscli.trackers import (
+from marscli.train.trackers import (
     JsonlTracker,
     NullTracker,
     TensorBoardTracker,

@@ -1,4 +1,4 @@
-"""Batch assembly and the training step's arithmetic (marscli.batch, marscli.trainer): micro-batch
+"""Batch assembly and the training step's arithmetic (marscli.train.batch, marscli.train.trainer): micro-batch
 planning, token-exact assembly of a hand-written trajectory, padding invariance of log-probs,
 and gradient accumulation over micro-batches equal to one big batch for both aggregations."""
 
@@ -11,8 +11,8 @@ import orjson
 import pytest
 import torch
 
-from marscli.batch import Example, Spec, collate, load_example, micro_batches, plan, shard
 from marscli.errors import BadInput
+from marscli.train.batch import Example, Spec, collate, load_example, micro_batches, plan, shard
 
 from helpers import ROOT, picture, varied_rows
 
@@ -90,8 +90,8 @@ def test_shard_and_plan_cover_each_sequence_once(world):
 
 
 def test_hand_made_trajectory_assembles_token_exactly(tmp_path, proc, spec):
-    from marscli.batch import placeholder_count
     from marscli.qwen.tokens import special_ids
+    from marscli.train.batch import placeholder_count
 
     ids = special_ids(proc.tokenizer)
     a = picture(tmp_path / "a.png", (64, 64), 1)
@@ -142,9 +142,9 @@ def test_hand_made_trajectory_assembles_token_exactly(tmp_path, proc, spec):
 
 @pytest.fixture(scope="module")
 def policy(tiny_model):
-    from marscli.distributed import Dist, seed_everything
-    from marscli.optim import OptimConfig
-    from marscli.trainer import build_model
+    from marscli.train.distributed import Dist, seed_everything
+    from marscli.train.optim import OptimConfig
+    from marscli.train.trainer import build_model
 
     seed_everything(0)
     return build_model(str(tiny_model), Dist(), optim=OptimConfig(lr=1e-3))
@@ -247,9 +247,9 @@ def test_blank_image_row_keeps_text_only_logprobs(policy, examples, spec):
 def test_gradient_checkpointing_gives_the_same_gradients(policy, examples, spec, tiny_model):
     import torch
 
-    from marscli.distributed import Dist
-    from marscli.optim import OptimConfig
-    from marscli.trainer import build_model
+    from marscli.train.distributed import Dist
+    from marscli.train.optim import OptimConfig
+    from marscli.train.trainer import build_model
 
     ckpt = build_model(str(tiny_model), Dist(), optim=OptimConfig(), gradient_checkpointing=True)
     b = collate(examples[:3], spec)
@@ -268,7 +268,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(policy, examples, spec,
 
 
 def test_srun_environment_maps_to_torch_distributed():
-    from marscli.distributed import slurm_env
+    from marscli.train.distributed import slurm_env
 
     step = {"SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "4", "SLURM_NTASKS": "4",
             "SLURM_LOCALID": "1", "SLURM_LAUNCH_NODE_IPADDR": "10.0.0.7"}
@@ -280,7 +280,7 @@ def test_srun_environment_maps_to_torch_distributed():
 
 def test_feature_cache_reuses_pixels_until_the_file_changes_and_stays_under_budget(tmp_path,
                                                                                    proc):
-    from marscli.batch import FeatureCache
+    from marscli.train.batch import FeatureCache
 
     a, b = picture(tmp_path / "a.png", (64, 64), 1), picture(tmp_path / "b.png", (64, 64), 2)
     cache = FeatureCache(max_bytes=1 << 30)
@@ -304,9 +304,9 @@ def test_image_tokens_agree_when_min_pixels_equals_max_pixels(tmp_path, size):
     with the update's count from the file's header (10), and the update refused the row."""
     from PIL import Image
 
-    from marscli.batch import placeholder_count
     from marscli.qwen.policy import load_processor
     from marscli.qwen.tokens import image_features
+    from marscli.train.batch import placeholder_count
 
     proc = load_processor(str(ROOT / "recipes" / "tiny-vlm"))
     path = tmp_path / "crop.png"

@@ -69,11 +69,11 @@ def varied(tmp_path_factory, proc) -> Path:
 
 def seq_logps(model_dir: Path, adv: Path) -> list[float]:
     """Sum of log-probs over each row's model tokens under the checkpoint."""
-    from marscli.batch import Spec, collate, load_example
-    from marscli.distributed import Dist
     from marscli.qwen.policy import load_processor
     from marscli.records.jsonl import read_rows
-    from marscli.trainer import build_model
+    from marscli.train.batch import Spec, collate, load_example
+    from marscli.train.distributed import Dist
+    from marscli.train.trainer import build_model
 
     proc = load_processor(str(model_dir))
     spec = Spec.of(proc, str(model_dir))
@@ -169,7 +169,7 @@ def test_freeze_vision_leaves_the_vision_tower(tmp_path, tiny_model, pair):
 
 
 def test_interrupted_update_leaves_no_output(tmp_path, tiny_model, pair, monkeypatch):
-    import marscli.trainer
+    import marscli.train.trainer
     from marscli.update import run_update
 
     before = tree_hash(tiny_model)
@@ -177,7 +177,7 @@ def test_interrupted_update_leaves_no_output(tmp_path, tiny_model, pair, monkeyp
     def boom(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(marscli.trainer, "train_minibatch", boom)
+    monkeypatch.setattr(marscli.train.trainer, "train_minibatch", boom)
     out = tmp_path / "ckpt"
     with pytest.raises(KeyboardInterrupt):
         run_update(str(pair), str(tiny_model), str(out), lr=1e-3)

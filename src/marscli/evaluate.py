@@ -69,7 +69,7 @@ from marscli.benchmarks.protocols import ScoreContext, make_protocol
 from marscli.errors import BadInput, RuntimeFailure, check_range, unknown_name
 from marscli.records.jsonl import AtomicFile, AtomicJsonl, iter_rows, write_sidecar
 from marscli.scoring.judge import JudgeOptions, make_judge
-from marscli.trackers import check_tracker, log_stats
+from marscli.train.trackers import check_tracker, log_stats
 
 MODES = ("agent", "direct")
 TOOL_NAMES = ("image_zoom_in_tool", "text_search_tool", "image_search_tool")

@@ -54,7 +54,7 @@ from marscli.agent.runner import (
 from marscli.errors import RuntimeFailure, check_range
 from marscli.records.jsonl import iter_rows, write_sidecar
 from marscli.records.schema import load_prompts
-from marscli.trackers import check_tracker, log_stats
+from marscli.train.trackers import check_tracker, log_stats
 
 STDOUT_MEDIA = "rollout.media"  # `-o -`: crops go here (in the working directory) by default
 _TALLIED = ("turns", "stop", "final_answer", "tool_calls", "tool_errors", "tool_failures",

@@ -79,11 +79,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from marscli.batch import Example, Spec, collate, load_example, plan
-from marscli.distributed import barrier, is_main_process
 from marscli.errors import BadInput, check_range
-from marscli.job import Job, TrainOptions, check_paths, deepspeed_config
 from marscli.records.jsonl import read_rows, sha256_file
+from marscli.train.batch import Example, Spec, collate, load_example, plan
+from marscli.train.distributed import barrier, is_main_process
+from marscli.train.job import Job, TrainOptions, check_paths, deepspeed_config
 
 KILL_HOOK = "MARSCLI_SFT_KILL_AFTER_EPOCH"
 # Options that change the trained weights: a partial state of a run that differs in one of
@@ -310,7 +310,7 @@ def _lr(step: int, total: int, optim) -> float:
     """optim.lr_at with the decay spread over one step more, so that, as in Hugging Face's
     schedules, the floor is reached just after the last step (whose lr is above it) rather
     than on it (a last step at lr 0 would be wasted)."""
-    from marscli.optim import lr_at
+    from marscli.train.optim import lr_at
 
     return lr_at(step, total + 1, optim)
 
@@ -326,10 +326,10 @@ def _epoch_summary(history: list[dict], epoch: int) -> dict:
 
 def _step(model, group: list[Example], spec: Spec, d, cfg: SftConfig, lr: float) -> dict:
     """One optimiser step over `group`; returns its metrics (all ranks reduced)."""
-    from marscli import trainer
-    from marscli.distributed import all_reduce
-    from marscli.job import Timer
     from marscli.rl.losses import micro_weight
+    from marscli.train import trainer
+    from marscli.train.distributed import all_reduce
+    from marscli.train.job import Timer
 
     n_tok = sum(e.n_model_tokens for e in group)  # the whole step, every rank knows it
     n_seq = len(group)
@@ -410,9 +410,9 @@ def _save_partial(job: Job, model, part: Path, policy, processor, fp, epoch, ste
     RNG state)."""
     import torch
 
-    from marscli.checkpoint import AtomicDir, save_errors
     from marscli.records.jsonl import dumps
-    from marscli.trainstate import save_all
+    from marscli.train.checkpoint import AtomicDir, save_errors
+    from marscli.train.trainstate import save_all
 
     d = job.dist
     with AtomicDir(part, active=d.main, tmp=part.with_name(f"{part.name}.tmp-{job.pid}")) as ad:

@@ -47,8 +47,8 @@ import struct
 from collections.abc import Iterable
 from pathlib import Path
 
-from marscli.checkpoint import AtomicDir, save_errors
 from marscli.errors import BadInput
+from marscli.train.checkpoint import AtomicDir, save_errors
 
 # ids 0..6, in this order, special=True (skipped by decode(skip_special_tokens=True))
 SPECIAL_TOKENS: tuple[str, ...] = (

@@ -58,10 +58,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from marscli.batch import Example, Spec, collate, load_example, plan
 from marscli.errors import BadInput, check_range
-from marscli.job import Job, TrainOptions, check_paths, deepspeed_config
 from marscli.records.jsonl import get_field, read_rows
+from marscli.train.batch import Example, Spec, collate, load_example, plan
+from marscli.train.job import Job, TrainOptions, check_paths, deepspeed_config
 
 OLD_LOGP = ("recompute", "engine")  # where π_old comes from (--old-logp)
 
@@ -172,11 +172,11 @@ def run_update(adv: str, policy: str, out: str, cfg: UpdateConfig | None = None,
     started = time.time()
     cfg = replace(cfg or UpdateConfig(), **options)
     check_config(cfg)
-    from marscli.distributed import launch_world
     from marscli.qwen.policy import check_checkpoint, load_processor
     from marscli.rl.losses import AGGS, LOSSES
     from marscli.rl.rollout_correction import check as check_rollout_is
-    from marscli.trainstate import check_resumable
+    from marscli.train.distributed import launch_world
+    from marscli.train.trainstate import check_resumable
 
     check_rollout_is(cfg.is_mode, cfg.rollout_is_cap, cfg.rollout_is_floor)
 
@@ -198,10 +198,10 @@ def run_update(adv: str, policy: str, out: str, cfg: UpdateConfig | None = None,
 
 
 def _train(job: Job, policy, ref, cfg, agg, loss, processor, spec, examples, masked) -> dict:
-    from marscli.distributed import all_reduce
-    from marscli.optim import lr_at
     from marscli.rl import rollout_correction as rc
-    from marscli.trainstate import read_state
+    from marscli.train.distributed import all_reduce
+    from marscli.train.optim import lr_at
+    from marscli.train.trainstate import read_state
 
     d, ds_cfg = job.dist, job.ds_cfg
     groups: dict[int, list[Example]] = {}
@@ -263,7 +263,7 @@ def _train(job: Job, policy, ref, cfg, agg, loss, processor, spec, examples, mas
 def score_all(model, plans, spec, d) -> dict:
     """Log-probs [T] under `model` of every example this rank trains on (and of the fillers),
     by `Example.index`."""
-    from marscli.trainer import score
+    from marscli.train.trainer import score
 
     out = {}
     for micros in plans.values():
@@ -306,11 +306,11 @@ def _step(model, micros, group, spec, d, cfg, agg, loss_fn, lr, logps, rollout
           ) -> tuple[dict, dict]:
     """One optimiser step over a minibatch; returns its metrics (all ranks reduced) and the
     totals of its rollout metrics (rollout_correction.merge)."""
-    from marscli import trainer
-    from marscli.distributed import all_reduce
-    from marscli.job import Timer
     from marscli.rl import rollout_correction as rc
     from marscli.rl.losses import add_kl, micro_weight
+    from marscli.train import trainer
+    from marscli.train.distributed import all_reduce
+    from marscli.train.job import Timer
 
     n_tok = sum(e.n_model_tokens for e in group)  # the whole minibatch, every rank knows it
     n_seq = len(group)

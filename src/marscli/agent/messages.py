@@ -233,7 +233,7 @@ def to_trajectory(row: dict, src: str, line: int, base: Path, processor: Any,
 
 def _counts(images: _Images, src: str, line: int, base: Path, processor: Any) -> list[int]:
     """Placeholder tokens of each image, from its header where possible (batch's rule)."""
-    from marscli.batch import MAX_SOURCE_PIXELS, placeholder_count
+    from marscli.train.batch import MAX_SOURCE_PIXELS, placeholder_count
 
     out = []
     for i, p in enumerate(images.paths):

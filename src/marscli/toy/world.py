@@ -14,7 +14,6 @@ from pathlib import Path
 
 import orjson
 
-from marscli.checkpoint import AtomicDir
 from marscli.errors import BadInput
 from marscli.records.jsonl import dumps
 from marscli.toy.corpus import make_corpus
@@ -23,6 +22,7 @@ from marscli.toy.expert import DIRECT, expert_replies
 from marscli.toy.perceive import SYSTEM, WHERE, perception_rows
 from marscli.toy.prompts import KINDS, gold, plan, question, search_hits
 from marscli.toy.render import LOGO_MAX, render_logo, render_scene
+from marscli.train.checkpoint import AtomicDir
 
 SPLITS = ("train", "test", "sft")
 MIN_ENTITIES = 5  # an image-search list is the true logo + 4 distractors

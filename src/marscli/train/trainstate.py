@@ -80,7 +80,7 @@ def tensor_reader(paths: list[Path]) -> Iterator[Callable[[str], Any]]:
 
 def engine_of(ds_cfg: dict | None) -> dict:
     """How a run trains, as state.json records it."""
-    from marscli.dsconfig import bf16_enabled, zero_stage
+    from marscli.train.dsconfig import bf16_enabled, zero_stage
 
     return {"engine": "deepspeed" if ds_cfg else "torch", "zero_stage": zero_stage(ds_cfg),
             "bf16": bf16_enabled(ds_cfg)}
@@ -116,7 +116,7 @@ def save_all(model: Any, folder: Path, policy: str, processor: Any, dtype: str, 
              optimizer: bool, steps: int, ds_cfg: dict | None) -> dict:
     """Write the HF export (rank 0) and train_state/ (collective: every rank must call it).
     Returns {"save_seconds", "bytes_written"} (bytes on rank 0: the whole folder)."""
-    from marscli.checkpoint import save_errors
+    from marscli.train.checkpoint import save_errors
 
     with save_errors(folder):  # a full disk: one line, whichever writer meets it
         return _save_all(model, folder, policy, processor, dtype, optimizer=optimizer,
@@ -125,8 +125,8 @@ def save_all(model: Any, folder: Path, policy: str, processor: Any, dtype: str, 
 
 def _save_all(model: Any, folder: Path, policy: str, processor: Any, dtype: str, *,
               optimizer: bool, steps: int, ds_cfg: dict | None) -> dict:
-    from marscli.checkpoint import save_checkpoint
-    from marscli.distributed import barrier
+    from marscli.train.checkpoint import save_checkpoint
+    from marscli.train.distributed import barrier
 
     d = model.dist
     t0 = time.perf_counter()

@@ -23,8 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
-from marscli.checkpoint import AtomicDir, check_out, check_save_dtype, save_dtype_name
-from marscli.distributed import (
+from marscli.errors import BadInput, check_range
+from marscli.records.jsonl import OutputLock, check_not_input, dumps, remove_stale_tmp
+from marscli.train.checkpoint import AtomicDir, check_out, check_save_dtype, save_dtype_name
+from marscli.train.distributed import (
     Dist,
     all_reduce,
     barrier,
@@ -33,9 +35,7 @@ from marscli.distributed import (
     log,
     seed_everything,
 )
-from marscli.errors import BadInput, check_range
-from marscli.optim import OptimConfig
-from marscli.records.jsonl import OutputLock, check_not_input, dumps, remove_stale_tmp
+from marscli.train.optim import OptimConfig
 
 
 @dataclass
@@ -71,7 +71,7 @@ class TrainOptions:
         check_range("--epochs", self.epochs, 1)
         optim.check(schedule_option)
         check_save_dtype(self.save_dtype)
-        from marscli.trackers import check_tracker
+        from marscli.train.trackers import check_tracker
 
         check_tracker(self.track)
 
@@ -90,7 +90,7 @@ def deepspeed_config(opts: TrainOptions, policy: str) -> dict | None:
         return None
     import torch
 
-    from marscli.dsconfig import hidden_size, load_ds_config
+    from marscli.train.dsconfig import hidden_size, load_ds_config
 
     cuda = opts.device.startswith("cuda") or (opts.device == "auto" and torch.cuda.is_available())
     return load_ds_config(opts.deepspeed, grad_clip=opts.grad_clip, bf16=cuda,
@@ -153,7 +153,7 @@ class Job:
         RUN/OUT (e.g. demo/ckpt-3)."""
         from dataclasses import asdict
 
-        from marscli.trackers import open_tracker
+        from marscli.train.trackers import open_tracker
 
         out = Path(self.out)
         return open_tracker(self.opts.track, run=f"{out.parent.name}/{out.name}",
@@ -161,7 +161,7 @@ class Job:
 
     def build(self, policy: str, **kw: Any) -> Any:
         """`trainer.build_model` for this job, timed into the sidecar's load_seconds."""
-        from marscli.trainer import build_model
+        from marscli.train.trainer import build_model
 
         t0 = time.perf_counter()
         model = build_model(policy, self.dist, ds_config=self.ds_cfg, **kw)
@@ -170,7 +170,7 @@ class Job:
 
     def load_optimizer(self, model: Any, ckpt: str) -> bool:
         """AdamW's state from CKPT/train_state (trainstate.load_optimizer), timed."""
-        from marscli.trainstate import load_optimizer
+        from marscli.train.trainstate import load_optimizer
 
         t0 = time.perf_counter()
         o = self.opts
@@ -186,7 +186,7 @@ class Job:
              steps: int = 0) -> None:
         """The HF export and train_state/ (fp32 masters; AdamW's state with `optimizer`) into
         the output folder. Collective: every rank calls it."""
-        from marscli.trainstate import save_all
+        from marscli.train.trainstate import save_all
 
         io = save_all(model, self.folder, policy, processor, self.export_dtype(policy),
                       optimizer=optimizer, steps=steps, ds_cfg=self.ds_cfg)

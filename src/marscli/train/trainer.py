@@ -27,10 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from marscli.batch import Batch
-from marscli.distributed import Dist
-from marscli.dsconfig import bf16_enabled, zero_stage
-from marscli.optim import OptimConfig
+from marscli.train.batch import Batch
+from marscli.train.distributed import Dist
+from marscli.train.dsconfig import bf16_enabled, zero_stage
+from marscli.train.optim import OptimConfig
 
 LossFn = Callable[[torch.Tensor, Batch], tuple[torch.Tensor, dict[str, float]]]
 
@@ -169,7 +169,7 @@ class TrainModel:
         main = self.dist.main
         out: dict[str, torch.Tensor] | None = {} if main else None
         frozen_src = self.fp32_sources if self.engine is not None and self.bf16 else []
-        from marscli.trainstate import tensor_reader
+        from marscli.train.trainstate import tensor_reader
 
         with tensor_reader(frozen_src if main else []) as source:
             for name, p in self.module.named_parameters():
@@ -247,7 +247,7 @@ def build_model(policy: str, d: Dist, *, optim: OptimConfig | None = None,
     seeds the optimiser's fp32 partitions from the fp32 masters, so no step of an earlier run
     is rounded away."""
     from marscli.qwen.policy import load_model
-    from marscli.trainstate import fp32_sources, master_file, tensor_reader
+    from marscli.train.trainstate import fp32_sources, master_file, tensor_reader
 
     bf16 = bf16_enabled(ds_config)
     lm = load_model(policy, device="cpu", dtype="bfloat16" if bf16 else "float32")
@@ -327,7 +327,7 @@ def _seed_fp32_masters(module: PolicyLM, sources: list[Path], stage: int | None)
     under ZeRO-1/2 it is set again from them here, to be sure."""
     from deepspeed.utils import safe_set_full_fp32_param
 
-    from marscli.trainstate import tensor_reader
+    from marscli.train.trainstate import tensor_reader
 
     with tensor_reader(sources) as get, torch.no_grad():
         for name, p in module.named_parameters():
