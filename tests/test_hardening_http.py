@@ -268,7 +268,7 @@ def test_judge_cache_is_keyed_on_the_endpoint(fake_server, traj):
 
 
 def test_report_never_prints_a_password_an_old_record_carries(tmp_path):
-    from marscli.report import build
+    from marscli.view.report import build
 
     leak = f"search failed: POST http://alice:{PW}@h:8/retrieve?token=T0K3N: HTTP 500"
     rec = {"v": 1, "id": "q#0", "prompt_id": "q", "question": "Which city?", "images": [],

@@ -17,7 +17,7 @@ def cli(*args: str):
 
 def ids(path: Path, *where: str, **kw) -> list[str]:
     from marscli.records.jsonl import iter_rows
-    from marscli.view import parse_where, select
+    from marscli.view.inspect import parse_where, select
 
     rows = (r for _, r in iter_rows(str(path)))
     return [r["id"] for r in select(rows, where=[parse_where(w) for w in where], **kw)]
@@ -79,7 +79,7 @@ def test_where_equality_on_a_zero_and_the_unscored_row(run_dir):
                                   "turns>>3", "reward..accuracy==0", "stop>=answer"])
 def test_bad_where_expressions_are_bad_input(expr):
     from marscli.errors import BadInput
-    from marscli.view import parse_where
+    from marscli.view.inspect import parse_where
 
     with pytest.raises(BadInput, match="--where"):
         parse_where(expr)
@@ -148,7 +148,7 @@ def test_rendered_text_shows_the_trajectory(run_dir):
 
 
 def test_rendered_text_of_failures(run_dir):
-    from marscli.view import render_plain
+    from marscli.view.inspect import render_plain
 
     rows = {json.loads(x)["id"]: json.loads(x)
             for x in (run_dir / "iter-1/scored.jsonl").read_text().splitlines()}
@@ -166,7 +166,7 @@ def test_rich_rendering_on_a_terminal(run_dir):
 
     from rich.console import Console
 
-    from marscli.view import render_rich
+    from marscli.view.inspect import render_rich
 
     rec = json.loads((run_dir / "iter-0/scored.jsonl").read_text().splitlines()[0])
     buf = io.StringIO()

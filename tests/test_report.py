@@ -74,7 +74,7 @@ def test_embedded_images_are_downscaled(report_html):
 def test_crop_boxes_are_drawn_on_the_input_image(report_html):
     """Crop 1 = [500..1000]² of image 0; crop 2 = [0,0,500,250] of crop 1, i.e. the region
     x 0.5..0.75, y 0.5..0.625 of image 0 (mapped back through the parent's box)."""
-    from marscli.report import box_in
+    from marscli.view.report import box_in
 
     imgs = [{"path": "a"}, {"path": "b", "from": 0, "bbox_2d": [500, 500, 1000, 1000]},
             {"path": "c", "from": 1, "bbox_2d": [0, 0, 500, 250]}, {"path": "t", "title": "x"}]
@@ -122,7 +122,7 @@ def test_report_filters_run_in_the_page(report_html, tmp_path):
 
 
 def test_report_of_one_trajectory_file_escapes_text(run_dir, tmp_path):
-    from marscli.report import report
+    from marscli.view.report import report
 
     rows = [json.loads(x) for x in (run_dir / "iter-1/scored.jsonl").read_text().splitlines()]
     rows[0]["question"] = "<script>alert('q')</script> & <b>bold</b>"
@@ -148,7 +148,7 @@ def test_report_of_one_trajectory_file_escapes_text(run_dir, tmp_path):
 
 
 def test_report_limits_trajectories_to_whole_groups(run_dir, tmp_path):
-    from marscli.report import build, pick_groups
+    from marscli.view.report import build, pick_groups
 
     assert pick_groups({"a": 2, "b": 2, "c": 2, "d": 2}, 4) == {"b", "d"}
     assert pick_groups({"a": 2, "b": 2, "c": 2}, 100) == {"a", "b", "c"}
@@ -168,7 +168,7 @@ def test_report_limits_trajectories_to_whole_groups(run_dir, tmp_path):
 def test_report_without_matplotlib_still_works(run_dir, monkeypatch):
     import sys
 
-    from marscli.report import build
+    from marscli.view.report import build
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib → ImportError
     html, info = build(str(run_dir), max_trajectories=2)
@@ -179,7 +179,7 @@ def test_report_without_matplotlib_still_works(run_dir, monkeypatch):
 
 
 def test_discover_orders_iterations_by_number(tmp_path):
-    from marscli.runs import discover
+    from marscli.view.runs import discover
 
     for k in (10, 2, 1):
         d = tmp_path / f"iter-{k}"
@@ -194,7 +194,7 @@ def test_discover_orders_iterations_by_number(tmp_path):
 
 
 def test_iteration_statistics_by_hand(run_dir):
-    from marscli.runs import discover, iteration_stats
+    from marscli.view.runs import discover, iteration_stats
 
     run = discover(str(run_dir))
     assert [it.name for it in run.iterations] == ["iter-0", "iter-1"]
@@ -226,7 +226,7 @@ def png_size(path: Path) -> tuple[int, int]:
 
 
 def test_plot_of_a_run(run_dir, tmp_path):
-    from marscli.plot import figure_size, panels_for
+    from marscli.view.plot import figure_size, panels_for
 
     _, panels = panels_for(str(run_dir))
     titles = [p.title for p in panels]
@@ -253,7 +253,7 @@ def test_plot_of_a_metrics_file(run_dir, tmp_path):
     assert f"wrote {len(METRIC_KEYS)} panels" in res.stderr
     assert png_size(out) == (1440, 500)  # 6 panels: 4 columns × 2 rows
 
-    from marscli.plot import metrics_panels
+    from marscli.view.plot import metrics_panels
 
     panels = metrics_panels(str(run_dir / "iter-0/metrics.jsonl"))
     assert [p.title for p in panels] == ["loss", "pg_loss", "kl", "clip_frac", "grad_norm", "lr"]
@@ -261,7 +261,7 @@ def test_plot_of_a_metrics_file(run_dir, tmp_path):
 
 
 def test_plot_groups_the_rollout_correction_metrics(tmp_path):
-    from marscli.plot import metrics_panels
+    from marscli.view.plot import metrics_panels
 
     rows = [{"step": 1, "loss": 0.1, "logprob_mismatch": 0.02, "rollout_kl": 1e-4,
              "rollout_is_mean": 1.0, "rollout_is_min": 0.5, "rollout_is_max": 3.0,

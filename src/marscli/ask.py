@@ -28,7 +28,7 @@ from marscli.agent.runner import CHECK_PIXELS, GenerationOptions, generate
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.qwen.images import open_image
 from marscli.records.schema import Prompt
-from marscli.trace import LiveTrace
+from marscli.view.trace import LiveTrace
 
 HUB_PROBE_S = 3.0  # how long an unreachable hub may keep `ask` waiting
 _LOCAL_ENGINES = ("hf", "vllm", "replay")  # the engines that load --policy themselves

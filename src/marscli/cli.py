@@ -554,7 +554,7 @@ def inspect_cmd(
         check_range("--limit", limit, 1)
         if json_out and ids_out:
             raise BadInput("--json and --ids: pick one")
-        from marscli.view import inspect as run_inspect
+        from marscli.view.inspect import inspect as run_inspect
 
         n = run_inspect(traj, ids=ids, where=where, limit=limit, as_json=json_out, as_ids=ids_out)
         print(f"{n:,} {'trajectory' if n == 1 else 'trajectories'} matched", file=sys.stderr)
@@ -571,7 +571,7 @@ def plot(
 ) -> None:
     """Plot per-iteration curves of a run (or each metric of a metrics JSONL) to a PNG."""
     with guard():
-        from marscli.plot import plot as run_plot
+        from marscli.view.plot import plot as run_plot
 
         n = run_plot(source, output, title)
         print(f"wrote {n} panels to {output}", file=sys.stderr)
@@ -593,7 +593,7 @@ def report(
     with guard():
         check_range("--max-trajectories", max_trajectories, 0)
         check_range("--image-px", image_px, 16, 8192)
-        from marscli.report import report as run_report
+        from marscli.view.report import report as run_report
 
         info = run_report(source, output, max_trajectories, image_px, title)
         print(f"wrote {output}: {info['shown']:,} of {info['trajectories']:,} trajectories, "

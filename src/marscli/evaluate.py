@@ -313,7 +313,7 @@ def print_summary(summary: dict) -> None:
     """The summary as a rich table on stderr."""
     from rich.table import Table
 
-    from marscli.trace import stderr_console
+    from marscli.view.trace import stderr_console
 
     setups = sorted({f"{b['protocol']} protocol, {b['mode']}"
                      for b in summary["benchmarks"].values()})

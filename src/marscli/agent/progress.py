@@ -75,7 +75,7 @@ def progress_bar(label: str, total: int, show: bool,
                  console: Console | None = None) -> Iterator[Event]:
     """A progress bar of `total` trajectories on stderr (a terminal only, and only when
     `show`), and the agent event callback that advances it on each `"stop"`."""
-    from marscli.trace import stderr_console
+    from marscli.view.trace import stderr_console
 
     console = console or stderr_console()
     tally = _Tally()

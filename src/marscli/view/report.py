@@ -35,7 +35,9 @@ import orjson
 from marscli import __version__
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.records.jsonl import AtomicFile
-from marscli.runs import (
+from marscli.secrets import redact
+from marscli.view.inspect import Block, blocks, describe_image, fmt_num, header, title
+from marscli.view.runs import (
     Iteration,
     IterStats,
     Run,
@@ -45,8 +47,6 @@ from marscli.runs import (
     number,
     reward_part,
 )
-from marscli.secrets import redact
-from marscli.view import Block, blocks, describe_image, fmt_num, header, title
 
 
 def esc(text: str) -> str:
@@ -234,7 +234,7 @@ TABLE_FIRST = ("trajectories", "reward", "accuracy", "format", "unscored", "answ
 
 
 def stats_table(stats: list[IterStats]) -> str:
-    from marscli.plot import metric_sort
+    from marscli.view.plot import metric_sort
 
     traj_keys = {k for s in stats for k in s.traj}
     cols = [("traj", k) for k in TABLE_FIRST if k in traj_keys]
@@ -254,7 +254,7 @@ def stats_table(stats: list[IterStats]) -> str:
 
 def curves(run: Run, stats: list[IterStats]) -> tuple[bytes | None, str]:
     """The plot PNG for the page, or None and why not."""
-    from marscli.plot import metrics_panels, render_png, run_panels
+    from marscli.view.plot import metrics_panels, render_png, run_panels
 
     if run.kind == "run" and len(stats) > 1:
         panels = run_panels(stats)

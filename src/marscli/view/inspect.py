@@ -28,7 +28,7 @@ import orjson
 from marscli.agent.protocol import Answer, FormatError, ToolCall, parse_turn
 from marscli.errors import BadInput
 from marscli.records.jsonl import dumps, iter_rows
-from marscli.runs import number, token_counts
+from marscli.view.runs import number, token_counts
 
 # ---------------------------------------------------------------------------------- --where
 

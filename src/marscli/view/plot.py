@@ -21,7 +21,7 @@ from pathlib import Path
 
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.records.jsonl import AtomicFile, iter_rows
-from marscli.runs import (
+from marscli.view.runs import (
     IterStats,
     discover,
     flatten,
