@@ -79,7 +79,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
         tiny = Path(os.environ["MARSCLI_TINY"]) if os.environ.get("MARSCLI_TINY") else None
         if tiny is None:
-            from marscli.tiny import build_tiny_model
+            from marscli.stages.tiny_model import build_tiny_model
 
             tiny = build_tiny_model(Path(tmp) / "tiny", seed=0)
         base = measure(BASELINE, tiny, Path(tmp) / "small")

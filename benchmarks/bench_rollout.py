@@ -62,7 +62,7 @@ def bench_engine(model: str, image: Path, batch: int, new_tokens: int) -> None:
 
 
 def bench_rollout(model: str, tmp: Path, prompts: int, n: int, new_tokens: int) -> None:
-    from marscli.rollout import run_rollout
+    from marscli.stages.rollout import run_rollout
 
     src = tmp / "prompts.jsonl"
     src.write_bytes(b"".join(orjson.dumps({"v": 1, "id": f"q{i}", "image": "scene.png",
@@ -90,7 +90,7 @@ def main() -> None:
         tmp = Path(d)
         model = args.model
         if not model:
-            from marscli.tiny import build_tiny_model
+            from marscli.stages.tiny_model import build_tiny_model
 
             model = str(build_tiny_model(tmp / "tiny", seed=0))
         image = scene(tmp / "scene.png")

@@ -67,7 +67,7 @@ def perturbed(model: str, out: Path) -> str:
 
 
 def rollout(prompts: Path, out: Path, engine: str, policy: str) -> dict:
-    from marscli.rollout import run_rollout
+    from marscli.stages.rollout import run_rollout
 
     return run_rollout(str(prompts), str(out), engine=engine, policy=policy, n=2, max_turns=3,
                        max_turn_tokens=64, seed=0, progress=False)

@@ -83,7 +83,7 @@ def main() -> None:
         folder = Path(tmp)
         policy = args.policy
         if policy is None:
-            from marscli.tiny import build_tiny_model
+            from marscli.stages.tiny_model import build_tiny_model
 
             policy = str(build_tiny_model(folder / "tiny", seed=0))
         proc = load_processor(policy)

@@ -382,7 +382,7 @@ MISTAKES = {  # prompt id -> (first reply, where it is counted)
 
 
 def test_model_mistakes_are_observations_that_cost_the_format_reward(tiny_model, tmp_path):
-    from marscli.rollout import run_rollout
+    from marscli.stages.rollout import run_rollout
 
     ids = [*MISTAKES, "clean"]
     prompts = tmp_path / "p.jsonl"

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from marscli.errors import BadInput, RuntimeFailure
-from marscli.evaluate import run_eval, run_summarize, summarize, summary_path
+from marscli.stages.eval import run_eval, run_summarize, summarize, summary_path
 
 from helpers import (
     HR_HEADER,

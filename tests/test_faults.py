@@ -65,7 +65,7 @@ def check_rollout_records(recs: list[dict], stats: dict, ids: set[str]) -> None:
 
 @pytest.fixture(scope="module")
 def rollout_run(tmp_path_factory):
-    from marscli.rollout import run_rollout
+    from marscli.stages.rollout import run_rollout
 
     tmp = tmp_path_factory.mktemp("chaos-rollout")
     ids = [f"q{i}" for i in range(8)]
@@ -126,7 +126,7 @@ def test_reward_finishes_through_chaos(rollout_run):
 
 
 def test_eval_finishes_through_chaos(tmp_path):
-    from marscli.evaluate import run_eval
+    from marscli.stages.eval import run_eval
 
     ids = [f"e{i}" for i in range(8)]
     (tmp_path / "bench").mkdir()

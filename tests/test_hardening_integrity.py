@@ -290,7 +290,7 @@ def seeded_runs(tiny_model, tmp_path_factory):
     """8 prompts × 4 samples with the hf engine: uninterrupted, killed after 12 records and
     resumed (the rest then batched differently), and as 2 shards."""
     import marscli.agent.loop
-    from marscli.rollout import run_rollout
+    from marscli.stages.rollout import run_rollout
 
     from helpers import read_jsonl, strip_ms, write_prompts
 

@@ -216,7 +216,7 @@ def test_atomic_outputs_refuse_an_input_and_merge_refuses_its_output_as_a_shard(
 
 def test_a_checkpoint_folder_holding_an_input_is_not_replaced(tmp_path, tiny_model):
     from marscli.qwen.policy import load_processor
-    from marscli.update import run_update
+    from marscli.stages.update import run_update
 
     out = tmp_path / "ckpt"
     out.mkdir()
@@ -229,7 +229,7 @@ def test_a_checkpoint_folder_holding_an_input_is_not_replaced(tmp_path, tiny_mod
 
 def test_update_metrics_file_may_not_be_its_input(tmp_path, tiny_model):
     from marscli.qwen.policy import load_processor
-    from marscli.update import run_update
+    from marscli.stages.update import run_update
 
     adv = write_jsonl(tmp_path / "adv.jsonl",
                       [trajectory(tmp_path, load_processor(str(tiny_model)), 0)])
@@ -313,7 +313,7 @@ def test_two_rollouts_on_one_output_the_second_exits_1(tmp_path, tiny_model):
 
 
 def test_sft_refuses_an_existing_out_without_force(tmp_path, tiny_model):
-    from marscli.sft import run_sft
+    from marscli.stages.sft import run_sft
 
     (tmp_path / "out").mkdir()
     with pytest.raises(BadInput, match="already exists — pick a new folder or pass --force"):

@@ -73,7 +73,7 @@ def test_zero3_update_on_two_slurm_nodes_matches_one_process(cluster, tmp_path, 
     import torch
 
     from marscli.qwen.policy import load_processor
-    from marscli.update import run_update
+    from marscli.stages.update import run_update
 
     adv = write_jsonl(tmp_path / "adv.jsonl",
                       varied_rows(tmp_path, load_processor(str(tiny_model)), minibatches=2))

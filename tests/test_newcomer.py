@@ -19,8 +19,8 @@ import pytest
 
 from marscli.agent.runner import media_dir, settings_path, weights_fingerprint
 from marscli.errors import BadInput, RuntimeFailure
-from marscli.evaluate import run_eval
-from marscli.rollout import run_rollout
+from marscli.stages.eval import run_eval
+from marscli.stages.rollout import run_rollout
 
 from fakes import always, chat_reply
 from helpers import (

@@ -17,7 +17,7 @@ from PIL import Image
 
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.qwen.tokens import assemble, special_ids
-from marscli.rollout import run_rollout
+from marscli.stages.rollout import run_rollout
 
 from fakes import FakeServer, chat_reply, current
 from helpers import scene

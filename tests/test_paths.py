@@ -68,7 +68,7 @@ def tree(tmp_path_factory) -> Path:
 
 def test_rollout_writes_only_inside_its_output_folder(tiny_model, tree):
     from marscli.agent.runner import media_dir
-    from marscli.rollout import run_rollout
+    from marscli.stages.rollout import run_rollout
 
     root = tree / "rollout"
     prompts = inputs(root)
@@ -83,7 +83,7 @@ def test_rollout_writes_only_inside_its_output_folder(tiny_model, tree):
 
 def test_eval_writes_only_inside_its_output_folder(tiny_model, tree):
     from marscli.agent.runner import media_dir
-    from marscli.evaluate import run_eval
+    from marscli.stages.eval import run_eval
 
     root = tree / "eval"
     bench = inputs(root)

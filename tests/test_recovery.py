@@ -57,10 +57,10 @@ import json, os, signal, sys
 # Imports only: no thread pool may start before a fork.
 import torch, transformers  # noqa: F401
 from transformers import AutoModelForImageTextToText, AutoProcessor  # noqa: F401
-import marscli.agent.loop, marscli.cli, marscli.engines.replay, marscli.evaluate  # noqa: F401
-import marscli.rollout, marscli.train.trainer, marscli.update  # noqa: F401
+import marscli.agent.loop, marscli.cli, marscli.engines.replay, marscli.stages.eval  # noqa: F401
+import marscli.stages.rollout, marscli.train.trainer, marscli.stages.update  # noqa: F401
 try:
-    import marscli.sft  # noqa: F401
+    import marscli.stages.sft  # noqa: F401
 except ImportError:
     pass
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the children

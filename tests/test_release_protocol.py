@@ -212,7 +212,7 @@ def test_reward_cli_protocol_option(tmp_path):
 
 
 def test_eval_summary_names_the_release_protocol(tmp_path, capsys):
-    from marscli.evaluate import run_summarize
+    from marscli.stages.eval import run_summarize
 
     recs = [{**traj(i, *c[:3]), "benchmark": "vstar", "mode": "agent",
              "score": {"protocol": "mars", "accuracy": c[3]}}

@@ -13,7 +13,7 @@ import pytest
 from marscli.agent.runner import media_dir, parse_shard, shard_of
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.qwen.tokens import assemble, expand, special_ids
-from marscli.rollout import run_rollout
+from marscli.stages.rollout import run_rollout
 
 from helpers import (
     REPLIES,

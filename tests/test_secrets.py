@@ -55,7 +55,7 @@ def test_no_secret_in_any_file_or_log(tiny_model, tmp_path, monkeypatch):
         assert any(OPENAI_KEY in h.get("authorization", "") for h in server.headers_seen)
         assert server.faults["http500"] > 0  # replies that echoed the keys back were sent
 
-    from marscli.update import run_update
+    from marscli.stages.update import run_update
 
     rows = [r for r in (it / "advantages.jsonl").read_bytes().splitlines()
             if b'"stop":"answer"' in r]  # the trajectories the engine completed

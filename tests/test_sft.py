@@ -65,8 +65,8 @@ def spec(proc, tiny_model):
 def traj(tmp_path_factory, tiny_model) -> Path:
     """Expert trajectories of a small toy world, replayed through the agent and all three
     tools (`rollout --engine replay`): zoom-ins, reverse image searches, text searches."""
-    from marscli.rollout import run_rollout
     from marscli.search.text_index import build_text_index
+    from marscli.stages.rollout import run_rollout
     from marscli.toy.world import build_world
 
     d = tmp_path_factory.mktemp("sft")
@@ -130,7 +130,7 @@ def as_message_row(rec: dict, style: str) -> dict:
 @pytest.mark.parametrize("style", ["llamafactory", "parts", "openai"])
 def test_message_rows_give_the_trajectories_token_ids_and_mask(traj, spec, style):
     from marscli.agent.messages import default_system
-    from marscli.sft import load_sft_rows
+    from marscli.stages.sft import load_sft_rows
 
     recs = read(traj)
     msg_file = write(traj.parent / f"msgs-{style}.jsonl", [as_message_row(r, style) for r in recs])
@@ -157,7 +157,7 @@ def test_mask_is_the_chat_templates_assistant_mask(traj, spec, proc):
 
     from marscli.agent.messages import default_system
     from marscli.qwen.tokens import special_ids
-    from marscli.sft import load_sft_rows
+    from marscli.stages.sft import load_sft_rows
 
     rec = next(r for r in read(traj) if list(r["tool_calls"]) == ["image_zoom_in_tool"])
     assert len(rec["images"]) == 2
@@ -196,7 +196,7 @@ def test_tool_calls_field_and_generic_turns(tmp_path, spec):
     user turn; bad rows name their field."""
     from marscli.agent.messages import default_system
     from marscli.agent.protocol import ToolCall, parse_turn
-    from marscli.sft import load_sft_rows
+    from marscli.stages.sft import load_sft_rows
 
     row = {"messages": [
         {"role": "user", "content": "What year?"},
@@ -239,7 +239,7 @@ def test_tool_calls_field_and_generic_turns(tmp_path, spec):
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, tiny_model, traj):
     """3 epochs at lr 1e-3 over the 6 replayed trajectories, one per step."""
-    from marscli.sft import run_sft
+    from marscli.stages.sft import run_sft
 
     before = tree_hash(tiny_model)
     out = tmp_path_factory.mktemp("sftout") / "ckpt"
@@ -277,7 +277,7 @@ def test_step_loss_is_the_token_mean_over_the_step(trained, traj, spec, tiny_mod
     """The first step's loss equals −Σ log p / N over its sequences' model tokens, computed
     here with one forward per sequence under the input policy."""
     from marscli.agent.messages import default_system
-    from marscli.sft import epoch_order, load_sft_rows
+    from marscli.stages.sft import epoch_order, load_sft_rows
     from marscli.train.batch import collate
     from marscli.train.distributed import Dist
     from marscli.train.trainer import build_model
@@ -292,7 +292,7 @@ def test_step_loss_is_the_token_mean_over_the_step(trained, traj, spec, tiny_mod
 
 
 def test_freeze_vision_leaves_the_vision_tower(tmp_path, tiny_model, traj):
-    from marscli.sft import run_sft
+    from marscli.stages.sft import run_sft
 
     out = tmp_path / "frozen"
     run_sft(str(traj), str(tiny_model), str(out), freeze_vision=True, **{**FAST, "epochs": 1})
@@ -307,7 +307,7 @@ def test_freeze_vision_leaves_the_vision_tower(tmp_path, tiny_model, traj):
 @pytest.mark.slow  # measured: over 9 s on 2 cores
 def test_killed_after_first_epoch_resumes_to_the_same_weights(tmp_path, tiny_model, traj,
                                                               trained):
-    from marscli.sft import run_sft
+    from marscli.stages.sft import run_sft
 
     out = tmp_path / "ckpt"
     args = [str(traj), "--policy", str(tiny_model), "--out", str(out), "--save-every-epoch",
@@ -358,7 +358,7 @@ BAD = {"missing_image": r"images\[0\]\.path: .*nope\.png: image not found",
 
 @pytest.mark.parametrize("kind", sorted(BAD))
 def test_bad_row_names_file_and_line(tmp_path, tiny_model, bad_rows, kind):
-    from marscli.sft import run_sft
+    from marscli.stages.sft import run_sft
 
     f = write(tmp_path / "d.jsonl", [bad_rows["good"], bad_rows[kind]])
     with pytest.raises(BadInput, match=f"d.jsonl:2: {BAD[kind]}"):
@@ -369,7 +369,7 @@ def test_bad_row_names_file_and_line(tmp_path, tiny_model, bad_rows, kind):
 @pytest.mark.slow  # measured: over 9 s on 2 cores
 def test_bad_rows_exit_2_without_output_and_skip_bad_counts(tmp_path, tiny_model, bad_rows,
                                                            capsys):
-    from marscli.sft import run_sft
+    from marscli.stages.sft import run_sft
 
     rows = [bad_rows[k] for k in ("good", "missing_image", "no_assistant", "vocab", "good2")]
     f = write(tmp_path / "d.jsonl", rows)
@@ -403,7 +403,7 @@ def test_bad_rows_exit_2_without_output_and_skip_bad_counts(tmp_path, tiny_model
     ({"save_dtype": "int8"}, "--save-dtype"),
 ])
 def test_bad_options_name_the_option(tmp_path, tiny_model, traj, opts, match):
-    from marscli.sft import run_sft
+    from marscli.stages.sft import run_sft
 
     with pytest.raises(BadInput, match=match):
         run_sft(str(traj), str(tiny_model), str(tmp_path / "o"), **opts)
@@ -420,7 +420,7 @@ def test_zero_on_two_processes_killed_and_resumed_matches_one_process(stage, tmp
     """ZeRO-2/3 on 2 CPU processes, killed after epoch 1 and resumed from DeepSpeed's own
     checkpoint, against one uninterrupted plain-torch process. Linear AdamW (eps ≫ |g|, no
     clipping) makes the update proportional to the gradient, so a wrong scale would show."""
-    from marscli.sft import run_sft
+    from marscli.stages.sft import run_sft
 
     opts = {**FAST, "lr": 1.0, "adam_eps": 100.0, "grad_clip": 0.0, "micro_batch_tokens": 32768}
     single = tmp_path / "single"
@@ -457,7 +457,7 @@ def test_zero3_bf16_killed_and_resumed_keeps_the_fp32_masters(tmp_path, tiny_mod
     and resumed: the weights move as plain torch's fp32 ones do (measured: cosine 0.9993; the
     16-bit copy saved before gave 0.01, its rounding noise bigger than the update), and the
     resumable state holds the fp32 masters and DeepSpeed's optimiser shards."""
-    from marscli.sft import run_sft
+    from marscli.stages.sft import run_sft
 
     opts = {"lr": 1e-6, "batch_size": 2, "epochs": 2, "schedule": "constant",
             "warmup_ratio": 0.0}

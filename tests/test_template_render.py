@@ -48,7 +48,7 @@ def _qwen_model(folder):
     from transformers import GenerationConfig, Qwen3VLForConditionalGeneration
 
     from marscli.qwen.vocab import QWEN_VOCAB_SIZE, qwen_tokenizer
-    from marscli.tiny import make_config, make_processor
+    from marscli.stages.tiny_model import make_config, make_processor
 
     tok = copy.deepcopy(qwen_tokenizer(QWEN3_VL_TEMPLATE))
     proc = make_processor(tok)

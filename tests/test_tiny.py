@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from marscli import tiny as T  # no torch at import: checked below
 from marscli.errors import BadInput
+from marscli.stages import tiny_model as T  # no torch at import: checked below
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -284,7 +284,7 @@ def test_cli_exit_codes_and_no_torch_at_import(tmp_path):
                        capture_output=True, text=True, check=False)
     assert r.returncode == 2 and "nope.txt: no such file" in r.stderr
     r = subprocess.run([sys.executable, "-c",
-                        "import sys, marscli.tiny; print('torch' in sys.modules)"],
+                        "import sys, marscli.stages.tiny_model; print('torch' in sys.modules)"],
                        capture_output=True, text=True, check=False)
     assert r.stdout.strip() == "False"
 

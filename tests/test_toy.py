@@ -255,7 +255,7 @@ def test_expert_text_queries_find_the_fact(world, text_index):
 
 def test_vocab_makes_every_answer_one_token(world):
     pytest.importorskip("tokenizers")
-    from marscli.tiny import make_tokenizer, read_texts
+    from marscli.stages.tiny_model import make_tokenizer, read_texts
 
     tok = make_tokenizer(read_texts([world / "vocab.txt"]))
     answers = {r["answer"][0] for r in all_rows(world)} | set(entities(world))

