@@ -2,7 +2,7 @@
 (the same number of sequences per batch, in input order), on variable-length trajectories of
 the tiny model, measured in the same run; prints tokens/s of each and the ratio.
 
-Both arms run the same forward + backward + AdamW step (marscli.train.trainer.train_minibatch) over the
+Both arms run the same forward + backward + AdamW step (train.trainer.train_minibatch) over the
 same trajectories with the same number of micro-batches; only the grouping differs, so the
 ratio is the padding that bucketing does not compute.
 

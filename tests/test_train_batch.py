@@ -1,4 +1,4 @@
-"""Batch assembly and the training step's arithmetic (marscli.train.batch, marscli.train.trainer): micro-batch
+"""Batch assembly and the training step's arithmetic (train.batch, train.trainer): micro-batch
 planning, token-exact assembly of a hand-written trajectory, padding invariance of log-probs,
 and gradient accumulation over micro-batches equal to one big batch for both aggregations."""
 

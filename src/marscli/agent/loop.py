@@ -91,7 +91,7 @@ from marscli.agent.protocol import (
 from marscli.engines import Engine, Generation, GenRequest, SamplingParams
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.qwen.chat_template import TemplateTurns, check_renders_tools, content_parts, tool_names
-from marscli.qwen.images import open_image
+from marscli.qwen.images import MAX_SOURCE_PIXELS, open_image
 from marscli.qwen.tokens import (
     IMAGE_MARK,
     ImageFeatures,
@@ -106,8 +106,6 @@ from marscli.qwen.tokens import (
 from marscli.records.jsonl import sha256_file
 from marscli.records.schema import Prompt, Segment, new_record
 from marscli.tools import ConvImage, Tool, ToolContext, ToolResult
-
-MAX_SOURCE_PIXELS = 100_000_000  # decoded input cap; the zoom tool crops from this
 
 
 @dataclass

@@ -46,7 +46,6 @@ from marscli.qwen.tokens import (
     tool_parts,
 )
 
-TOOL_NAMES = ("image_zoom_in_tool", "text_search_tool", "image_search_tool")
 ROLES = ("system", "user", "assistant", "tool")
 _OPEN, _CLOSE = "<tool_response>\n", "\n</tool_response>"
 _BETWEEN = _CLOSE + "\n" + _OPEN  # consecutive tool responses in one user turn
@@ -54,7 +53,7 @@ _BETWEEN = _CLOSE + "\n" + _OPEN  # consecutive tool responses in one user turn
 
 def default_system(base: str | None = None) -> str:
     """marscli's system prompt (or `base`) with the tools block of the three tools."""
-    from marscli.tools import TOOLS
+    from marscli.tools import TOOL_NAMES, TOOLS
 
     return system_prompt([TOOLS.get(n).schema for n in TOOL_NAMES], base)
 
@@ -233,7 +232,7 @@ def to_trajectory(row: dict, src: str, line: int, base: Path, processor: Any,
 
 def _counts(images: _Images, src: str, line: int, base: Path, processor: Any) -> list[int]:
     """Placeholder tokens of each image, from its header where possible (batch's rule)."""
-    from marscli.train.batch import MAX_SOURCE_PIXELS, placeholder_count
+    from marscli.qwen.images import MAX_SOURCE_PIXELS, placeholder_count
 
     out = []
     for i, p in enumerate(images.paths):

@@ -70,13 +70,16 @@ class _Tally:
                           f"{self.engine_errors} engine"}
 
 
+def stderr_console() -> Console:
+    """The console every people-facing line goes to: stderr, so stdout stays data."""
+    return Console(stderr=True, highlight=False)
+
+
 @contextlib.contextmanager
 def progress_bar(label: str, total: int, show: bool,
                  console: Console | None = None) -> Iterator[Event]:
     """A progress bar of `total` trajectories on stderr (a terminal only, and only when
     `show`), and the agent event callback that advances it on each `"stop"`."""
-    from marscli.view.trace import stderr_console
-
     console = console or stderr_console()
     tally = _Tally()
     bar = Progress(TextColumn(f"[bold]{label}[/]"), BarColumn(bar_width=24), MofNCompleteColumn(),

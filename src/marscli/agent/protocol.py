@@ -36,6 +36,7 @@ from typing import Any
 import orjson
 
 from marscli.errors import BadInput, RuntimeFailure
+from marscli.qwen.tokens import IMAGE_MARK, marked_parts
 
 SYSTEM_PROMPT = """You are a careful visual research agent. You answer questions about images by \
 thinking step by step and using tools when the image alone is not enough.
@@ -152,7 +153,6 @@ def last_answer(text: str) -> str | None:
     return found[-1].strip() if found else None
 
 
-IMAGE_MARK = "<image>"
 _VISION = "<|vision_start|><|image_pad|><|vision_end|>"
 
 
@@ -165,22 +165,6 @@ def tool_content(text: str, n_images: int = 0) -> list[dict]:
         raise RuntimeFailure(f"tool response: {text.count(IMAGE_MARK)} {IMAGE_MARK} markers for "
                              f"{n_images} images — a tool returned more markers than images")
     return parts
-
-
-def marked_parts(text: str, n_images: int) -> list[dict] | None:
-    """Chat-template content of a text with `<image>` markers, as verl builds it: one
-    `{"type": "image"}` per marker, the text pieces between (empty ones dropped), images
-    without a marker after the text; None when there are more markers than images."""
-    pieces = text.split(IMAGE_MARK)
-    if len(pieces) - 1 > n_images:
-        return None
-    parts: list[dict] = []
-    for i, piece in enumerate(pieces):
-        if i:
-            parts.append({"type": "image"})
-        if piece:
-            parts.append({"type": "text", "text": piece})
-    return parts + [{"type": "image"}] * (n_images - (len(pieces) - 1))
 
 
 def format_tool_response(text: str, n_images: int = 0) -> str:

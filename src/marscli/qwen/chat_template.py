@@ -49,6 +49,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from marscli.errors import RuntimeFailure
+from marscli.qwen.tokens import IMAGE_MARK, marked_parts
 
 _TOOLS_INTRO = (
     "# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
@@ -187,7 +188,6 @@ def _show(token_id: int, tokenizer: Any) -> str:
 # ------------------------------------------------------------------ the agent's turns, rendered
 
 VISION = "<|vision_start|><|image_pad|><|vision_end|>"  # one image, as a template writes it
-IMAGE_MARK = "<image>"
 
 
 def template_parts(text: str, image_counts: Sequence[int], what: str) -> list[str | int]:
@@ -208,9 +208,7 @@ def template_parts(text: str, image_counts: Sequence[int], what: str) -> list[st
 
 def content_parts(text: str, n_images: int, what: str) -> list[dict]:
     """Chat-template content of a text with `<image>` markers, as verl builds it
-    (`protocol.marked_parts`); BadInput naming `what` when there are more markers than images."""
-    from marscli.agent.protocol import marked_parts
-
+    (`tokens.marked_parts`); BadInput naming `what` when there are more markers than images."""
     parts = marked_parts(text, n_images)
     if parts is None:
         from marscli.errors import BadInput

@@ -12,6 +12,7 @@ import math
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 from PIL import Image, UnidentifiedImageError
 
@@ -20,6 +21,9 @@ from marscli.errors import BadInput
 # An 8000x6000 photo is 48 MP; 50,000 x 50,000 is a decompression bomb. Refuse above this,
 # from the header alone, before any pixel is decoded.
 MAX_INPUT_PIXELS = 200_000_000
+# Inputs are decoded at most this large (a bigger one is downscaled on load); the zoom tool
+# crops from the decoded source, and update/sft rebuild pixels the same way.
+MAX_SOURCE_PIXELS = 100_000_000
 Image.MAX_IMAGE_PIXELS = None  # we do our own check, with a clearer message
 
 QWEN_FACTOR = 32
@@ -113,3 +117,18 @@ def resize_crop(im: Image.Image) -> Image.Image:
         im = im.resize((w, h), Image.BICUBIC)
     nh, nw = smart_resize(h, w)
     return im if (nw, nh) == im.size else im.resize((nw, nh), Image.BICUBIC)
+
+
+def placeholder_count(processor: Any, path: Path) -> int | None:
+    """Placeholder tokens the processor will give this image, from its header alone; None when
+    that cannot be known without decoding (huge sources the agent downscaled on load)."""
+    ip = processor.image_processor
+    try:
+        with Image.open(path) as im:
+            w, h = im.size
+    except (UnidentifiedImageError, OSError) as e:
+        raise BadInput(f"{path}: image cannot be decoded ({type(e).__name__}: {e})") from None
+    if w * h > MAX_SOURCE_PIXELS or not hasattr(ip, "get_number_of_image_patches"):
+        return None
+    merge = getattr(ip, "merge_size", 2)
+    return ip.get_number_of_image_patches(h, w, {}) // (merge * merge)

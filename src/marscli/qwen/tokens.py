@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-IMAGE_MARK = "<image>"
+IMAGE_MARK = "<image>"  # where an image sits in a text (questions, tool results, messages)
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,22 @@ def split_images(text: str, counts: Sequence[int]) -> list[str | int]:
         parts += [counts[i], piece]
     parts += list(counts[len(pieces) - 1:])
     return parts
+
+
+def marked_parts(text: str, n_images: int) -> list[dict] | None:
+    """Chat-template content of a text with `<image>` markers, as verl builds it: one
+    `{"type": "image"}` per marker, the text pieces between (empty ones dropped), images
+    without a marker after the text; None when there are more markers than images."""
+    pieces = text.split(IMAGE_MARK)
+    if len(pieces) - 1 > n_images:
+        return None
+    parts: list[dict] = []
+    for i, piece in enumerate(pieces):
+        if i:
+            parts.append({"type": "image"})
+        if piece:
+            parts.append({"type": "text", "text": piece})
+    return parts + [{"type": "image"}] * (n_images - (len(pieces) - 1))
 
 
 def prompt_parts(system: str, question: str, image_counts: Sequence[int]) -> list[str | int]:

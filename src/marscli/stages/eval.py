@@ -69,10 +69,10 @@ from marscli.benchmarks.protocols import ScoreContext, make_protocol
 from marscli.errors import BadInput, RuntimeFailure, check_range, unknown_name
 from marscli.records.jsonl import AtomicFile, AtomicJsonl, iter_rows, write_sidecar
 from marscli.scoring.judge import JudgeOptions, make_judge
+from marscli.tools import TOOL_NAMES
 from marscli.train.trackers import check_tracker, log_stats
 
 MODES = ("agent", "direct")
-TOOL_NAMES = ("image_zoom_in_tool", "text_search_tool", "image_search_tool")
 DIRECT_PROMPT = """You answer questions about images. Look at the image carefully, reason \
 briefly inside <thinking>...</thinking>, then give the final answer inside \
 <answer>...</answer>: a short answer (a name, a number, a few words), or the option's letter \
@@ -313,7 +313,7 @@ def print_summary(summary: dict) -> None:
     """The summary as a rich table on stderr."""
     from rich.table import Table
 
-    from marscli.view.trace import stderr_console
+    from marscli.agent.progress import stderr_console
 
     setups = sorted({f"{b['protocol']} protocol, {b['mode']}"
                      for b in summary["benchmarks"].values()})

@@ -105,8 +105,7 @@ class PolicyServer:
                 "policy": self.policy}
 
     def parse(self, body: Any) -> tuple[GenRequest, SamplingParams]:
-        from marscli.agent.loop import MAX_SOURCE_PIXELS
-        from marscli.qwen.images import open_image
+        from marscli.qwen.images import MAX_SOURCE_PIXELS, open_image
         from marscli.qwen.tokens import model_image
 
         if not isinstance(body, dict):

@@ -61,6 +61,8 @@ class Tool(Protocol):
     def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult: ...
 
 
+# The paper's three tools, in the order the system prompt lists them.
+TOOL_NAMES = ("image_zoom_in_tool", "text_search_tool", "image_search_tool")
 TOOLS: Registry[type] = Registry("tool", lazy={
     "image_zoom_in_tool": "marscli.tools.zoom",
     "text_search_tool": "marscli.tools.search",

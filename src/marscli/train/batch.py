@@ -31,11 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from marscli.errors import BadInput
+from marscli.qwen.images import MAX_SOURCE_PIXELS, open_image, placeholder_count
 from marscli.qwen.tokens import assemble
 from marscli.records.jsonl import sha256_file
 from marscli.records.schema import parse_image_refs, parse_segments
-
-MAX_SOURCE_PIXELS = 100_000_000  # as the agent decodes inputs (agent.MAX_SOURCE_PIXELS)
 
 
 @dataclass
@@ -186,23 +185,6 @@ def _check_sha256(path: Path, want: Any, where: str) -> None:
                        "restore it or re-run the rollout")
 
 
-def placeholder_count(processor: Any, path: Path) -> int | None:
-    """Placeholder tokens the processor will give this image, from its header alone; None when
-    that cannot be known without decoding (huge sources the agent downscaled on load)."""
-    from PIL import Image, UnidentifiedImageError
-
-    ip = processor.image_processor
-    try:
-        with Image.open(path) as im:
-            w, h = im.size
-    except (UnidentifiedImageError, OSError) as e:
-        raise BadInput(f"{path}: image cannot be decoded ({type(e).__name__}: {e})") from None
-    if w * h > MAX_SOURCE_PIXELS or not hasattr(ip, "get_number_of_image_patches"):
-        return None
-    merge = getattr(ip, "merge_size", 2)
-    return ip.get_number_of_image_patches(h, w, {}) // (merge * merge)
-
-
 # ------------------------------------------------------------------------------ planning
 
 
@@ -285,7 +267,6 @@ class FeatureCache:
         self.hits = self.misses = 0
 
     def get(self, processor: Any, path: Path) -> Any:
-        from marscli.qwen.images import open_image
         from marscli.qwen.tokens import image_features
 
         st = os.stat(path)

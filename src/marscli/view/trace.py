@@ -28,15 +28,12 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from marscli.agent.progress import stderr_console
 from marscli.agent.protocol import FormatError, ToolCall
 
 SUMMARY_LINES, SUMMARY_CHARS = 8, 600  # how much of a tool response the trace shows
 INLINE_PX = 384  # inline images are drawn at most this wide and tall
 _IM_END = "<|im_end|>"
-
-
-def stderr_console() -> Console:
-    return Console(stderr=True, highlight=False)
 
 
 class LiveTrace:
