@@ -148,159 +148,21 @@ SIZES: dict[str, dict] = {
 }
 
 # ------------------------------------------------------------------------------ built-in text
+# The texts the tiny vocabulary is trained on live as package data (tiny_model_text/), read
+# byte for byte: the same texts give the same BPE merges, so the same model.
 
-_SYSTEM_PROMPT = """\
-You are a helpful visual research assistant. You answer questions about images. Think step by \
-step inside <thinking> and </thinking>. When you need more detail, call a tool inside <tool_call> \
-and </tool_call> with a JSON object that has a name and arguments. Tool results come back inside \
-<tool_response> and </tool_response>. When you know the answer, give it inside <answer> and \
-</answer>. Use one tool call per turn. Keep the final answer short: a word, a name, a number or \
-a date.
 
-# Tools
+def _data_text(name: str) -> str:
+    return (Path(__file__).parent / "tiny_model_text" / name).read_text(encoding="utf-8")
 
-You may call one or more functions to assist with the user query.
 
-You are provided with function signatures within <tools></tools> XML tags:
-<tools>
-{"type": "function", "function": {"name": "image_zoom_in_tool", "description": "Zoom in on a \
-region of an image by cropping it. The bounding box is given in relative coordinates from 0 to \
-1000.", "parameters": {"type": "object", "properties": {"bbox_2d": {"type": "array", "items": \
-{"type": "number"}, "description": "The bounding box [x1, y1, x2, y2] of the region to zoom in \
-on."}, "label": {"type": "string", "description": "The name of the object in the region."}, \
-"img_idx": {"type": "integer", "description": "The index of the image to crop, starting from \
-0."}}, \
-"required": ["bbox_2d", "label"]}}}
-{"type": "function", "function": {"name": "text_search_tool", "description": "Search the web for \
-text about a query and return the top results.", "parameters": {"type": "object", "properties": \
-{"query": {"type": "string", "description": "The search query."}}, "required": ["query"]}}}
-{"type": "function", "function": {"name": "image_search_tool", "description": "Reverse image \
-search: find web pages with images similar to the input image and return their titles and \
-thumbnails.", "parameters": {"type": "object", "properties": {}, "required": []}}}
-</tools>
+_SYSTEM_PROMPT = _data_text("system_prompt.txt")
 
-For each function call, return a json object with function name and arguments within \
-<tool_call></tool_call> XML tags:
-<tool_call>
-{"name": <function-name>, "arguments": <args-json-object>}
-</tool_call>
-"""
+_EXAMPLES = _data_text("examples.txt")
 
-_EXAMPLES = """\
-<thinking>The question asks about the small object in the top left corner. I should zoom in.\
-</thinking><tool_call>{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [0, 0, 500, 500], \
-"label": "object", "img_idx": 0}}</tool_call>
-<thinking>I need to find out more about this building.</thinking><tool_call>{"name": \
-"text_search_tool", "arguments": {"query": "who designed the tower"}}</tool_call>
-<thinking>Let me search for similar images.</thinking><tool_call>{"name": "image_search_tool", \
-"arguments": {}}</tool_call>
-<tool_response>
-Error: the tool call is not valid JSON. Error: unknown tool. Error: bbox_2d must be four numbers \
-between 0 and 1000 with x1 < x2 and y1 < y2. Error: img_idx is out of range.
-</tool_response>
-<tool_response>
-1. Title: result one. Snippet: text of the first result.
-2. Title: result two. Snippet: text of the second result.
-</tool_response>
-<think>The square is red and it is in the bottom right.</think><answer>bottom right red</answer>
-<thinking>The crop shows the answer clearly.</thinking><answer>1997</answer>
-{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [120, 340, 560, 780], "label": "sign", \
-"img_idx": 1}}
-{"name": "text_search_tool", "arguments": {"query": "when was the bridge built"}}
-{"name": "image_search_tool", "arguments": {}}
-"""
+_TASK_WORDS = _data_text("task_words.txt")
 
-_TASK_WORDS = """\
-what which who whom whose where when why how how many how much is are was were does do did can \
-could would should will shall may might must has have had be been being there here this that \
-these those it its they them their he she his her him you your we our us i me my
-What Which Who Whom Whose Where When Why How Is Are Was Were Does Do Did Can Could In On At The \
-A An This That These There It Answer Question Image Error Title Snippet Result Search Tool Let \
-I We You He She They Yes No None Unknown
-system user assistant tool
-red green blue yellow orange purple pink brown black white grey gray cyan magenta gold silver \
-dark light bright colour color colours colors shade
-top bottom left right center centre middle upper lower corner side edge above below behind \
-front between near far inside outside next beside under over top left top right bottom left \
-bottom right quadrant half
-zero one two three four five six seven eight nine ten eleven twelve twenty thirty forty fifty \
-hundred thousand million first second third fourth fifth last number count total
-0 1 2 3 4 5 6 7 8 9 10 100 1000 2024 1997 0.5 [0, 0, 1000, 1000]
-image images picture photo crop zoom region box bounding bbox coordinates relative pixel pixels \
-small large big tiny square circle triangle rectangle shape object objects scene background \
-foreground text sign label title caption page figure chart table map logo name word letter
-question answer answers think thinking reason reasoning step tool tools call calls response \
-search query result results query title snippet thumbnail source web page document index \
-function arguments parameters description type string number integer array object properties \
-required items error invalid unknown missing valid true false null
-"""
-
-_ENGLISH = """\
-the a an and or but not no yes if then else so because of to in on at by for with from into \
-onto about as after before during until while again also only just very more most less least \
-some any all each every both either neither other another same different such own
-time year years day days month week hour today city country river mountain building bridge \
-tower church museum street car bus train plane boat ship bike dog cat bird horse cow fish tree \
-flower grass sky water sea lake house door window wall roof road person people man woman child \
-boy girl team player game ball food fruit apple banana book paper card bottle cup phone clock \
-computer screen animal plant king queen president company brand film movie song album artist \
-painting statue flag team school university hospital station airport market shop store
-say said see seen saw look looks looked find found know known think thought show shows shown \
-give given make made take taken use used get got go went come came tell told ask asked need \
-want like call called build built design designed found founded open opened write written \
-read hold held stand stands located location place named born die died win won play played
-good new old great high low long short large little big small young early late same able best \
-better main major real public full free clear certain possible sure special whole local \
-national international famous official original final
-account act action activity add address age agree air allow already always amount animal area \
-arm army around art article attack attention audience author available away baby back bad bag \
-bank bar base beautiful become bed begin behavior believe benefit bill bit blood board body \
-born box break bring brother budget business buy camera campaign cancer candidate capital card \
-care career carry case catch cause cell central century chair challenge chance change character \
-charge check choice choose church citizen civil claim class close coach cold collection college \
-community compare condition conference congress consider contain continue control cost court \
-cover create crime cultural culture current customer cut damage dance data daughter dead deal \
-death debate decade decide decision deep defense degree democrat describe detail determine \
-develop development difference difficult dinner direction director discover discuss disease \
-doctor draw dream drive drop drug east easy economic economy education effect effort election \
-else employee end energy enjoy enough enter entire environment especially establish evening \
-event ever everyone everything evidence exactly example executive exist expect experience expert \
-explain eye face fact factor fail fall family father fear federal feel feeling field fight \
-fill financial fine finger finish fire firm floor fly focus follow foot force foreign forget \
-form former forward friend fund future garden gas general generation girl glass goal government \
-green ground group grow growth guess gun guy hair hand hang happen happy hard head health hear \
-heart heat heavy help herself history hit home hope hot hotel huge human husband idea identify \
-imagine impact important improve include including increase indeed indicate individual industry \
-information instead institution interest interesting interview investment issue item itself job \
-join keep key kid kill kind kitchen knowledge land language laugh law lawyer lay lead leader \
-learn leave leg legal let level lie life line list listen live loss lot love machine magazine \
-maintain majority manage management manager mark marriage material matter mean measure media \
-medical meet meeting member memory mention message method military mind minute miss mission \
-model modern moment money morning mother mouth move movement mrs music myself nation natural \
-nature necessary network news newspaper nice night north note nothing notice now occur offer \
-office officer often oil ok once operation opportunity option order organization others outside \
-owner pain parent part participant particular particularly partner party pass past patient \
-pattern pay peace perform performance perhaps period personal phone physical pick piece plan \
-point police policy political politics poor popular population position positive power practice \
-prepare present pressure pretty prevent price private probably problem process produce product \
-production professional professor program project property protect prove provide pull purpose \
-push put quality quickly quite race radio raise range rate rather reach ready realize really \
-receive recent recently recognize record reduce reflect region relate relationship religious \
-remain remember remove report represent republican require research resource respond rest \
-return reveal rich rise risk rock role room rule run safe save scene science scientist score \
-season seat section security seek seem sell send senior sense series serious serve service set \
-seven several sex sexual shake share shoot shot should shoulder simple simply since sing single \
-sister sit site situation size skill skin smile social society soldier somebody someone \
-something sometimes son soon sort sound south southern space speak specific speech spend sport \
-spring staff stage star start state statement stay still stock stop story strategy street strong \
-structure student study stuff style subject success successful suddenly suffer suggest summer \
-support surface system talk task tax teach teacher technology television tend term test thank \
-themselves theory thing though threat through throughout throw thus together tonight too toward \
-town trade traditional training travel treat treatment trial trip trouble truth try turn \
-type understand unit until up upon usually value various victim view violence visit voice vote \
-wait walk war watch way weapon wear weight west western whatever whether wide wife wind wish \
-within without wonder work worker world worry wrong yard yeah yet yourself
-"""
+_ENGLISH = _data_text("english.txt")
 
 
 def builtin_text() -> str:

@@ -398,112 +398,16 @@ def _page(name: str, path: str, run: Run, stats: list[IterStats], png: bytes | N
 """
 
 
-CSS = """
-:root{--fg:#1d2430;--mut:#667085;--bd:#d0d5dd;--bg:#f6f7f9}
-*{box-sizing:border-box}
-body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--fg);
- margin:0;padding:16px 24px;background:#fff}
-h1{font-size:22px;margin:0 0 4px}\
-h2{font-size:17px;margin:22px 0 8px;border-bottom:1px solid var(--bd)}
-.sub{color:var(--mut);margin:0}code{font-size:12px}
-.curves{max-width:100%;border:1px solid var(--bd)}
-.note{color:var(--mut);font-style:italic}
-.scroll{overflow-x:auto}
-table.stats{border-collapse:collapse;font-size:12px}
-table.stats th,table.stats td{border:1px solid var(--bd);padding:3px 7px;text-align:right;\
-white-space:nowrap}
-table.stats tr:first-child th{background:var(--bg)}
-.filters{display:flex;flex-wrap:wrap;gap:10px;align-items:center;position:sticky;top:0;
- background:#fff;padding:8px 0;z-index:5;border-bottom:1px solid var(--bd)}
-.filters input{width:320px;padding:4px 8px}
-#f-count{color:var(--mut)}
-.traj{display:block;border:1px solid var(--bd);border-radius:6px;margin:8px 0;background:#fff}
-.traj[hidden]{display:none}
-.traj>summary{cursor:pointer;padding:6px 10px;background:var(--bg);border-radius:6px;
- display:flex;flex-wrap:wrap;gap:10px;align-items:center}
-.tid{font-weight:600;font-family:ui-monospace,monospace}
-.badge{border-radius:9px;padding:0 8px;font-size:12px;border:1px solid var(--bd)}
-.stop-answer{background:#e7f0ff}.stop-other{background:#fff1d6}
-.acc-correct{background:#dcfce7;color:#166534}.acc-wrong{background:#fee2e2;color:#991b1b}
-.acc-unscored,.acc-none{background:#eee}
-.tools,.it{color:var(--mut);font-size:12px}
-.meta{padding:6px 12px}
-table.kv{border-collapse:collapse;font-size:13px}
-table.kv th{text-align:left;color:var(--mut);font-weight:500;padding:1px 12px 1px 0;\
-vertical-align:top}
-.blk{margin:6px 12px;padding:6px 10px;border-left:4px solid var(--bd);background:#fafafa}
-.bt{font-size:12px;color:var(--mut);margin-bottom:2px}
-.txt{white-space:pre-wrap;word-break:break-word}
-.thinking .txt{color:#475467;font-style:italic}
-.call{border-color:#0ea5e9;background:#f0f9ff}\
-.call .txt{font-family:ui-monospace,monospace;font-size:13px}
-.answer{border-color:#16a34a;background:#f0fdf4}.answer .txt{font-weight:600}
-.format_error{border-color:#eab308;background:#fefce8}
-.obs.ok{border-color:#22c55e}.obs.bad{border-color:#ef4444;background:#fef2f2}
-.obs .txt{font-family:ui-monospace,monospace;font-size:12.5px}
-.question{border-color:#6366f1;background:#f5f5ff}
-.figs{display:flex;flex-wrap:wrap;gap:10px;margin-top:6px}
-figure.im{display:inline-block;margin:4px 8px 4px 0;vertical-align:top;white-space:normal;
- font-family:system-ui,sans-serif}
-.frame{position:relative;display:inline-block;line-height:0}
-.frame img{display:block;max-width:100%;border:1px solid var(--bd)}
-.input .frame img{max-height:420px}.crop .frame img{max-height:240px}
-.thumb .frame img{max-height:140px}
-figcaption{font-size:11px;color:var(--mut);max-width:512px}
-.miss{padding:20px;border:1px dashed var(--bd);color:var(--mut);line-height:1.2}
-.box{position:absolute;border:2px solid;pointer-events:auto}
-.box.br b{left:auto;top:auto;right:0;bottom:0}
-.box b{position:absolute;left:0;top:0;font:600 11px/1.2 system-ui,sans-serif;color:#fff;\
-padding:0 3px}
-.c0{border-color:#f59e0b}.c0 b{background:#f59e0b}.c1{border-color:#06b6d4}.c1 b{background:#06b6d4}
-.c2{border-color:#d946ef}.c2 b{background:#d946ef}.c3{border-color:#84cc16}.c3 b{background:#84cc16}
-.c4{border-color:#f43f5e}.c4 b{background:#f43f5e}.c5{border-color:#3b82f6}.c5 b{background:#3b82f6}
-"""
+# The page's style and script ship as package data beside this module, read byte for byte.
 
-JS = """
-(function () {
-  var urls = JSON.parse(document.getElementById('mc-images').textContent);
-  document.querySelectorAll('img[data-im]').forEach(function (el) {
-    var u = urls[el.getAttribute('data-im')]; if (u) el.src = u;
-  });
-  var cards = Array.prototype.slice.call(document.querySelectorAll('.traj'));
-  var texts = cards.map(function (c) { return c.textContent.toLowerCase(); });
-  var f = {text: document.getElementById('f-text'), stop: document.getElementById('f-stop'),
-           acc: document.getElementById('f-acc'), iter: document.getElementById('f-iter')};
-  var count = document.getElementById('f-count');
-  function apply() {
-    var t = f.text.value.trim().toLowerCase(), n = 0;
-    cards.forEach(function (c, i) {
-      var ok = (!t || texts[i].indexOf(t) >= 0) &&
-               (!f.stop.value || c.dataset.stop === f.stop.value) &&
-               (!f.acc.value || c.dataset.acc === f.acc.value) &&
-               (!f.iter || !f.iter.value || c.dataset.iter === f.iter.value);
-      c.hidden = !ok; if (ok) n++;
-    });
-    count.textContent = n + ' of ' + cards.length + ' shown';
-    var p = new URLSearchParams();
-    ['text', 'stop', 'acc', 'iter'].forEach(function (k) {
-      if (f[k] && f[k].value) p.set(k === 'text' ? 'q' : k, f[k].value);
-    });
-    try { history.replaceState(null, '', '#' + p.toString()); } catch (e) {}
-  }
-  var h = new URLSearchParams(location.hash.slice(1));
-  ['text', 'stop', 'acc', 'iter'].forEach(function (k) {
-    var v = h.get(k === 'text' ? 'q' : k); if (f[k] && v !== null) f[k].value = v;
-  });
-  ['text', 'stop', 'acc', 'iter'].forEach(function (k) {
-    if (f[k]) f[k].addEventListener(k === 'text' ? 'input' : 'change', apply);
-  });
-  document.getElementById('f-open').onclick = function () {
-    cards.forEach(function (c) { if (!c.hidden) c.open = true; });
-  };
-  document.getElementById('f-close').onclick = function () {
-    cards.forEach(function (c) { c.open = false; });
-  };
-  apply();
-  if (h.get('open') === '1') cards.forEach(function (c) { if (!c.hidden) c.open = true; });
-})();
-"""
+
+def _asset(name: str) -> str:
+    return (Path(__file__).parent / name).read_text(encoding="utf-8")
+
+
+CSS = _asset("report.css")
+
+JS = _asset("report.js")
 
 
 def report(path: str, output: str, max_trajectories: int = 200, image_px: int = 512,
