@@ -16,11 +16,11 @@ import orjson
 import pytest
 
 from marscli.agent.protocol import last_answer
-from marscli.benchmarks.protocols import ScoreContext, make_protocol
 from marscli.errors import BadInput
 from marscli.scoring.answers import main as reward_main
 from marscli.scoring.answers import run as reward_run
 from marscli.scoring.judge import Judge, JudgeError, JudgeOptions, make_judge
+from marscli.scoring.protocols import ScoreContext, make_protocol
 
 from helpers import ROOT, invoke, read_jsonl, write_jsonl
 

@@ -60,7 +60,6 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from marscli.benchmarks import benchmark_info
 from marscli.registry import Registry
 from marscli.scoring.answers import (
     extract_choice,
@@ -72,6 +71,40 @@ from marscli.scoring.answers import (
 )
 from marscli.scoring.judge import Judge, JudgeError
 from marscli.secrets import redact
+
+
+# What scoring needs to know of each benchmark.
+@dataclass(frozen=True)
+class Benchmark:
+    name: str
+    title: str
+    multiple_choice: bool = False
+    letters: str = "ABCD"  # the option letters the release's extractor knows
+    official: str = "mars"  # the benchmark's own protocol: mars | token_f1 | rotations | infoseek
+
+
+BENCHMARKS = {b.name: b for b in [
+    Benchmark("mmsearch", "MMSearch", official="token_f1"),
+    Benchmark("hr-mmsearch", "HR-MMSearch"),
+    Benchmark("fvqa", "FVQA-test"),
+    Benchmark("infoseek", "InfoSeek", official="infoseek"),
+    Benchmark("simplevqa", "SimpleVQA-en"),
+    Benchmark("livevqa", "LiveVQA"),
+    Benchmark("mat-search", "MAT-Search"),
+    Benchmark("vstar", "V* Bench", multiple_choice=True),
+    Benchmark("hrbench-4k", "HR-Bench 4K", multiple_choice=True, official="rotations"),
+    Benchmark("hrbench-8k", "HR-Bench 8K", multiple_choice=True, official="rotations"),
+    Benchmark("hrbench", "HR-Bench", multiple_choice=True, official="rotations"),
+    # The release has no MME-RealWorld config and its extractor stops at D; E is added here.
+    Benchmark("mme-realworld", "MME-RealWorld", multiple_choice=True, letters="ABCDE"),
+]}
+
+
+def benchmark_info(name: str | None) -> Benchmark:
+    """What is known of a benchmark; an unknown name is an open-question benchmark (multiple
+    choice where its rows have `choices`, with letters up to E)."""
+    return BENCHMARKS.get(name or "") or Benchmark(name or "unknown", name or "unknown",
+                                                   letters="ABCDE")
 
 
 @dataclass
