@@ -17,10 +17,10 @@ import pytest
 
 from marscli.agent.protocol import last_answer
 from marscli.errors import BadInput
-from marscli.scoring.answers import main as reward_main
-from marscli.scoring.answers import run as reward_run
 from marscli.scoring.judge import Judge, JudgeError, JudgeOptions, make_judge
 from marscli.scoring.protocols import ScoreContext, make_protocol
+from marscli.stages.reward import main as reward_main
+from marscli.stages.reward import run as reward_run
 
 from helpers import ROOT, invoke, read_jsonl, write_jsonl
 
@@ -192,7 +192,7 @@ def test_reward_sidecar_records_the_protocol_and_partials_do_not_cross(tmp_path,
     assert meta["config"]["protocol"] == "release" and stats["protocol"] == "release"
     assert [r["reward"]["accuracy"] for r in read_jsonl(out)] == [c[4] for c in CASES]
     assert "(release protocol)" in capsys.readouterr().err
-    from marscli.scoring.answers import row_key
+    from marscli.stages.reward import row_key
     row = traj(0, *CASES[0][:3])
     assert row_key(row, {}, 0.5, "mars") != row_key(row, {}, 0.5, "release")
 
