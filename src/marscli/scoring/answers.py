@@ -12,14 +12,7 @@ import re
 import string
 
 from marscli.agent.protocol import last_answer
-from marscli.registry import Registry
 from marscli.scoring.judge import Judge, JudgeError
-from marscli.scoring.release import (
-    compute_score_em_for_mcq,
-    em_check,
-    last_turn,
-    release_answer,
-)
 
 LETTERS = "ABCDE"
 _PUNCT = set(string.punctuation)
@@ -105,32 +98,6 @@ def format_ok(traj: dict) -> bool:
                for s in traj.get("segments") or [] if s.get("role") == "tool")
 
 
-
-
-# One signature: accuracy(row, image, judge) -> 0.0 or 1.0; raises JudgeError when the judge
-# gives no verdict.
-ACCURACY: Registry = Registry("--protocol")
-
-
-@ACCURACY.register("mars")
-def accuracy_mars(row: dict, image: str | None, judge: Judge) -> float:
-    """marscli's own scoring (the module docstring's points 1-4)."""
-    gold, choices = row["answer_gt"], row.get("choices")
-    answer = response_answer(row)
-    acc = 0.0 if answer is None else score_answer(answer, gold, choices)
-    if acc == 0.0 and answer and answer.strip() and not choices:
-        acc = ask_judge(judge, row.get("question", ""), gold, answer, image)
-    return acc
-
-
-@ACCURACY.register("release")
-def accuracy_release(row: dict, image: str | None, judge: Judge) -> float:
-    """The released code's scoring, on the last model turn."""
-    acc, _ = release_accuracy(model_text(row), row["answer_gt"], bool(row.get("choices")),
-                              row.get("question", ""), image, judge)
-    return acc
-
-
 def model_text(traj: dict) -> str:
     """The last assistant turn's text, what the release scores; a record with no model
     segment (answers imported from elsewhere) as its final answer in the tag."""
@@ -141,31 +108,11 @@ def model_text(traj: dict) -> str:
     return f"<answer>{answer}</answer>" if isinstance(answer, str) else ""
 
 
-def release_accuracy(text: str, gold: list[str], multiple_choice: bool, question: str,
-                     image: str | None, judge: Judge,
-                     allow_no_tag: bool = False) -> tuple[float, str]:
-    """(accuracy, method) as the release scores `text`: `compute_score_em_for_mcq` for
-    multiple choice; else `llm_score` (EM, then the judge about the tagged answer, 0 unasked
-    when there is none). `allow_no_tag`: the release's inference evaluator, which shows the
-    judge the whole last turn (up to `<|im_end|>`) when it has no tag."""
-    if multiple_choice:
-        return compute_score_em_for_mcq(text, gold), "letter"
-    answer = release_answer(text)
-    if answer is None and allow_no_tag:
-        answer = last_turn(text).split("<|im_end|>")[0].strip()
-    if answer is None:
-        return 0.0, "no_answer"
-    if em_check(answer, gold):
-        return 1.0, "exact"
-    if not judge.remote:
-        return 0.0, "exact"
-    return ask_judge(judge, question, gold, answer, image), "judge"
-
-
-
 def ask_judge(judge: Judge, question: str, gold: list[str], answer: str,
-               image: str | None) -> float:
-    """Any Yes scores 1; a failure only matters if no other gold answer got a Yes."""
+              image: str | None) -> float:
+    """The judge asked about each gold answer in turn: any Yes scores 1 (no more asked), all
+    No 0. A failure (`JudgeError`) is raised only if no gold answer got a Yes, since one Yes
+    settles the score whatever the others would have said."""
     failure: JudgeError | None = None
     for g in gold:
         try:

@@ -1,27 +1,55 @@
-"""Scoring protocols (`--protocol`): how one trajectory is scored, and how items add up.
+"""Scoring protocols (`--protocol`): how `marscli eval` and `marscli reward` score an answer.
 
-One signature per protocol: `score(rec, ctx) -> dict` (the record's `score` field) and
-`aggregate(bench, items) -> dict` (the summary's number for a set of items). An item is one
-question; its accuracy is the mean over its scored samples (K with `--samples K`).
+| protocol | eval | reward | an answer scores |
+|---|---|---|---|
+| `mars` | default | default | marscli's: the tagged answer; multiple choice by its option \
+letter or an option's text, no judge; open by exact match, then the judge |
+| `official` | yes | - | each benchmark's own: MMSearch token F1, InfoSeek numeric ranges \
+or exact match (no judge), `mars` elsewhere; HR-Bench adds up by option rotation, InfoSeek by \
+the harmonic mean of its splits |
+| `release` | yes | yes | the released code's: the last turn; letters A-D from its tag, box \
+or text; open by the tag after the thinking, exact match, then the judge |
+| `release-inference` | yes | - | as `release`, but an untagged open answer is the whole \
+last turn, shown to the judge |
 
-`mars` — marscli's own reading of the release's evaluation (`release` below is the release's
-exact scoring):
-1. The answer is the record's final `<answer>`. No answer (the trajectory hit a limit, or the
-   model replied without the tag): 0, no judge asked. (The release falls back to the whole
-   reply; marscli counts an untagged reply as no answer, which can only lower a score.)
-2. Multiple choice (the row has `choices`, or the benchmark is V*, HR-Bench, MME-RealWorld):
-   the option letter, by `rewards.extract_choice`, within A-D as in the release's extractor,
-   A-E for MME-RealWorld (the release has no MME-RealWorld config and stops at D), and no
-   further than the question's options. marscli also accepts the exact text of an option
-   (the release does not). No judge.
-3. Open questions: exact match after SQuAD normalisation against any gold answer; otherwise
-   the judge (`--judge`; the release asks GPT-4o, `--judge exact` asks nobody and scores 0),
-   once per gold answer until a Yes. A judge that gives no verdict leaves the record
-   `{"status": "unscored"}`: excluded from accuracy, counted, and the stage exits 1 over
-   `--max-unscored`.
+One registry, `PROTOCOLS`, for both stages. An entry (`Protocol`) says, for one name:
+- `score(rec, ctx) -> dict`: an eval record's `score` field: `accuracy` and `method`, or
+  `{"status": "unscored", "error": ...}` when the judge gave no verdict or the engine failed;
+- `aggregate(bench, items) -> dict`: a benchmark's number from its items (an item is one
+  question; its accuracy is the mean over its scored samples, K with `--samples K`);
+- `reward(row, image, judge) -> float`: a reward's accuracy, 0 or 1 (`JudgeError` when the
+  judge gave no verdict: the stage marks the row unscored), or None where `marscli reward`
+  does not offer the protocol. `reward.total` adds the format reward, the same under every
+  protocol (`stages/reward.py`).
+`eval --protocol NAME` looks NAME up with `make_protocol`, `reward --protocol NAME` with
+`reward_protocol`, which refuses the eval-only names; a name both take is one entry. The
+primitives the entries call: `answers.py` (marscli's normalisation, letters, exact match, the
+judge asked per gold answer), `release.py` (the release's) and `judge.py`; what scoring knows
+of each benchmark is the `BENCHMARKS` table below.
+
+`mars` — marscli's own reading of the paper's scoring (`release` is the release's code):
+1. The answer is the trajectory's final `<answer>` (`final_answer`, else the last model
+   segment's tag). No answer (the trajectory hit a limit, or the model replied without the
+   tag): 0, no judge asked. (The release falls back to the whole reply; marscli counts an
+   untagged reply as no answer, which can only lower a score.)
+2. Multiple choice (the row has `choices`; under eval also every V*, HR-Bench and
+   MME-RealWorld record): the option letter, by `answers.extract_choice` (a bare letter,
+   `\\boxed{X}`, "answer is (X)", the last standalone capital), or the exact text of an option
+   (the release accepts letters only); right when it names a gold option (gold answers given
+   as letters or option texts). Letters up to E and no further than the question's options;
+   eval also bounds them by the benchmark: A-D as in the release's extractor, A-E for
+   MME-RealWorld (the release has no MME-RealWorld config and stops at D). No judge.
+3. Open questions: exact match with any gold answer after SQuAD normalisation (lower case, no
+   punctuation, no articles, single spaces; a lone "a" stays, so the letter A survives);
+   otherwise the judge (`--judge`; the release asks GPT-4o, `--judge exact` asks nobody and
+   scores 0), once per gold answer until a Yes. A judge that gives no verdict leaves the
+   record unscored: excluded from accuracy, counted, and the stage exits 1 over
+   `--max-unscored`; never a silent 0.
 4. Items add up as a plain mean.
+Eval only: a record whose engine failed (`stop` "engine_error") is unscored; a reward row is
+scored whatever its stop (its format reward is 0).
 
-`official` — each benchmark's own protocol where it has one, `mars` elsewhere:
+`official` (eval only) — each benchmark's own protocol where it has one, `mars` elsewhere:
 - MMSearch: token-level F1 (SQuAD tokens, best over the gold answer and its alternatives)
   as the score itself, no threshold, no judge. (MMSearch's end2end script scores against
   `gt_answer` only; marscli also takes the alternatives.)
@@ -35,21 +63,27 @@ exact scoring):
   score is the harmonic mean of the accuracies of the unseen_question and unseen_entity
   splits (`data_split`); without split labels, the plain mean, with a note.
 
-`release` — the released code's validation scoring (`eval_single_node.sh`, verl's
-`reward_score/tool.py`: `em_score_mcq` for V* and HR-Bench, `llm_score` for the search
-benchmarks), by `rewards.release_accuracy` on the last model turn's text:
-1. Multiple choice (`choices`, or V*, HR-Bench, MME-RealWorld): the release's letter
-   extraction, A-D only (an E of MME-RealWorld scores 0), from the last turn's `<answer>`, its
-   box, or the whole turn when it has neither; no option texts; no judge.
+`release` — the released code's scoring (`eval_single_node.sh`, verl's `reward_score/tool.py`:
+`em_score_mcq` for V* and HR-Bench, `llm_score` for the search benchmarks), by
+`release_accuracy` on the last model turn's text (a record without model segments, answers
+imported from elsewhere, as `<answer>final_answer</answer>`); `release.py` lists where the
+release's letters and exact match differ from `mars`:
+1. Multiple choice (`choices`; under eval also V*, HR-Bench, MME-RealWorld): the release's
+   letter extraction, A-D only (an E of MME-RealWorld scores 0), from the last turn's
+   `<answer>`, its box, or the whole turn when it has neither; no option texts; no judge.
 2. Open questions: the last `<answer>` after the last `</think>`/`</thinking>`; none scores 0
    and the judge is not asked. Else exact match (the release's normalisation), else the judge
    (`--judge`; the release asks gpt-4o-2024-11-20), once per gold answer until a Yes. A judge
    that gives no verdict leaves the record unscored, as under `mars` (the release stops).
 3. Items add up as a plain mean, every benchmark (the release reports no F1, rotations or
    split means).
-`release-inference` — the same, as the release's later `inference/eval.py` scores: an open
-answer without a tag is the whole last turn (up to `<|im_end|>`), shown to the judge.
-Under both, the judge's prompt is marscli's own (`judge.py`), not the release's 13 principles.
+`release-inference` (eval only) — the same, as the release's later `inference/eval.py`
+scores: an open answer without a tag is the whole last turn (up to `<|im_end|>`), shown to the
+judge.
+
+Under every protocol the judge's prompt is marscli's own wording of the paper's grading
+principles (`judge.py`), not the release's 13 principles, and the judge sees the extracted
+answer, not the whole trajectory.
 """
 
 from __future__ import annotations
@@ -57,23 +91,33 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
+from marscli.errors import unknown_name
 from marscli.registry import Registry
 from marscli.scoring.answers import (
+    ask_judge,
     extract_choice,
     model_text,
     normalize,
-    release_accuracy,
     response_answer,
     score_answer,
 )
 from marscli.scoring.judge import Judge, JudgeError
+from marscli.scoring.release import (
+    compute_score_em_for_mcq,
+    em_check,
+    last_turn,
+    release_answer,
+)
 from marscli.secrets import redact
 
+# --------------------------------------------------------------------------- the benchmarks
 
-# What scoring needs to know of each benchmark.
+
 @dataclass(frozen=True)
 class Benchmark:
     name: str
@@ -111,25 +155,6 @@ def benchmark_info(name: str | None) -> Benchmark:
 class ScoreContext:
     judge: Judge
     base: Path  # the results file's folder: record image paths are relative to it
-
-
-class Protocol:
-    name = ""
-    about = ""  # one line, printed under the summary: which scoring produced the numbers
-
-    def score(self, rec: dict, ctx: ScoreContext) -> dict:
-        raise NotImplementedError
-
-    def aggregate(self, bench: str, items: list[dict]) -> dict:
-        """How items add up: a plain mean unless the protocol says otherwise."""
-        return plain_mean(items)
-
-
-PROTOCOLS: Registry[type[Protocol]] = Registry("--protocol")
-
-
-def make_protocol(name: str) -> Protocol:
-    return PROTOCOLS.get(name)()
 
 
 # --------------------------------------------------------------------------- text metrics
@@ -193,7 +218,7 @@ def harmonic_mean(values: list[float]) -> float:
     return len(safe) / sum(1.0 / v for v in safe)
 
 
-# --------------------------------------------------------------------------- item scoring
+# --------------------------------------------------------------------------- eval: one record
 
 
 def _no_answer(rec: dict) -> dict | None:
@@ -236,7 +261,8 @@ def _judge_image(rec: dict, base: Path) -> str | None:
     return str(path) if path.is_file() else None
 
 
-def score_mars(rec: dict, ctx: ScoreContext) -> dict:
+def eval_mars(rec: dict, ctx: ScoreContext) -> dict:
+    """A record under `mars` (the module docstring's points 1-3)."""
     early = _no_answer(rec)
     if early is not None:
         return early
@@ -249,20 +275,15 @@ def score_mars(rec: dict, ctx: ScoreContext) -> dict:
         return {"accuracy": 1.0, "method": "exact"}
     if not ctx.judge.remote:
         return {"accuracy": 0.0, "method": "exact", "judge": ctx.judge.name}
-    failure = None
-    image = _judge_image(rec, ctx.base)
-    for g in gold:
-        try:
-            if ctx.judge.verdict(rec.get("question", ""), g, answer, image):
-                return {"accuracy": 1.0, "method": "judge", "judge": ctx.judge.name}
-        except JudgeError as e:
-            failure = e
-    if failure is not None:
-        return {"status": "unscored", "error": redact(str(failure)), "judge": ctx.judge.name}
-    return {"accuracy": 0.0, "method": "judge", "judge": ctx.judge.name}
+    try:
+        acc = ask_judge(ctx.judge, rec.get("question", ""), gold, answer,
+                        _judge_image(rec, ctx.base))
+    except JudgeError as e:
+        return {"status": "unscored", "error": redact(str(e)), "judge": ctx.judge.name}
+    return {"accuracy": acc, "method": "judge", "judge": ctx.judge.name}
 
 
-def score_release(rec: dict, ctx: ScoreContext, allow_no_tag: bool = False) -> dict:
+def eval_release(rec: dict, ctx: ScoreContext, allow_no_tag: bool = False) -> dict:
     """A record as the release's evaluators score it (the `release` protocol's points 1-2)."""
     if rec.get("stop") == "engine_error":
         return {"status": "unscored", "error": f"engine_error: {rec.get('error') or 'unknown'}"}
@@ -298,6 +319,7 @@ def _infoseek_range(rec: dict) -> float | list[float] | None:
 
 
 def score_infoseek(rec: dict) -> dict:
+    """An InfoSeek record under `official`: numeric range, else exact match; no judge."""
     early = _no_answer(rec)
     if early is not None:
         return early
@@ -315,11 +337,67 @@ def score_infoseek(rec: dict) -> dict:
 
 
 def score_token_f1(rec: dict) -> dict:
+    """An MMSearch record under `official`: the best token F1 is the score; no judge."""
     early = _no_answer(rec)
     if early is not None:
         return early
     f1 = best_f1(response_answer(rec), _gold(rec))
     return {"accuracy": round(f1, 6), "method": "token_f1"}
+
+
+def eval_official(rec: dict, ctx: ScoreContext) -> dict:
+    """A record under `official`: its benchmark's own scoring, else `mars`."""
+    kind = benchmark_info(rec.get("benchmark")).official
+    if kind == "token_f1":
+        return score_token_f1(rec)
+    if kind == "infoseek":
+        return score_infoseek(rec)
+    return eval_mars(rec, ctx)
+
+
+# --------------------------------------------------------------------------- reward: one row
+# A reward row has passed the stage's checks (answer_gt, choices) and its judge image, if any,
+# exists; eval records come as they were written, so the eval scorers above check for
+# themselves.
+
+
+def reward_mars(row: dict, image: str | None, judge: Judge) -> float:
+    """A reward's accuracy under `mars` (the module docstring's points 1-3; `choices` alone
+    makes a question multiple choice, letters up to E)."""
+    gold, choices = row["answer_gt"], row.get("choices")
+    answer = response_answer(row)
+    acc = 0.0 if answer is None else score_answer(answer, gold, choices)
+    if acc == 0.0 and answer and answer.strip() and not choices:
+        acc = ask_judge(judge, row.get("question", ""), gold, answer, image)
+    return acc
+
+
+def reward_release(row: dict, image: str | None, judge: Judge) -> float:
+    """A reward's accuracy under `release`: the release's scoring of the last model turn."""
+    acc, _ = release_accuracy(model_text(row), row["answer_gt"], bool(row.get("choices")),
+                              row.get("question", ""), image, judge)
+    return acc
+
+
+def release_accuracy(text: str, gold: list[str], multiple_choice: bool, question: str,
+                     image: str | None, judge: Judge,
+                     allow_no_tag: bool = False) -> tuple[float, str]:
+    """(accuracy, method) as the release scores `text`: `compute_score_em_for_mcq` for
+    multiple choice; else `llm_score` (EM, then the judge about the tagged answer, 0 unasked
+    when there is none). `allow_no_tag`: the release's inference evaluator, which shows the
+    judge the whole last turn (up to `<|im_end|>`) when it has no tag."""
+    if multiple_choice:
+        return compute_score_em_for_mcq(text, gold), "letter"
+    answer = release_answer(text)
+    if answer is None and allow_no_tag:
+        answer = last_turn(text).split("<|im_end|>")[0].strip()
+    if answer is None:
+        return 0.0, "no_answer"
+    if em_check(answer, gold):
+        return 1.0, "exact"
+    if not judge.remote:
+        return 0.0, "exact"
+    return ask_judge(judge, question, gold, answer, image), "judge"
 
 
 # --------------------------------------------------------------------------- aggregation
@@ -371,64 +449,93 @@ def split_harmonic_mean(items: list[dict]) -> dict:
     return out
 
 
-@PROTOCOLS.register("mars")
-class MarsProtocol(Protocol):
-    name = "mars"
-    about = ("marscli's scoring: the tagged answer; letters A-D (A-E for MME-RealWorld) or an "
-             "option's text; exact match, then the judge")
+def plain_mean_of(bench: str, items: list[dict]) -> dict:
+    """Items add up as a plain mean, whatever the benchmark."""
+    return plain_mean(items)
+
+
+def official_mean(bench: str, items: list[dict]) -> dict:
+    """Items add up as the benchmark's own protocol says (`official`)."""
+    kind = benchmark_info(bench).official
+    if kind == "rotations":
+        return rotation_mean(items)
+    if kind == "infoseek":
+        return split_harmonic_mean(items)
+    out = plain_mean(items)
+    if kind == "token_f1":
+        out["metric"] = "mean token F1"
+    return out
+
+
+# --------------------------------------------------------------------------- the registry
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """One scoring protocol, as both stages that score use it (the module docstring)."""
+
+    name: str
+    about: str  # one line, printed under the eval summary: which scoring produced the numbers
+    scorer: Callable[[dict, ScoreContext], dict]  # eval: a record's score, less its protocol
+    adder: Callable[[str, list[dict]], dict] = plain_mean_of  # eval: a benchmark's number
+    # reward: accuracy(row, image, judge), 0 or 1; None: `marscli reward` does not offer it
+    reward: Callable[[dict, str | None, Judge], float] | None = None
 
     def score(self, rec: dict, ctx: ScoreContext) -> dict:
-        return {"protocol": self.name, **score_mars(rec, ctx)}
-
-
-@PROTOCOLS.register("official")
-class OfficialProtocol(Protocol):
-    name = "official"
-    about = ("each benchmark's own: MMSearch token F1, HR-Bench rotations, InfoSeek ranges and "
-             "split harmonic mean; mars elsewhere")
-
-    def score(self, rec: dict, ctx: ScoreContext) -> dict:
-        kind = benchmark_info(rec.get("benchmark")).official
-        out = (score_token_f1(rec) if kind == "token_f1" else score_infoseek(rec)
-               if kind == "infoseek" else score_mars(rec, ctx))
-        return {"protocol": self.name, **out}
+        return {"protocol": self.name, **self.scorer(rec, ctx)}
 
     def aggregate(self, bench: str, items: list[dict]) -> dict:
-        kind = benchmark_info(bench).official
-        if kind == "rotations":
-            return rotation_mean(items)
-        if kind == "infoseek":
-            return split_harmonic_mean(items)
-        out = plain_mean(items)
-        if kind == "token_f1":
-            out["metric"] = "mean token F1"
-        return out
+        return self.adder(bench, items)
 
 
-@PROTOCOLS.register("release")
-class ReleaseProtocol(Protocol):
-    name = "release"
-    about = ("the release's validation scoring (eval_single_node.sh, verl tool.py): letters A-D "
-             "from the last turn; open answers need the tag, then exact match, then the judge")
-
-    def score(self, rec: dict, ctx: ScoreContext) -> dict:
-        return {"protocol": self.name, **score_release(rec, ctx)}
+PROTOCOLS: Registry[Protocol] = Registry("--protocol")
 
 
-@PROTOCOLS.register("release-inference")
-class ReleaseInferenceProtocol(Protocol):
-    name = "release-inference"
-    about = ("the release's inference/eval.py scoring: as release, but an untagged open answer "
-             "is the whole last turn, shown to the judge")
+def _register(protocol: Protocol) -> None:
+    PROTOCOLS.register(protocol.name)(protocol)
 
-    def score(self, rec: dict, ctx: ScoreContext) -> dict:
-        return {"protocol": self.name, **score_release(rec, ctx, allow_no_tag=True)}
+
+_register(Protocol(
+    "mars", scorer=eval_mars, reward=reward_mars,
+    about=("marscli's scoring: the tagged answer; letters A-D (A-E for MME-RealWorld) or an "
+           "option's text; exact match, then the judge")))
+_register(Protocol(
+    "official", scorer=eval_official, adder=official_mean,
+    about=("each benchmark's own: MMSearch token F1, HR-Bench rotations, InfoSeek ranges and "
+           "split harmonic mean; mars elsewhere")))
+_register(Protocol(
+    "release", scorer=eval_release, reward=reward_release,
+    about=("the release's validation scoring (eval_single_node.sh, verl tool.py): letters A-D "
+           "from the last turn; open answers need the tag, then exact match, then the judge")))
+_register(Protocol(
+    "release-inference", scorer=partial(eval_release, allow_no_tag=True),
+    about=("the release's inference/eval.py scoring: as release, but an untagged open answer "
+           "is the whole last turn, shown to the judge")))
+
+
+def make_protocol(name: str) -> Protocol:
+    """`eval --protocol NAME`: any protocol; an unknown name lists them all."""
+    return PROTOCOLS.get(name)
+
+
+def reward_protocol(name: str) -> Protocol:
+    """`reward --protocol NAME`: a protocol with a `reward`; any other name is refused listing
+    the ones `marscli reward` takes."""
+    if name not in reward_protocol_names():
+        raise unknown_name(PROTOCOLS.kind, name, reward_protocol_names())
+    return PROTOCOLS.get(name)
 
 
 def protocol_names() -> list[str]:
     return PROTOCOLS.names()
 
 
-__all__ = ["PROTOCOLS", "Protocol", "ScoreContext", "best_f1", "harmonic_mean",
+def reward_protocol_names() -> list[str]:
+    return [n for n in PROTOCOLS.names() if PROTOCOLS.get(n).reward is not None]
+
+
+__all__ = ["BENCHMARKS", "PROTOCOLS", "Benchmark", "Protocol", "ScoreContext", "benchmark_info",
+           "best_f1", "eval_mars", "eval_official", "eval_release", "harmonic_mean",
            "in_numeric_range", "make_protocol", "parse_numeric", "protocol_names",
-           "score_choice", "score_release", "squad_normalize", "token_f1"]
+           "release_accuracy", "reward_mars", "reward_protocol", "reward_protocol_names",
+           "reward_release", "score_choice", "squad_normalize", "token_f1"]

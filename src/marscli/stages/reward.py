@@ -2,31 +2,16 @@
 
     reward.total = accuracy (0 or 1) + format (format_weight or 0)
 
-Accuracy, as the paper scores it:
-1. Take the response's last `<answer>` (the record's `final_answer`, else parsed from the last
-   model segment). No answer: accuracy 0, and no judge is asked.
-2. Multiple choice (the row has `choices`): extract a letter A-E (a bare letter, `\\boxed{X}`,
-   "answer is (X)", the last standalone capital letter) or accept the text of an option; it is
-   right when it names a gold option. No judge.
-3. Otherwise normalise SQuAD-style (lower case, no punctuation, no articles, single spaces),
-   keeping a lone "a" so the letter A survives; an exact match with any gold answer scores 1.
-4. Else, when a judge is configured, ask it once per gold answer (question, gold, answer,
-   image); any Yes scores 1. With `--judge exact` the answer scores 0.
+Accuracy: as `--protocol` scores it, `mars` (the default) or `release`: the entry's `reward`
+in `scoring/protocols.py`, which says how every protocol scores (`eval` takes the same entries).
 
 Format: `format_weight` when the trajectory ended with a non-empty answer (stop "answer") and
 made no invalid tool call (a tool segment with ok false, or stop "format_error"). The same under
-both protocols: the release's format score (0.5, zeroed by a model-caused tool error) is this.
+every protocol: the release's format score (0.5, zeroed by a model-caused tool error) is this.
 
-`--protocol release` (`release_accuracy`) scores accuracy as the released code does
-(`release_scoring.py` lists where it differs from the above):
-1. The text scored is the last model segment's (the last assistant turn); a record without
-   model segments is scored as `<answer>final_answer</answer>`.
-2. Multiple choice (the row has `choices`): the release's letter extraction (A-D, from the
-   `<answer>` tag, a box, or the whole turn when there is no tag), compared with the gold
-   letters; no judge.
-3. Open answers: the last `<answer>` after the turn's last `</think>`/`</thinking>`; none
-   scores 0 without asking the judge. Else exact match (the release's normalisation), else the
-   judge (not with `--judge exact`), asked about that answer.
+Rows are checked before they are scored (FILE:LINE: field): `answer_gt`, `choices` (1-5 option
+strings that the gold answers name), `segments`; with a judge that asks a model, `question` and
+the first image's file (relative to the input's folder), which the judge is shown.
 
 Failures: a judge that gives no verdict after its retries leaves the row
 `{"status": "unscored", "error": ...}` with no `total`, never a silent 0.
@@ -37,11 +22,6 @@ Failures: a judge that gives no verdict after its retries leaves the row
   (their rewards, keyed by id and a hash of the row and the scoring settings); a re-run takes
   them from there and asks the judge only about the rest, then removes it. With `-o -` there is
   no partial file (the judge's verdict cache still saves the calls).
-
-Departures from the paper / released code:
-1. The judge prompt is marscli's own wording of the paper's grading principles.
-2. The judge sees the extracted answer, not the whole trajectory, and is asked about gold
-   answers one at a time, stopping at the first Yes.
 
 Nothing here imports torch or transformers (a test checks `marscli reward` in a subprocess).
 """
@@ -67,8 +47,9 @@ from marscli.records.jsonl import (
     read_rows,
     write_sidecar,
 )
-from marscli.scoring.answers import ACCURACY, LETTERS, format_ok, gold_letters
+from marscli.scoring.answers import LETTERS, format_ok, gold_letters
 from marscli.scoring.judge import Judge, JudgeError, JudgeOptions, make_judge
+from marscli.scoring.protocols import Protocol, reward_protocol
 from marscli.secrets import redact
 
 
@@ -113,15 +94,14 @@ def _validate(row: dict, src: str, line: int, judge: Judge) -> str | None:
 
 
 def _score(row: dict, image: str | None, judge: Judge, format_weight: float,
-           protocol: str = "mars") -> dict:
+           protocol: Protocol) -> dict:
     fmt = format_weight if format_ok(row) else 0.0
     try:
-        acc = ACCURACY.get(protocol)(row, image, judge)
+        acc = protocol.reward(row, image, judge)
     except JudgeError as e:
         return {"status": "unscored", "error": redact(str(e)), "format": fmt,
                 "judge": judge.name}
     return {"total": acc + fmt, "accuracy": acc, "format": fmt, "judge": judge.name}
-
 
 
 def run(rows: Iterable[tuple[int, dict]], src: str, judge: Judge, format_weight: float = 0.5,
@@ -134,7 +114,7 @@ def run(rows: Iterable[tuple[int, dict]], src: str, judge: Judge, format_weight:
     partial file, taken instead of scoring again. A list (a file read whole) is validated
     first, so bad input costs no judge call; an iterator (`--follow`) is scored as its rows
     come, each validated on arrival, so that judging overlaps the stage writing them."""
-    ACCURACY.get(protocol)  # an unknown name fails before any row is read
+    proto = reward_protocol(protocol)  # an unknown name fails before any row is read
     known = known or {}
     checked = ((row, _validate(row, src, line, judge)) for line, row in rows)
     if isinstance(rows, list):
@@ -142,7 +122,7 @@ def run(rows: Iterable[tuple[int, dict]], src: str, judge: Judge, format_weight:
 
     def one(row: dict, image: str | None) -> tuple[str, dict]:
         key = row_key(row, judge.config(), format_weight, protocol)
-        return key, known.get(key) or _score(row, image, judge, format_weight, protocol)
+        return key, known.get(key) or _score(row, image, judge, format_weight, proto)
 
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         jobs = [(row, pool.submit(one, row, image)) for row, image in checked]
@@ -230,7 +210,7 @@ def main(input: str, output: str = "-", judge_spec: str = "exact", format_weight
     opts = JudgeOptions(timeout_s=judge_timeout, attempts=judge_retries + 1,
                         concurrency=judge_concurrency, cache_path=judge_cache,
                         backoff_s=judge_backoff)
-    ACCURACY.get(protocol)  # a bad name fails before the judge or the input is touched
+    reward_protocol(protocol)  # a bad name fails before the judge or the input is touched
     judge = make_judge(judge_spec, opts)  # a bad spec fails before the input is read
     try:
         rows = follow_rows(input) if follow else read_rows(input)
