@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from marscli.benchmarks.protocols import (
+from marscli.errors import BadInput
+from marscli.scoring.judge import Judge, JudgeError, JudgeOptions, make_judge
+from marscli.scoring.protocols import (
     ScoreContext,
     best_f1,
     harmonic_mean,
@@ -18,8 +20,6 @@ from marscli.benchmarks.protocols import (
     parse_numeric,
     token_f1,
 )
-from marscli.errors import BadInput
-from marscli.scoring.judge import Judge, JudgeError, JudgeOptions, make_judge
 
 EXACT = ScoreContext(judge=make_judge("exact"), base=Path("."))
 

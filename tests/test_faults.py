@@ -100,7 +100,7 @@ def test_rollout_attempts_stay_within_the_bound(rollout_run):
 
 
 def test_reward_finishes_through_chaos(rollout_run):
-    from marscli.scoring.answers import main as reward_main
+    from marscli.stages.reward import main as reward_main
 
     tmp, out, _, _, _ = rollout_run
     scored = tmp / "scored.jsonl"

@@ -18,9 +18,9 @@ from PIL import Image
 from marscli.errors import BadInput
 from marscli.http import HttpClient, HttpError
 from marscli.qwen.images import open_image
-from marscli.scoring.answers import main as reward_main
 from marscli.scoring.judge import JudgeError, JudgeOptions, make_judge
 from marscli.secrets import redact, split_userinfo
+from marscli.stages.reward import main as reward_main
 from marscli.tools.search import TextSearchTool, tool_failed
 
 from fakes import Huge, Trickle, always, chat_reply, current, retrieve_reply

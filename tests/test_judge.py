@@ -18,8 +18,8 @@ import pytest
 from PIL import Image
 
 from marscli.errors import BadInput, RuntimeFailure
-from marscli.scoring.answers import main
 from marscli.scoring.judge import JudgeOptions, VerdictCache, make_judge
+from marscli.stages.reward import main
 
 from fakes import always, chat_reply, sequence
 

@@ -181,7 +181,7 @@ def judged(tmp_path, monkeypatch):
 
 def test_reward_with_the_judge_down_leaves_no_output_and_keeps_scored_rows(
         judged, fake_server, tmp_path):
-    from marscli.scoring.answers import main
+    from marscli.stages.reward import main
 
     yes, no = chat_reply("<judge>Yes</judge>"), chat_reply("<judge>No</judge>")
     up = {"now": False}  # the judge: down but for Marseille, then up (answering No)
@@ -207,7 +207,7 @@ def test_reward_with_the_judge_down_leaves_no_output_and_keeps_scored_rows(
 
 def test_reward_prints_no_row_scored_rather_than_accuracy_none(judged, fake_server, tmp_path,
                                                                capsys):
-    from marscli.scoring.answers import main
+    from marscli.stages.reward import main
 
     down = fake_server(always(500, "down"))
     rows = [r for r in read_jsonl(judged) if r["final_answer"] != "Paris"]

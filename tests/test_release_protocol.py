@@ -16,11 +16,11 @@ import orjson
 import pytest
 
 from marscli.agent.protocol import last_answer
-from marscli.benchmarks.protocols import ScoreContext, make_protocol
 from marscli.errors import BadInput
-from marscli.scoring.answers import main as reward_main
-from marscli.scoring.answers import run as reward_run
 from marscli.scoring.judge import Judge, JudgeError, JudgeOptions, make_judge
+from marscli.scoring.protocols import ScoreContext, make_protocol
+from marscli.stages.reward import main as reward_main
+from marscli.stages.reward import run as reward_run
 
 from helpers import ROOT, invoke, read_jsonl, write_jsonl
 
@@ -192,7 +192,7 @@ def test_reward_sidecar_records_the_protocol_and_partials_do_not_cross(tmp_path,
     assert meta["config"]["protocol"] == "release" and stats["protocol"] == "release"
     assert [r["reward"]["accuracy"] for r in read_jsonl(out)] == [c[4] for c in CASES]
     assert "(release protocol)" in capsys.readouterr().err
-    from marscli.scoring.answers import row_key
+    from marscli.stages.reward import row_key
     row = traj(0, *CASES[0][:3])
     assert row_key(row, {}, 0.5, "mars") != row_key(row, {}, 0.5, "release")
 
@@ -227,6 +227,42 @@ def test_eval_summary_names_the_release_protocol(tmp_path, capsys):
     assert on_disk["protocol"] == "release"
     err = capsys.readouterr().err
     assert "release protocol" in err and "scored under the release protocol —" in err
+
+
+def test_reward_and_eval_resolve_the_same_protocol_entry(tmp_path, monkeypatch):
+    """One `--protocol` registry: a name both stages take is one entry (its `reward` for the
+    reward stage, its `score` and `aggregate` for eval); eval-only names are refused by reward
+    with reward's own list."""
+    import marscli.stages.eval
+    import marscli.stages.reward
+    from marscli.scoring import protocols
+
+    resolved: dict[str, list] = {"reward": [], "eval": []}
+
+    def spy(stage, lookup):
+        def resolve(name):
+            resolved[stage].append(lookup(name))
+            return resolved[stage][-1]
+        return resolve
+
+    monkeypatch.setattr(marscli.stages.reward, "reward_protocol",
+                        spy("reward", protocols.reward_protocol))
+    monkeypatch.setattr(marscli.stages.eval, "make_protocol", spy("eval", protocols.make_protocol))
+    row = traj(0, *DIFFER[0][:3])
+    out, _ = reward_run([(1, row)], "t.jsonl", make_judge("exact"), protocol="release")
+    results = write_jsonl(tmp_path / "res.jsonl", [{**row, "benchmark": "vstar", "score": {
+        "protocol": "mars", "accuracy": 0.0}}])
+    summary = marscli.stages.eval.run_summarize(str(results), rescore=True, protocol="release")
+    assert out[0]["reward"]["accuracy"] == 1.0 and summary["benchmarks"]["vstar"]["accuracy"] == 100
+    entry = protocols.PROTOCOLS.get("release")
+    assert resolved["reward"] and resolved["eval"]
+    assert all(p is entry for p in resolved["reward"] + resolved["eval"])
+    names = protocols.reward_protocol_names()
+    assert names == ["mars", "release"] and set(names) < set(protocols.protocol_names())
+    assert all(protocols.reward_protocol(n) is make_protocol(n) for n in names)
+    with pytest.raises(BadInput, match=r"unknown --protocol 'official' — choose one of: mars, "
+                                       r"release$"):
+        protocols.reward_protocol("official")
 
 
 # ----------------------------------------------------------------------- the recipe

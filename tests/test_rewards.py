@@ -13,8 +13,9 @@ import orjson
 import pytest
 
 from marscli.errors import BadInput
-from marscli.scoring.answers import extract_choice, format_ok, main, normalize, run, score_answer
+from marscli.scoring.answers import extract_choice, format_ok, normalize, score_answer
 from marscli.scoring.judge import make_judge
+from marscli.stages.reward import main, run
 
 PY = sys.executable
 ABCD = ["dog", "cat", "fish", "bird"]
@@ -292,7 +293,7 @@ def test_follow_fails_when_the_writer_dies_without_its_sidecar(tmp_path, monkeyp
     import functools
 
     import marscli.records.jsonl
-    import marscli.scoring.answers
+    import marscli.stages.reward
     from marscli.errors import RuntimeFailure
 
     rows = [{**traj(), "id": f"q#{i}"} for i in range(4)]
@@ -300,7 +301,7 @@ def test_follow_fails_when_the_writer_dies_without_its_sidecar(tmp_path, monkeyp
     while not (tmp_path / "t.jsonl").exists():  # a grace of 0.5 s covers no interpreter start
         assert writer.poll() is None
         time.sleep(0.01)
-    monkeypatch.setattr(marscli.scoring.answers, "follow_rows",
+    monkeypatch.setattr(marscli.stages.reward, "follow_rows",
                         functools.partial(marscli.records.jsonl.follow_rows, grace_s=0.5))
     with pytest.raises(RuntimeFailure, match=r"stopped without writing t.jsonl.meta.json .*"
                                              r"2 lines were read"):

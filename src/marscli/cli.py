@@ -146,7 +146,7 @@ def reward(
         check_range("--format-weight", format_weight, 0)
         check_range("--max-unscored", max_unscored, 0, 1)
         opt.check_judge_options(judge_timeout, judge_retries, judge_concurrency)
-        from marscli.scoring.answers import main as reward_main
+        from marscli.stages.reward import main as reward_main
 
         reward_main(traj, output, judge, format_weight, max_unscored, judge_timeout,
                     judge_retries, judge_concurrency, judge_cache, protocol=protocol,

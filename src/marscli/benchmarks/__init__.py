@@ -1,4 +1,6 @@
-"""The paper's benchmarks: what each one is, and loaders from their published local files.
+"""The paper's benchmarks: loaders from their published local files. What each one is, as
+scoring needs it (multiple choice, option letters, its own protocol), is `scoring/protocols.py`'s
+`BENCHMARKS` table.
 
 No hub downloads: the user points `marscli eval BENCH` at files they have. Every loader turns
 its format into marscli prompt rows (`records.Prompt`) with `benchmark` (in the row's extra
@@ -23,7 +25,6 @@ cache folder beside the results (`eval-images/SHA256.EXT`), shared by the shards
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
@@ -32,32 +33,6 @@ from marscli.benchmarks.common import LoadContext, Loaded
 from marscli.errors import BadInput, unknown_name
 from marscli.registry import Registry
 
-
-@dataclass(frozen=True)
-class Benchmark:
-    name: str
-    title: str
-    multiple_choice: bool = False
-    letters: str = "ABCD"  # the option letters the release's extractor knows
-    official: str = "mars"  # the benchmark's own protocol: mars | token_f1 | rotations | infoseek
-
-
-BENCHMARKS = {b.name: b for b in [
-    Benchmark("mmsearch", "MMSearch", official="token_f1"),
-    Benchmark("hr-mmsearch", "HR-MMSearch"),
-    Benchmark("fvqa", "FVQA-test"),
-    Benchmark("infoseek", "InfoSeek", official="infoseek"),
-    Benchmark("simplevqa", "SimpleVQA-en"),
-    Benchmark("livevqa", "LiveVQA"),
-    Benchmark("mat-search", "MAT-Search"),
-    Benchmark("vstar", "V* Bench", multiple_choice=True),
-    Benchmark("hrbench-4k", "HR-Bench 4K", multiple_choice=True, official="rotations"),
-    Benchmark("hrbench-8k", "HR-Bench 8K", multiple_choice=True, official="rotations"),
-    Benchmark("hrbench", "HR-Bench", multiple_choice=True, official="rotations"),
-    # The release has no MME-RealWorld config and its extractor stops at D; E is added here.
-    Benchmark("mme-realworld", "MME-RealWorld", multiple_choice=True, letters="ABCDE"),
-]}
-
 # The release's `data/eval/` folder names (test_all.json) -> benchmark names.
 RELEASE_FOLDERS = {
     "mmsearch_end2end_only_image": "mmsearch", "hr_mmsearch": "hr-mmsearch",
@@ -65,13 +40,6 @@ RELEASE_FOLDERS = {
     "livevqa_research_preview": "livevqa", "mat_search": "mat-search", "vstar_bench": "vstar",
     "hr_bench_4k": "hrbench-4k", "hr_bench_8k": "hrbench-8k", "mme_realworld": "mme-realworld",
 }
-
-
-def benchmark_info(name: str | None) -> Benchmark:
-    """What is known of a benchmark; an unknown name is an open-question benchmark (multiple
-    choice where its rows have `choices`, with letters up to E)."""
-    return BENCHMARKS.get(name or "") or Benchmark(name or "unknown", name or "unknown",
-                                                   letters="ABCDE")
 
 
 def guess_name(path: Path) -> str | None:
@@ -198,12 +166,9 @@ def _first_row(path: Path) -> dict:
 
 
 __all__ = [
-    "BENCHMARKS",
     "FORMATS",
-    "Benchmark",
     "LoadContext",
     "Loaded",
-    "benchmark_info",
     "detect_format",
     "format_names",
     "guess_name",

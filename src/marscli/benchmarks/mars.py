@@ -19,11 +19,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from marscli.benchmarks import FORMATS, benchmark_info, guess_name
+from marscli.benchmarks import FORMATS, guess_name
 from marscli.benchmarks.common import LoadContext, Loaded, split_options
 from marscli.errors import BadInput
 from marscli.records.jsonl import read_rows
 from marscli.records.schema import parse_prompt
+from marscli.scoring.protocols import benchmark_info
 
 
 @FORMATS.register("mars")

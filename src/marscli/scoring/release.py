@@ -19,10 +19,10 @@ Re-implemented from the behaviour of the release's `verl/verl/utils/reward_score
   is (X)"; a `(X)` inside a `**bold**` span; any `(X)`; `X)` or `X]`; a standalone capital A-D.
 - `score_release(response_text, ground_truth, choices)` returns 1.0 or 0.0; no judge is asked here.
   The release's LLM judge (`llm_score`: EM first, else the judge) sees `release_answer(text)` and
-  scores 0 without asking when it is None; asking it is the reward stage's business.
+  scores 0 without asking when it is None; asking it is `protocols.release_accuracy`'s business.
 
-Where marscli's own protocol (`rewards.py`) scores differently, and `--protocol release` follows
-the release:
+Where marscli's own protocol (`protocols.py`'s `mars`) scores differently, and `--protocol release`
+follows the release:
 1. No `<answer>` tag in the last turn: marscli scores 0; the release, for multiple choice,
    extracts a letter from the whole turn after the last `</think>`/`</thinking>`.
 2. An option's text ("dog" for option B): marscli accepts it; the release scores 0 (it only

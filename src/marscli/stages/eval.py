@@ -18,8 +18,8 @@ trajectory, and summarise per benchmark and category beside the paper's numbers.
   `RESULTS.jsonl.settings.json`, written before the first record. `--force` starts over
   (removes the results, their media, summary, sidecar and settings). Each record is the
   agent's trajectory record plus `benchmark`, `category`, `mode` and `score`
-  (`benchmarks/protocols.py`).
-- `--protocol` (`benchmarks/protocols.py`): `mars` (default), `official` (each benchmark's
+  (`scoring/protocols.py`).
+- `--protocol` (`scoring/protocols.py`): `mars` (default), `official` (each benchmark's
   own), `release` (the released code's validation scoring) or `release-inference` (its
   `inference/eval.py`). The summary names it: per benchmark and at the top of
   `RESULTS.summary.json` (`protocol`), in the table's title, and in one line on stderr saying
@@ -37,7 +37,7 @@ trajectory, and summarise per benchmark and category beside the paper's numbers.
   `make` does not take the eval for done. A run whose every trajectory failed at the engine
   exits 1 the same way. Never a silent 0.
 
-Departures from the release's evaluation are listed in `benchmarks/protocols.py`; marscli's
+Departures from the release's evaluation are listed in `scoring/protocols.py`; marscli's
 system prompts are its own (`--system-prompt FILE` replaces them).
 """
 
@@ -65,10 +65,10 @@ from marscli.agent.runner import (
 )
 from marscli.benchmarks import LoadContext, format_names, load_benchmark
 from marscli.benchmarks.paper import reported
-from marscli.benchmarks.protocols import ScoreContext, make_protocol
 from marscli.errors import BadInput, RuntimeFailure, check_range, unknown_name
 from marscli.records.jsonl import AtomicFile, AtomicJsonl, iter_rows, write_sidecar
 from marscli.scoring.judge import JudgeOptions, make_judge
+from marscli.scoring.protocols import ScoreContext, make_protocol
 from marscli.tools import TOOL_NAMES
 from marscli.train.trackers import check_tracker, log_stats
 
