@@ -18,34 +18,15 @@ Model mistakes (bad JSON, unknown tool, bad arguments, unclosed tags) become err
 and are counted; the trajectory goes on until it answers or a limit (turns, response tokens)
 stops it.
 
-Prompt rendering has two modes:
-- Default: marscli's own system prompt (or `--system-prompt FILE`) followed by its `# Tools`
-  block, laid out by tokens.py (`prompt_parts`, `tool_parts`).
-- Chat template (`AgentConfig.tool_schemas`, from `--tools-config FILE`): the system prompt, the
-  question and the schemas go through the policy processor's `apply_chat_template(tools=...)`,
-  which writes the `# Tools` block itself (chat_template.TemplateTurns). The prompt segment is
-  that rendering with the generation prompt. After each reply, the conversation plus the reply
-  (its text as generated) and the observation as a role `tool` message is rendered again; the
-  new text must extend the old text + the reply (+ `<|im_end|>` when the model closed its turn),
-  or the run fails naming the trajectory and the turn; the tool segment is the new suffix,
-  tokenised on its own (it starts with the `\n` after `<|im_end|>`, or with the `<|im_end|>`
-  that closes a cut reply, masked). The model's ids are kept exactly as generated. Images a
-  tool returns without `<image>` markers follow its text directly, as in Qwen's role-tool
-  layout. The tools offered are exactly the schemas' (each under its schema's name): a schema
-  naming a tool this run does not offer is refused (BadInput, with the list); with no tools
-  (eval --mode direct) no tools block is rendered. A template that ignores `tools=` is refused.
-  Needs a token-level engine (hf, vllm). A release row's `input_template.arguments` (its dataset
-  manifest's `system_prompt`, `format_instruction`) and its own `prompt` messages, when the row
-  carries them, are honoured as verl's dataset builds them (`Agent._opening`); the row's system
-  prompt wins over `--system-prompt`, which wins over marscli's.
+Prompt rendering has three modes, one renderer each (renderers.py), chosen once when the Agent
+is built: marscli's own layout; the checkpoint's chat template with `tools=` (`--tools-config`,
+token-level engines); chat messages for a message-level engine (`engine.message_level`: the
+openai engine), whose trajectories also keep `messages`, which the record carries. The steps
+(`_start`, `_take`, `_observe`) ask the renderer for ids and never branch on the mode.
 
-Message-level engines (`engine.message_level`, the `openai` engine) take the conversation as
-chat messages rather than token ids. For them each trajectory also keeps `messages` (OpenAI
-format; images as `{"type": "image", "image": i}` parts indexing the record's `images`), which
-the record carries. With a processor (`--tokenize-with`) the replies are tokenised into the same
-token-exact segments as the hf engine's (`<|im_end|>` added when a reply stopped); without one,
-segments carry text only and only the generated tokens (as the server counts them) count
-against `max_response_tokens`. A request that keeps failing ends its trajectory with
+For a message-level engine without a processor (`--tokenize-with`), segments carry text only and
+only the generated tokens (as the server counts them) count against `max_response_tokens`. A
+request the engine gives up on (`finish == "error"`) ends its trajectory with
 `stop: "engine_error"` and the reason in `error`.
 
 Events (`on_event(kind, traj, data)`, for live traces and progress bars), in order per turn:
@@ -79,33 +60,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from marscli.agent.protocol import (
-    SYSTEM_PROMPT,
-    Answer,
-    FormatError,
-    ToolCall,
-    parse_turn,
-    system_prompt,
-    tool_content,
-)
+from marscli.agent.protocol import Answer, FormatError, ToolCall, parse_turn
+from marscli.agent.renderers import choose_renderer
 from marscli.engines import Engine, Generation, GenRequest, SamplingParams
-from marscli.errors import BadInput, RuntimeFailure
-from marscli.qwen.chat_template import TemplateTurns, check_renders_tools, content_parts, tool_names
+from marscli.qwen.chat_template import TemplateTurns
 from marscli.qwen.images import MAX_SOURCE_PIXELS, open_image
-from marscli.qwen.tokens import (
-    IMAGE_MARK,
-    ImageFeatures,
-    StreamDecoder,
-    encode_parts,
-    image_features,
-    prompt_parts,
-    special_ids,
-    split_images,
-    tool_parts,
-)
+from marscli.qwen.tokens import ImageFeatures, StreamDecoder, image_features, special_ids
 from marscli.records.jsonl import sha256_file
 from marscli.records.schema import Prompt, Segment, new_record
-from marscli.tools import ConvImage, Tool, ToolContext, ToolResult
+from marscli.tools import ConvImage, NewImage, Tool, ToolContext, ToolResult
 
 
 @dataclass
@@ -142,6 +105,7 @@ class Traj:
     refs: list[dict]
     context: list[int]  # compact ids so far: the next prompt ([] without a tokenizer)
     files: list[Path] = field(default_factory=list)  # each image's file, as in `images`
+    # Kept by the renderer of its mode (renderers.py), and by nothing else:
     messages: list[dict] | None = None  # message-level engines: the conversation so far
     rendered: TemplateTurns | None = None  # --tools-config: the chat template's rendering
     error: str | None = None  # stop == "engine_error": why
@@ -174,33 +138,18 @@ def safe_name(s: str) -> str:
     return f"{name}+{hashlib.sha256(s.encode()).hexdigest()[:16]}"
 
 
-def message_content(text: str, image_idxs: list[int]) -> list[dict]:
-    """Chat-message content parts of a text with `<image>` markers (images without a marker go
-    last); an image is `{"type": "image", "image": i}`, i indexing the trajectory's images."""
-    parts: list[dict] = []
-    for p in split_images(text, image_idxs):  # ints come back in place: here, image indexes
-        if isinstance(p, int):
-            parts.append({"type": "image", "image": p})
-        elif p:
-            parts.append({"type": "text", "text": p})
-    return parts
-
-
 class Agent:
     def __init__(self, engine: Engine, tools: list[Tool], cfg: AgentConfig, *,
                  media_dir: Path, rel_to: Path, policy_name: str = "",
                  on_event: Event | None = None) -> None:
         self.engine, self.cfg = engine, cfg
-        self.tools = {t.name: t for t in tools}
-        self.message_level = bool(getattr(engine, "message_level", False))
+        # The rendering mode, chosen once: the steps ask the renderer, never the mode. With
+        # --tools-config the tools are offered under the schemas' names.
+        self.renderer, self.tools = choose_renderer(engine, tools, cfg.system_prompt,
+                                                    cfg.tool_schemas)
         self.processor = engine.processor  # None: a message-level engine without a tokenizer
-        if self.processor is None and not self.message_level:
-            raise ValueError("a token-level engine needs a processor")
         self.tok = self.processor.tokenizer if self.processor is not None else None
         self.ids = special_ids(self.tok) if self.tok is not None else None
-        self.system = system_prompt([t.schema for t in tools], cfg.system_prompt)
-        self.template = cfg.tool_schemas is not None  # render through the chat template
-        self.schemas = self._offered(cfg.tool_schemas) if self.template else None
         self.media_dir, self.rel_to = Path(media_dir), Path(rel_to)
         self.policy_name = policy_name
         self.on_event = on_event or (lambda kind, traj, data: None)
@@ -208,26 +157,6 @@ class Agent:
         # `wants_text = False`), the engine streams, and there are tokens to decode.
         self.streaming = (on_event is not None and getattr(on_event, "wants_text", True)
                           and bool(getattr(engine, "streams", False)) and self.tok is not None)
-
-    def _offered(self, schemas: list[dict]) -> list[dict] | None:
-        """The schemas the template renders (`tools=`): exactly the tools this run offers, each
-        under its schema's name; None when the stage offers no tools (eval --mode direct)."""
-        from marscli.agent.tools_config import RELEASE_TOOLS
-
-        if self.message_level:
-            raise BadInput("--tools-config: prompts are rendered by the policy's chat template, "
-                           "which needs a token-level engine — use --engine hf or vllm")
-        if not self.tools:
-            return None
-        names = tool_names(schemas)
-        missing = [n for n in names if RELEASE_TOOLS.get(n, n) not in self.tools]
-        if missing:
-            raise BadInput(f"--tools-config: {missing[0]} is in the tool schemas but this run "
-                           f"offers only {', '.join(self.tools)} — set its backend "
-                           "(--text-search, --image-search) or drop it from the file")
-        self.tools = {n: self.tools[RELEASE_TOOLS.get(n, n)] for n in names}
-        check_renders_tools(self.processor, schemas)
-        return schemas
 
     # ------------------------------------------------------------------ public
 
@@ -333,70 +262,27 @@ class Agent:
 
     def _start(self, prompt: Prompt, sample: int, cache: dict) -> Traj:
         if prompt.id not in cache:  # the G samples of a prompt share its decoded images
-            images, feats, refs, files = [], [], [], []
-            for i, path in enumerate(prompt.image_paths()):
-                src = open_image(path, max_pixels=MAX_SOURCE_PIXELS,
-                                 what=f"prompt {prompt.id!r}: image")
-                images.append(ConvImage(image=src, ref={}, root=i, source=src))
-                if self.processor is not None:
-                    feats.append(image_features(self.processor, src))
-                refs.append({"path": self._rel(path), "sha256": sha256_file(path)})
-                files.append(Path(path))
-            cache[prompt.id] = (images, feats, refs, files)
+            cache[prompt.id] = self._prompt_images(prompt)
         images, feats, refs, files = cache[prompt.id]
-        toks, rendered = None, None
-        if self.template:
-            rendered = TemplateTurns(self.processor, self.schemas, self.ids)
-            toks = rendered.prompt(self._opening(prompt, len(images)), [f.n_tokens for f in feats])
-        elif self.tok is not None:
-            parts = prompt_parts(self.system, prompt.question, [f.n_tokens for f in feats])
-            toks = encode_parts(self.tok, self.ids, parts)
-        seg = Segment("prompt", toks, images=list(range(len(images))))
-        t = Traj(prompt, sample, list(images), list(feats), [seg], [dict(r) for r in refs],
-                 list(toks or []), files=list(files), rendered=rendered)
-        if self.message_level:  # images first unless the question places them (prompt_parts)
-            q = prompt.question
-            q = q if IMAGE_MARK in q else IMAGE_MARK * len(images) + q
-            t.messages = [{"role": "system", "content": self.system},
-                          {"role": "user", "content": message_content(q, list(range(len(images))))}]
+        t = Traj(prompt, sample, list(images), list(feats), [], [dict(r) for r in refs], [],
+                 files=list(files))
+        toks = self.renderer.prompt(t)
+        t.segments.append(Segment("prompt", toks, images=list(range(len(images)))))
+        t.context += toks or []
         return t
 
-    def _opening(self, prompt: Prompt, n_images: int) -> list[dict]:
-        """The opening messages for the chat template, built as the release's dataset builds
-        them (verl's `RLHFJSONDatasetV2._build_messages`): the row's own `prompt` messages
-        when it carries them, else its question; `input_template.arguments.system_prompt`
-        inserted as the system message (else the row's, else --system-prompt, else marscli's),
-        `format_instruction` appended to the first user message after a newline, and `<image>`
-        markers as image parts (unmarked images first, as marscli places them)."""
-        where = f"prompt {prompt.id!r} (line {prompt.line})"
-        raw = prompt.extra.get("prompt")
-        if isinstance(raw, list) and raw and all(isinstance(m, dict) for m in raw):
-            msgs = [{"role": m.get("role"), "content": m.get("content")} for m in raw]
-        else:
-            msgs = [{"role": "user", "content": prompt.question}]
-        users = [m for m in msgs if m["role"] == "user"]
-        if not users or not all(isinstance(m["content"], str) for m in msgs):
-            raise BadInput(f"{where}: prompt: expected chat messages with string content and a "
-                           "user message")
-        args = _template_arguments(prompt.extra.get("input_template"))
-        has_system = any(m["role"] == "system" for m in msgs)
-        if args.get("system_prompt"):
-            if has_system:
-                raise BadInput(f"{where}: input_template.arguments.system_prompt and a system "
-                               "message in `prompt` — keep one")
-            msgs.insert(0, {"role": "system", "content": args["system_prompt"]})
-        elif not has_system:
-            msgs.insert(0, {"role": "system", "content": self.cfg.system_prompt or SYSTEM_PROMPT})
-        if args.get("format_instruction"):
-            users[0]["content"] = users[0]["content"].rstrip() + "\n" + args["format_instruction"]
-        unmarked = n_images - sum(m["content"].count(IMAGE_MARK) for m in users)
-        users[0]["content"] = IMAGE_MARK * max(0, unmarked) + users[0]["content"]
-        left = n_images
-        for m in users:
-            k = min(m["content"].count(IMAGE_MARK), left)
-            m["content"] = content_parts(m["content"], k, f"{where}: question")
-            left -= k
-        return msgs
+    def _prompt_images(self, prompt: Prompt) -> tuple[list, list, list, list]:
+        """A prompt's images, decoded once: (images, features, refs, files)."""
+        images, feats, refs, files = [], [], [], []
+        for i, path in enumerate(prompt.image_paths()):
+            src = open_image(path, max_pixels=MAX_SOURCE_PIXELS,
+                             what=f"prompt {prompt.id!r}: image")
+            images.append(ConvImage(image=src, ref={}, root=i, source=src))
+            if self.processor is not None:  # without one nothing is tokenised
+                feats.append(image_features(self.processor, src))
+            refs.append({"path": self._rel(path), "sha256": sha256_file(path)})
+            files.append(Path(path))
+        return images, feats, refs, files
 
     def _turn(self, active: list[Traj]) -> None:
         """One lock-step turn: every active trajectory generates in one batch, then the
@@ -426,14 +312,12 @@ class Agent:
             t.stop, t.error = "engine_error", g.error or "engine error"
             return None
         closed = g.finish == "stop"
-        text, toks, logprobs = self._reply(g, closed)
+        text, toks, logprobs = self.renderer.reply(t, g, closed)
         if stream is not None and (rest := stream.rest(text)):  # what was held back
             self.on_event("text", t, {"delta": rest})
         t.turns += 1
         t.ms["generate"] += gen_ms
         t.segments.append(Segment("model", toks, logprobs=logprobs, text=text))
-        if t.messages is not None:
-            t.messages.append({"role": "assistant", "content": text})
         n = len(toks) if toks is not None else (g.usage or 0)
         t.context += toks or []
         t.response_tokens += n
@@ -470,19 +354,6 @@ class Agent:
 
         return self.engine.generate(reqs, self.cfg.sampling, on_tokens=on_tokens), decoders
 
-    def _reply(self, g: Generation, closed: bool) -> tuple[str, list[int] | None,
-                                                          list[float] | None]:
-        """(text, tokens, logprobs) of a reply. Token-level engines give ids (decoded here);
-        message-level ones give text, tokenised here when there is a tokenizer — canonically,
-        with `<|im_end|>` added when the reply stopped (the server cuts it off)."""
-        if g.text is None:
-            body = g.tokens[:-1] if closed else g.tokens
-            return self.tok.decode(body, skip_special_tokens=False), g.tokens, g.logprobs
-        if self.tok is None:
-            return g.text, None, None
-        toks = self.tok.encode(g.text, add_special_tokens=False)
-        return g.text, toks + ([self.ids.im_end] if closed else []), None
-
     def _run_tools(self, calls: list[tuple[Traj, Any]]) -> list[tuple[ToolResult, int]]:
         if len(calls) <= 1:
             return [self._tool(t, a) for t, a in calls]
@@ -506,48 +377,17 @@ class Agent:
         return res, int((time.perf_counter() - t0) * 1000)
 
     def _observe(self, t: Traj, action: Any, res: ToolResult, ms: int, closed: bool) -> None:
-        name = action.name if isinstance(action, ToolCall) else None
-        if isinstance(action, FormatError):
-            t.format_errors += 1
-        else:
-            t.tool_calls[name] += 1
-            if res.failed:
-                t.tool_failures[name] += 1
-            elif not res.ok:
-                t.tool_errors[name] += 1
+        """Append an observation (a tool's result, or a format error's) as a tool segment."""
+        name = self._count(t, action, res)
         text = res.text
         if len(text) > self.cfg.max_tool_chars:
             text = text[: self.cfg.max_tool_chars] + "\n[truncated]"
-        new_idx, counts = [], []
-        for _, img in enumerate(res.images):
-            idx = len(t.images)
-            path = self.media_dir / f"{safe_name(t.id)}-{idx}.png"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            img.image.save(path)
-            root = img.root if img.root is not None else idx
-            t.images.append(ConvImage(img.image, {}, root=root, box=img.box,
-                                      source=img.image if img.root is None else None))
-            if self.processor is not None:
-                feat = image_features(self.processor, img.image)
-                t.feats.append(feat)
-                counts.append(feat.n_tokens)
-            t.files.append(path)
-            t.refs.append({"path": self._rel(path), "sha256": sha256_file(path), **img.meta})
-            new_idx.append(idx)
-        if new_idx and text.count(IMAGE_MARK) < len(new_idx):  # unmarked images go last
-            sep = "" if self.template else "\n"  # the template: right after the text
-            text += (sep + IMAGE_MARK) * (len(new_idx) - text.count(IMAGE_MARK))
-        toks = None
-        if self.template:
-            toks = self._rendered_tool(t, text, counts, closed)
-        elif self.tok is not None:
-            toks = encode_parts(self.tok, self.ids, tool_parts(text, counts, closed))
+        new_idx = list(range(len(t.images), len(t.images) + len(res.images)))
+        counts = [n for img in res.images if (n := self._keep_image(t, img)) is not None]
+        text, toks = self.renderer.tool(t, text, new_idx, counts, closed)
         if toks is not None:
             t.context += toks
             t.response_tokens += sum(-x if x < 0 else 1 for x in toks)
-        if t.messages is not None:
-            t.messages.append({"role": "user", "content": message_content(
-                f"<tool_response>\n{text}\n</tool_response>", new_idx)})
         seg = Segment("tool", toks, images=new_idx or None, text=text,
                       tool=name or "invalid", ok=res.ok, ms=ms)
         if res.failed:
@@ -560,15 +400,37 @@ class Agent:
         if t.response_tokens >= self.cfg.max_response_tokens:
             t.stop = "max_tokens"
 
-    def _rendered_tool(self, t: Traj, text: str, counts: list[int], closed: bool) -> list[int]:
-        """The tool segment's ids from the chat template's rendering (TemplateTurns.tool), the
-        observation as a role `tool` message; a rendering that does not extend the previous
-        one fails the run, naming the trajectory and the turn."""
-        try:
-            return t.rendered.tool(t.segments[-1].text, closed, tool_content(text, len(counts)),
-                                   counts, t.turns)
-        except RuntimeFailure as e:
-            raise RuntimeFailure(f"trajectory {t.id}: {e}") from None
+    @staticmethod
+    def _count(t: Traj, action: Any, res: ToolResult) -> str | None:
+        """Count a call (or format error) and its outcome; the tool's name (None: a format
+        error)."""
+        if isinstance(action, FormatError):
+            t.format_errors += 1
+            return None
+        t.tool_calls[action.name] += 1
+        if res.failed:
+            t.tool_failures[action.name] += 1
+        elif not res.ok:
+            t.tool_errors[action.name] += 1
+        return action.name
+
+    def _keep_image(self, t: Traj, img: NewImage) -> int | None:
+        """Save a tool's image as the trajectory's next one (a crop file under `media_dir`);
+        its image-token count, None without a processor."""
+        idx = len(t.images)
+        path = self.media_dir / f"{safe_name(t.id)}-{idx}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        img.image.save(path)
+        root = img.root if img.root is not None else idx
+        t.images.append(ConvImage(img.image, {}, root=root, box=img.box,
+                                  source=img.image if img.root is None else None))
+        t.files.append(path)
+        t.refs.append({"path": self._rel(path), "sha256": sha256_file(path), **img.meta})
+        if self.processor is None:
+            return None
+        feat = image_features(self.processor, img.image)
+        t.feats.append(feat)
+        return feat.n_tokens
 
     # ------------------------------------------------------------------ output
 
@@ -611,10 +473,3 @@ async def _wait_for(event: threading.Event) -> None:
     """Return once `event` is set (polled: a threading.Event has no awaitable)."""
     while not event.is_set():
         await asyncio.sleep(0.05)
-
-
-def _template_arguments(template: Any) -> dict:
-    """`input_template.arguments` of a release row (its dataset manifest's), or {}."""
-    args = template.get("arguments") if isinstance(template, dict) else None
-    return {k: v for k, v in (args or {}).items()
-            if k in ("system_prompt", "format_instruction") and isinstance(v, str)}

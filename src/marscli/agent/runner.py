@@ -17,7 +17,7 @@
   `OUT.media/`; records hold paths relative to the output's folder.
 - `--tools-config FILE` (`tools_config`): tool schemas read by `tools_config.load_tool_schemas`
   when the options are checked; the agent then renders prompts through the policy's chat
-  template with `tools=` (agent.py). Their hash is a sample setting.
+  template with `tools=` (renderers.py). Their hash is a sample setting.
 - Settings: the stage's `sample_settings` (what decides the samples: policy and a cheap
   fingerprint of its weights, engine, sampling, limits, tools, system prompt, seed, plus the
   stage's own) are written to `OUT.settings.json` before the first record; adding to records
