@@ -267,6 +267,49 @@ def test_gradient_checkpointing_gives_the_same_gradients(policy, examples, spec,
     assert torch.isfinite(loss)
 
 
+def test_job_step_is_train_minibatch_with_its_metrics_reduced(tiny_model, examples, spec):
+    """Job.step (the step update and sft share) trains exactly as train_minibatch over the
+    planned micro-batches; the closure's metrics come back summed, least or greatest as named,
+    the stage's own numbers alongside; a name given twice is refused before the step."""
+    import torch
+
+    from marscli.train.distributed import seed_everything
+    from marscli.train.job import Job, Reduce, TrainOptions
+    from marscli.train.optim import OptimConfig
+    from marscli.train.trainer import build_model, train_minibatch
+
+    job = Job("test", "unused", TrainOptions(), None, [], 0.0)  # one process: no __enter__
+    mb = job.minibatch(examples, max(len(e) for e in examples) + 60)
+    assert len(mb.micros) > 2 and all(m.weight for m in mb.micros)
+    assert (mb.n_seqs, mb.n_tokens) == (len(examples), sum(e.n_model_tokens for e in examples))
+
+    def lf(logp, b):
+        loss = -(logp * b.loss_mask).sum() / mb.n_tokens * b.weight
+        return loss, {"loss": loss.item(), "lo": float(len(b.examples)),
+                      "hi": float(len(b.examples))}
+
+    def model():
+        seed_everything(0)
+        return build_model(str(tiny_model), job.dist, optim=OptimConfig(lr=1e-3))
+
+    a, b = model(), model()
+    s = job.step(a, mb, lf, 1e-3, spec, sums=("loss",), mins=("lo",), maxs=("hi",),
+                 extra=Reduce(sum={"n": 2.0}, max={"w": -1.0}))
+    batches = (collate(m.examples, spec, m.weight) for m in mb.micros)
+    ms, norm, tokens = train_minibatch(b, batches, len(mb.micros), lf, 1e-3)
+    assert s.grad_norm == norm > 0
+    assert all(torch.equal(x, y) for x, y in zip(a.module.parameters(), b.module.parameters()))
+    sizes = [len(m.examples) for m in mb.micros]
+    assert s.metrics == {"loss": sum(m["loss"] for m in ms), "lo": min(sizes), "hi": max(sizes)}
+    assert s.extra == Reduce(sum={"n": 2.0}, max={"w": -1.0})
+    row = s.counts()
+    assert list(row) == ["sequences", "model_tokens", "tokens", "micro_batches", "seconds",
+                         "tokens_per_s"]
+    assert (row["tokens"], row["micro_batches"]) == (tokens, len(mb.micros))
+    with pytest.raises(ValueError, match="taken twice"):
+        job.step(a, mb, lf, 1e-3, spec, sums=("loss",), extra=Reduce(min={"loss": 0.0}))
+
+
 def test_srun_environment_maps_to_torch_distributed():
     from marscli.train.distributed import slurm_env
 

@@ -77,13 +77,16 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from marscli.errors import BadInput, check_range
 from marscli.records.jsonl import read_rows, sha256_file
-from marscli.train.batch import Example, Spec, collate, load_example, plan
+from marscli.train.batch import Example, Spec, load_example
 from marscli.train.distributed import barrier, is_main_process
-from marscli.train.job import Job, TrainOptions, check_paths, deepspeed_config
+from marscli.train.job import Job, Minibatch, TrainOptions, check_paths, deepspeed_config
+
+if TYPE_CHECKING:
+    from marscli.train.trainer import LossFn
 
 KILL_HOOK = "MARSCLI_SFT_KILL_AFTER_EPOCH"
 # Options that change the trained weights: a partial state of a run that differs in one of
@@ -270,17 +273,14 @@ def _train(job: Job, policy, cfg, processor, spec, examples, bad, fp) -> dict:
             t0 = time.perf_counter()
             order = epoch_order(len(examples), cfg.seed, epoch)
             for i in range(0, len(order), cfg.batch_size):
-                group = [examples[j] for j in order[i:i + cfg.batch_size]]
+                mb = job.minibatch([examples[j] for j in order[i:i + cfg.batch_size]], cfg.mbt)
                 lr = _lr(step, total, optim)
-                row = _step(model, group, spec, d, cfg, lr)
+                row = _step(job, model, mb, spec, lr)
                 step += 1
-                row = {"step": step, "epoch": epoch + 1, **row}
-                writer.write(row)
-                history.append(row)
-                summary = row
-                job.log(f"step {step}/{total}  epoch {epoch + 1}  loss {row['loss']:.5f}  "
-                        f"lr {lr:.3g}  grad {row['grad_norm']:.4g}  "
-                        f"{row['tokens_per_s']:.0f} tok/s")
+                summary = {"step": step, "epoch": epoch + 1, **row}
+                history.append(summary)
+                job.report(writer, summary, total, f"epoch {epoch + 1}  loss {row['loss']:.5f}  "
+                                                   f"lr {lr:.3g}")
             secs = time.perf_counter() - t0
             ep = _epoch_summary(history, epoch + 1)
             job.log(f"sft: epoch {epoch + 1}/{cfg.epochs}  loss {ep['loss']:.5f}  "
@@ -324,32 +324,24 @@ def _epoch_summary(history: list[dict], epoch: int) -> dict:
             "seconds": round(sum(r["seconds"] for r in rows), 4)}
 
 
-def _step(model, group: list[Example], spec: Spec, d, cfg: SftConfig, lr: float) -> dict:
-    """One optimiser step over `group`; returns its metrics (all ranks reduced)."""
-    from marscli.rl.losses import micro_weight
-    from marscli.train import trainer
-    from marscli.train.distributed import all_reduce
-    from marscli.train.job import Timer
+def _step(job: Job, model, mb: Minibatch, spec: Spec, lr: float) -> dict:
+    """One optimiser step over `mb`; returns its metrics (all ranks reduced)."""
+    s = job.step(model, mb, _ce_loss(mb), lr, spec, sums=("loss",))
+    return {"loss": s.metrics["loss"], "lr": lr, "grad_norm": s.grad_norm, **s.counts()}
 
-    n_tok = sum(e.n_model_tokens for e in group)  # the whole step, every rank knows it
-    n_seq = len(group)
-    n_micro = max(len(plan(group, r, d.world, cfg.mbt)) for r in range(d.world))
-    micros = plan(group, d.rank, d.world, cfg.mbt, n_micro=n_micro)
+
+def _ce_loss(mb: Minibatch) -> LossFn:
+    """The loss closure: a micro-batch's token-mean cross-entropy, weighted by its share of
+    the step's model tokens (module docstring, point 4)."""
+    from marscli.rl.losses import micro_weight
 
     def lf(logp, b):
         mask = b.loss_mask  # [B, T]
         ce = -(logp * mask).sum() / mask.sum().clamp(min=1)  # token-mean over the micro-batch
-        w = micro_weight(mask, "token-mean", n_tok, n_seq) * b.weight
+        w = micro_weight(mask, "token-mean", mb.n_tokens, mb.n_seqs) * b.weight
         return ce * w, {"loss": ce.item() * w}
 
-    with Timer() as tm:
-        batches = (collate(m.examples, spec, m.weight, d.device) for m in micros)
-        ms, grad_norm, tokens = trainer.train_minibatch(model, batches, len(micros), lf, lr)
-    loss, tokens = all_reduce([sum(x["loss"] for x in ms), tokens], d)
-    secs = all_reduce([tm.s], d, "max")[0]
-    return {"loss": loss, "lr": lr, "grad_norm": grad_norm, "sequences": n_seq,
-            "model_tokens": n_tok, "tokens": int(tokens), "micro_batches": len(micros),
-            "seconds": round(secs, 4), "tokens_per_s": tokens / secs if secs > 0 else 0.0}
+    return lf
 
 
 # ------------------------------------------------------------------------------ resume

@@ -56,12 +56,15 @@ import math
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from marscli.errors import BadInput, check_range
 from marscli.records.jsonl import get_field, read_rows
-from marscli.train.batch import Example, Spec, collate, load_example, plan
-from marscli.train.job import Job, TrainOptions, check_paths, deepspeed_config
+from marscli.train.batch import Example, Spec, collate, load_example
+from marscli.train.job import Job, Minibatch, Reduce, TrainOptions, check_paths, deepspeed_config
+
+if TYPE_CHECKING:
+    from marscli.train.trainer import LossFn
 
 OLD_LOGP = ("recompute", "engine")  # where π_old comes from (--old-logp)
 
@@ -199,19 +202,11 @@ def run_update(adv: str, policy: str, out: str, cfg: UpdateConfig | None = None,
 
 def _train(job: Job, policy, ref, cfg, agg, loss, processor, spec, examples, masked) -> dict:
     from marscli.rl import rollout_correction as rc
-    from marscli.train.distributed import all_reduce
     from marscli.train.optim import lr_at
     from marscli.train.trainstate import read_state
 
     d, ds_cfg = job.dist, job.ds_cfg
-    groups: dict[int, list[Example]] = {}
-    for e in examples:
-        groups.setdefault(e.minibatch, []).append(e)
-    plans = {}
-    for k in sorted(groups):
-        mine = plan(groups[k], d.rank, d.world, cfg.micro_batch_tokens)
-        n = int(all_reduce([len(mine)], d, "max")[0])
-        plans[k] = plan(groups[k], d.rank, d.world, cfg.micro_batch_tokens, n_micro=n)
+    plans = _minibatches(job, examples, cfg.micro_batch_tokens)
     model = job.build(policy, optim=cfg.optim(), gradient_checkpointing=cfg.gradient_checkpointing,
                       freeze_vision=cfg.freeze_vision)
     carried = cfg.keep_optimizer and job.load_optimizer(model, policy)
@@ -233,19 +228,15 @@ def _train(job: Job, policy, ref, cfg, agg, loss, processor, spec, examples, mas
     with job.output() as writer:
         step = 0
         for epoch in range(cfg.epochs):
-            for k, micros in plans.items():
+            for k, mb in plans.items():
                 lr = lr_at(step, total, optim)
-                row, totals = _step(model, micros, groups[k], spec, d, cfg, agg, loss, lr,
-                                    logps, rollout)
+                row, totals = _step(job, model, mb, spec, cfg, agg, loss, lr, logps, rollout)
                 if epoch == 0:
                     overall = rc.merge(overall, totals)
                 step += 1
-                row = {"step": step, "epoch": epoch + 1, "minibatch": k, **row}
-                writer.write(row)
-                summary = row
-                job.log(f"step {step}/{total}  loss {row['loss']:.5f}  "
-                        f"clip {row['clip_frac']:.3f}  grad {row['grad_norm']:.4g}  "
-                        f"{row['tokens_per_s']:.0f} tok/s")
+                summary = {"step": step, "epoch": epoch + 1, "minibatch": k, **row}
+                job.report(writer, summary, total, f"loss {row['loss']:.5f}  "
+                                                   f"clip {row['clip_frac']:.3f}")
         job.save(model, policy, processor, optimizer=cfg.keep_optimizer, steps=before + step)
         overall = rc.finish(overall)
         stats = {"steps": step, "trajectories": len(examples), "masked_rows": masked,
@@ -260,14 +251,23 @@ def _train(job: Job, policy, ref, cfg, agg, loss, processor, spec, examples, mas
     return stats
 
 
+def _minibatches(job: Job, examples: list[Example], max_tokens: int) -> dict[int, Minibatch]:
+    """The rows grouped by `minibatch` (ascending), each planned once: every epoch, and the
+    π_old and reference forwards, go through the same micro-batches."""
+    groups: dict[int, list[Example]] = {}
+    for e in examples:
+        groups.setdefault(e.minibatch, []).append(e)
+    return {k: job.minibatch(groups[k], max_tokens) for k in sorted(groups)}
+
+
 def score_all(model, plans, spec, d) -> dict:
     """Log-probs [T] under `model` of every example this rank trains on (and of the fillers),
     by `Example.index`."""
     from marscli.train.trainer import score
 
     out = {}
-    for micros in plans.values():
-        batches = (collate(m.examples, spec, m.weight, d.device) for m in micros)
+    for mb in plans.values():
+        batches = (collate(m.examples, spec, m.weight, d.device) for m in mb.micros)
         for b, lp in score(model, batches):
             for i, e in enumerate(b.examples):
                 if b.weight or e.index not in out:
@@ -302,18 +302,35 @@ def old_logps(model, plans, spec, d, cfg: UpdateConfig, examples: list[Example]
     return logps, totals
 
 
-def _step(model, micros, group, spec, d, cfg, agg, loss_fn, lr, logps, rollout
-          ) -> tuple[dict, dict]:
+# The policy loss's metrics, summed over micro-batches and ranks (each micro-batch's already
+# weighted by its share of the minibatch); ratio_min and ratio_max are the extremes.
+SUMMED = ("loss", "pg_loss", "kl", "clip_frac", "approx_kl", "ratio_mean")
+
+
+def _step(job: Job, model, mb: Minibatch, spec: Spec, cfg: UpdateConfig, agg: str, loss_fn,
+          lr: float, logps: dict, rollout: dict) -> tuple[dict, dict]:
     """One optimiser step over a minibatch; returns its metrics (all ranks reduced) and the
     totals of its rollout metrics (rollout_correction.merge)."""
     from marscli.rl import rollout_correction as rc
-    from marscli.rl.losses import add_kl, micro_weight
-    from marscli.train import trainer
-    from marscli.train.distributed import all_reduce
-    from marscli.train.job import Timer
 
-    n_tok = sum(e.n_model_tokens for e in group)  # the whole minibatch, every rank knows it
-    n_seq = len(group)
+    s = job.step(model, mb, _policy_loss(mb, cfg, agg, loss_fn), lr, spec, logps=logps,
+                 sums=SUMMED, mins=("ratio_min",), maxs=("ratio_max",),
+                 extra=_rollout_totals(mb, rollout))
+    row = {k: s.metrics[k] for k in SUMMED}
+    if cfg.kl == 0:
+        row["kl"] = None
+    totals = s.extra.flat()
+    row.update(ratio_min=s.metrics["ratio_min"], ratio_max=s.metrics["ratio_max"],
+               grad_norm=s.grad_norm, lr=lr, **s.counts(), **rc.finish(totals))
+    return row, totals
+
+
+def _policy_loss(mb: Minibatch, cfg: UpdateConfig, agg: str, loss_fn) -> LossFn:
+    """The loss closure: the policy loss (plus the KL penalty) of a micro-batch, weighted by
+    its share of the minibatch (losses.micro_weight), and its metrics weighted alike."""
+    from marscli.rl.losses import add_kl, micro_weight
+
+    n_tok, n_seq = mb.n_tokens, mb.n_seqs
 
     def lf(logp, b):
         mask = b.loss_mask  # [B, T]
@@ -331,29 +348,17 @@ def _step(model, micros, group, spec, d, cfg, agg, loss_fn, lr, logps, rollout
             "ratio_mean": m["ratio_mean"] * r_frac,
             "ratio_min": m["ratio_min"], "ratio_max": m["ratio_max"]}
 
-    with Timer() as tm:
-        batches = (collate(m.examples, spec, m.weight, d.device, logps) for m in micros)
-        ms, grad_norm, tokens = trainer.train_minibatch(model, batches, len(micros), lf, lr)
-    keys = ["loss", "pg_loss", "kl", "clip_frac", "approx_kl", "ratio_mean"]
-    mine = rc.empty()  # this rank's real examples (not the fillers)
-    for e in (e for m in micros if m.weight for e in m.examples):
+    return lf
+
+
+def _rollout_totals(mb: Minibatch, rollout: dict) -> Reduce:
+    """The rollout metrics' totals of this rank's real examples (not the fillers), to reduce
+    over ranks with the step's metrics."""
+    from marscli.rl import rollout_correction as rc
+
+    mine = rc.empty()
+    for e in (e for m in mb.micros if m.weight for e in m.examples):
         if e.index in rollout:
             mine = rc.merge(mine, rollout[e.index])
-    sums = all_reduce([sum(x[k] for x in ms) for k in keys] + [tokens]
-                      + [mine[k] for k in rc.SUM_KEYS], d)
-    lo = all_reduce([min((x["ratio_min"] for x in ms), default=math.inf)]
-                    + [mine[k] for k in rc.MIN_KEYS], d, "min")
-    hi = all_reduce([max((x["ratio_max"] for x in ms), default=-math.inf)]
-                    + [mine[k] for k in rc.MAX_KEYS], d, "max")
-    secs = all_reduce([tm.s], d, "max")[0]
-    row = {k: sums[i] for i, k in enumerate(keys)}
-    if cfg.kl == 0:
-        row["kl"] = None
-    tokens = sums[len(keys)]
-    totals = {**dict(zip(rc.SUM_KEYS, sums[len(keys) + 1:])), **dict(zip(rc.MIN_KEYS, lo[1:])),
-              **dict(zip(rc.MAX_KEYS, hi[1:]))}
-    row.update(ratio_min=lo[0], ratio_max=hi[0], grad_norm=grad_norm, lr=lr, sequences=n_seq,
-               model_tokens=n_tok, tokens=int(tokens), micro_batches=len(micros),
-               seconds=round(secs, 4), tokens_per_s=tokens / secs if secs > 0 else 0.0,
-               **rc.finish(totals))
-    return row, totals
+    return Reduce(sum={k: mine[k] for k in rc.SUM_KEYS}, min={k: mine[k] for k in rc.MIN_KEYS},
+                  max={k: mine[k] for k in rc.MAX_KEYS})

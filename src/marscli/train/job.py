@@ -1,30 +1,38 @@
 """The job skeleton `update` and `sft` share, and the options they share.
 
     with Job("update", out, cfg, ds_cfg, inputs=[adv], started=t0) as job:   # process group, seed
-        model = build_model(...)                                              # the stage's own
+        model = job.build(policy, ...)                                        # the stage's own
         with job.output() as metrics:                                         # OUT.tmp-PID
-            ... the stage's loop: metrics.write(row) per optimiser step ...
+            for each optimiser step:                                          # the stage's loop
+                mb = job.minibatch(examples, max_tokens)                      # this rank's share
+                s = job.step(model, mb, loss_fn, lr, spec, sums=("loss",))    # reduced metrics
+                job.report(metrics, {"step": ..., "loss": s.metrics["loss"], ..., **s.counts()},
+                           total, f"loss {...}")                              # a row, a log line
             job.save(model, policy, processor)              # HF export + train_state/
             job.sidecar(config, stats)                                        # written last
     # OUT.tmp-PID renamed onto OUT, "wrote OUT" logged, the process group closed
 
 `TrainOptions` holds the options both stages take (AdamW, DeepSpeed, seeding, output); each
-stage's config adds its own and keeps its own loop. Nothing here imports torch at import time:
-options are validated before anything heavy loads.
+stage's config adds its own and keeps its own loop, its loss closure (`trainer.LossFn`) and its
+metric fields; the step between them (micro-batches, gradient accumulation, one AdamW step, the
+metrics reduced over ranks) is `Job.step`'s. Nothing here imports torch at import time: options
+are validated before anything heavy loads.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from marscli.errors import BadInput, check_range
 from marscli.records.jsonl import OutputLock, check_not_input, dumps, remove_stale_tmp
+from marscli.train.batch import Example, Micro, Spec, collate, plan
 from marscli.train.checkpoint import AtomicDir, check_out, check_save_dtype, save_dtype_name
 from marscli.train.distributed import (
     Dist,
@@ -36,6 +44,9 @@ from marscli.train.distributed import (
     seed_everything,
 )
 from marscli.train.optim import OptimConfig
+
+if TYPE_CHECKING:
+    from marscli.train.trainer import LossFn, TrainModel
 
 
 @dataclass
@@ -204,6 +215,113 @@ class Job:
 
             write_sidecar(str(self.folder / "marscli"), stage=self.stage, seed=self.opts.seed,
                           config=config, inputs=self.inputs, stats=stats, started=self.started)
+
+    # -------------------------------------------------------------------- one optimiser step
+
+    def minibatch(self, examples: Sequence[Example], max_tokens: int) -> Minibatch:
+        """One step's examples (every rank holds them all) and this rank's micro-batches of
+        them, as many on every rank: the most any rank plans (one all-reduce), fillers of
+        weight 0 on the others, so the ranks run the same forwards and backwards."""
+        d = self.dist
+        mine = plan(examples, d.rank, d.world, max_tokens)
+        n_micro = int(all_reduce([len(mine)], d, "max")[0])
+        return Minibatch(list(examples), plan(examples, d.rank, d.world, max_tokens, n_micro),
+                         n_tokens=sum(e.n_model_tokens for e in examples), n_seqs=len(examples))
+
+    def step(self, model: TrainModel, mb: Minibatch, loss_fn: LossFn, lr: float, spec: Spec, *,
+             logps: Mapping[str, Mapping[int, Any]] | None = None, sums: Sequence[str] = (),
+             mins: Sequence[str] = (), maxs: Sequence[str] = (),
+             extra: Reduce | None = None) -> StepStats:
+        """One optimiser step over `mb` with the stage's loss closure (trainer.train_minibatch;
+        `logps` ride along into each batch, collate). The closure's metrics named in `sums`
+        are summed over micro-batches and ranks, those in `mins`/`maxs` are the least/greatest;
+        `extra` holds this rank's own numbers, reduced alongside. Collective."""
+        from marscli.train.trainer import train_minibatch
+
+        d, extra = self.dist, extra or Reduce()
+        names = [*sums, *mins, *maxs, "tokens", *extra.sum, *extra.min, *extra.max]
+        if len(set(names)) < len(names):  # a stage's bug: fail before the step, not after it
+            raise ValueError(f"Job.step: a metric name taken twice: {sorted(names)}")
+        with Timer() as tm:
+            batches = (collate(m.examples, spec, m.weight, d.device, logps) for m in mb.micros)
+            ms, grad_norm, tokens = train_minibatch(model, batches, len(mb.micros), loss_fn, lr)
+        mine = Reduce(sum={k: sum(m[k] for m in ms) for k in sums},
+                      min={k: min((m[k] for m in ms), default=math.inf) for k in mins},
+                      max={k: max((m[k] for m in ms), default=-math.inf) for k in maxs})
+        metrics, tokens, extra = self._reduce(mine, tokens, extra)
+        secs = all_reduce([tm.s], d, "max")[0]
+        return StepStats(mb, metrics, extra, grad_norm, tokens, secs)
+
+    def _reduce(self, mine: Reduce, tokens: int, extra: Reduce) -> tuple[dict, float, Reduce]:
+        """The closure's metrics, the tokens computed and the stage's `extra`, over ranks, in
+        one vector per operation laid out as the stages had it (the metrics, the tokens, the
+        extra), so that each number is reduced as before (names are distinct: Job.step)."""
+        both = Reduce(sum={**mine.sum, "tokens": tokens, **extra.sum},
+                      min={**mine.min, **extra.min}, max={**mine.max, **extra.max})
+        r = both.reduced(self.dist)
+        return r.pick(mine).flat(), r.sum["tokens"], r.pick(extra)
+
+    def report(self, writer: MetricsWriter, row: dict, total: int, detail: str) -> None:
+        """Write a step's metrics row and log its line: `detail` (the stage's own fields)
+        between the step count and the gradient norm."""
+        writer.write(row)
+        self.log(f"step {row['step']}/{total}  {detail}  grad {row['grad_norm']:.4g}  "
+                 f"{row['tokens_per_s']:.0f} tok/s")
+
+
+@dataclass
+class Minibatch:
+    """The examples of one optimiser step (all ranks'; every rank holds them) and this rank's
+    micro-batches of them (Job.minibatch). The loss closure divides by the whole step's counts."""
+
+    examples: list[Example]
+    micros: list[Micro]
+    n_tokens: int  # model tokens of the whole step (counted once: a closure reads it per micro)
+    n_seqs: int
+
+
+@dataclass
+class Reduce:
+    """Numbers of this rank to reduce over ranks, by name: summed, least, greatest."""
+
+    sum: dict[str, float] = field(default_factory=dict)
+    min: dict[str, float] = field(default_factory=dict)
+    max: dict[str, float] = field(default_factory=dict)
+
+    def reduced(self, d: Dist) -> Reduce:
+        """Each number reduced over ranks: one all-reduce per operation, none for an empty one
+        (every rank holds the same names)."""
+        def op(values: dict[str, float], how: str) -> dict[str, float]:
+            return dict(zip(values, all_reduce(list(values.values()), d, how))) if values else {}
+
+        return Reduce(op(self.sum, "sum"), op(self.min, "min"), op(self.max, "max"))
+
+    def pick(self, names: Reduce) -> Reduce:
+        """The numbers of the names `names` holds."""
+        return Reduce({k: self.sum[k] for k in names.sum}, {k: self.min[k] for k in names.min},
+                      {k: self.max[k] for k in names.max})
+
+    def flat(self) -> dict[str, float]:
+        return {**self.sum, **self.min, **self.max}
+
+
+@dataclass
+class StepStats:
+    """One optimiser step, reduced over ranks (Job.step)."""
+
+    mb: Minibatch
+    metrics: dict[str, float]  # the loss closure's, by name
+    extra: Reduce  # the stage's own numbers, reduced
+    grad_norm: float
+    tokens: float  # real tokens computed, all ranks
+    seconds: float  # the slowest rank's
+
+    def counts(self) -> dict:
+        """The fields every step's metrics row ends with, in this order."""
+        secs = self.seconds
+        return {"sequences": self.mb.n_seqs, "model_tokens": self.mb.n_tokens,
+                "tokens": int(self.tokens), "micro_batches": len(self.mb.micros),
+                "seconds": round(secs, 4), "tokens_per_s": self.tokens / secs if secs > 0 else 0.0}
 
 
 class MetricsWriter:
