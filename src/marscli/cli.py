@@ -515,20 +515,11 @@ def update(
     """Policy-gradient update (BN-GSPO / GRPO) of a checkpoint. Data-parallel / ZeRO: launch
     with `torchrun --nproc_per_node N -m marscli update ...`, `deepspeed --no_local_rank
     --module marscli update ...` or `srun`."""
+    params = locals()
     with guard():
         from marscli.stages.update import UpdateConfig, run_update
 
-        cfg = UpdateConfig(
-            loss=loss, agg=agg, clip_low=clip_low, clip_high=clip_high, kl=kl, ref=ref,
-            old_logp=old_logp, rollout_is=rollout_is, rollout_is_cap=rollout_is_cap,
-            rollout_is_floor=rollout_is_floor,
-            epochs=epochs, micro_batch_tokens=micro_batch_tokens, lr=lr, adam_beta1=adam_beta1,
-            adam_beta2=adam_beta2, adam_eps=adam_eps, weight_decay=weight_decay,
-            grad_clip=grad_clip, warmup_steps=warmup_steps, lr_schedule=lr_schedule,
-            deepspeed=deepspeed, gradient_checkpointing=gradient_checkpointing,
-            freeze_vision=freeze_vision, seed=seed, metrics=metrics, device=device,
-            save_dtype=save_dtype, keep_optimizer=keep_optimizer, force=force, track=track)
-        run_update(adv, policy, out, cfg)
+        run_update(adv, policy, out, opt.config(UpdateConfig, params))
 
 
 @app.command("inspect")
@@ -670,13 +661,10 @@ def eval_cmd(
 ) -> None:
     """Evaluate a policy on a benchmark (agent or direct); resumable, shardable; summary
     beside the paper's numbers."""
-    gen = opt.generation_options(locals())
+    params = locals()
+    gen = opt.generation_options(params)
     with guard():
-        opt.check_judge_options(judge_timeout, judge_retries, judge_concurrency)
-        from marscli.scoring.judge import JudgeOptions
-
-        jopts = JudgeOptions(timeout_s=judge_timeout, attempts=judge_retries + 1,
-                             concurrency=judge_concurrency, cache_path=judge_cache)
+        jopts = opt.judge_options(params)
         if summarize is not None:
             if bench is not None:
                 raise BadInput("--summarize: give the results file only, not BENCH too")
@@ -764,22 +752,14 @@ def sft(
 ) -> None:
     """Supervised fine-tuning (cold start) on trajectories or conversations; loss on the
     model's turns only. Data-parallel / ZeRO: launch as `update` (torchrun, deepspeed, srun)."""
+    params = locals()
     with guard():
         from marscli.stages.sft import (  # validates the options before torch loads
             SftConfig,
             run_sft,
         )
 
-        cfg = SftConfig(
-            epochs=epochs, lr=lr, warmup_ratio=warmup_ratio, schedule=schedule,
-            min_lr_ratio=min_lr_ratio, batch_size=batch_size, max_tokens=max_tokens,
-            micro_batch_tokens=micro_batch_tokens, adam_beta1=adam_beta1, adam_beta2=adam_beta2,
-            adam_eps=adam_eps, weight_decay=weight_decay, grad_clip=grad_clip,
-            freeze_vision=freeze_vision, gradient_checkpointing=gradient_checkpointing,
-            deepspeed=deepspeed, system_prompt=system_prompt, seed=seed,
-            save_every_epoch=save_every_epoch, metrics=metrics, skip_bad=skip_bad, device=device,
-            save_dtype=save_dtype, force=force, track=track)
-        run_sft(data, policy, out, cfg)
+        run_sft(data, policy, out, opt.config(SftConfig, params))
 
 
 if __name__ == "__main__":
