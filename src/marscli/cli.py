@@ -1,8 +1,9 @@
-"""marscli's command line: thin typer commands over plain functions.
+"""marscli's command line: thin typer commands over the stage modules (stages/).
 
-Every command parses options, calls one function of the library and maps `MarsError` to one
-stderr line and an exit code (2 bad input, 1 runtime failure). Nothing heavy is imported here:
-`marscli --help` must not load torch or transformers.
+Every command parses options, builds its stage's config from them once (options.py), calls one
+function of its stage and maps `MarsError` to one stderr line and an exit code (2 bad input, 1
+runtime failure). The options are checked by the stage, not here. Nothing heavy is imported
+here: `marscli --help` must not load torch or transformers.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Annotated
 
 import typer
@@ -113,8 +114,7 @@ def advantages(
 ) -> None:
     """Add `advantage` and `group` statistics to scored rows (numpy only, no torch)."""
     with guard():
-        check_range("--minibatches", minibatches, 1, 1 << 20)
-        from marscli.rl.advantages import main as advantages_main
+        from marscli.stages.advantages import main as advantages_main
 
         advantages_main(scored, output, estimator, minibatches, filter_zero_std, seed,
                         mask_truncated)
@@ -185,18 +185,9 @@ def ask(
         if max_new_tokens is not None:  # the old name of --max-turn-tokens, kept working
             check_range("--max-new-tokens", max_new_tokens, 1, MAX_TOKENS)
             gen.max_turn_tokens = max_new_tokens
-        from marscli.stages.ask import ask as run_ask
-        from marscli.stages.ask import load_replies
+        from marscli.stages.ask import main as ask_main
 
-        scripted = load_replies(replies) if replies is not None else None
-        rec = run_ask(image, question, gen, crops_dir=crops_dir, live=not json_out,
-                      replies=scripted)
-        if json_out:
-            from marscli.records.jsonl import dumps
-
-            sys.stdout.buffer.write(dumps(rec))
-        else:
-            print(rec["final_answer"] if rec["final_answer"] is not None else "")
+        ask_main(image, question, gen, crops_dir=crops_dir, replies=replies, as_json=json_out)
 
 
 IndexOutput = Annotated[str, typer.Option("-o", "--output", help="Index file to write (SQLite).")]
@@ -210,9 +201,9 @@ def index_text(
 ) -> None:
     """Build a SQLite FTS5 (BM25) index for `--text-search local:INDEX`."""
     with guard():
-        from marscli.search.text_index import build_text_index
+        from marscli.stages import index
 
-        _index("index text", build_text_index, corpus, output, "documents")
+        index.text(corpus, output)
 
 
 @index_app.command("images")
@@ -223,24 +214,9 @@ def index_images(
 ) -> None:
     """Build a perceptual-hash index for `--image-search local:INDEX`."""
     with guard():
-        from marscli.search.image_index import build_image_index
+        from marscli.stages import index
 
-        _index("index images", build_image_index, source, output, "images")
-
-
-def _index(stage: str, build: Callable[[str, str], int], source: str, output: str,
-           unit: str) -> None:
-    """Build one index file, then its sidecar; `unit`: what the index counts."""
-    import time
-
-    from marscli.records.jsonl import write_sidecar
-
-    if output == "-":
-        raise BadInput("-o -: an index is a SQLite file, not a stream — name a file")
-    t0 = time.time()
-    n = build(source, output)
-    write_sidecar(output, stage=stage, inputs=[source], stats={unit: n}, started=t0)
-    print(f"indexed {n:,} {unit} into {output}", file=sys.stderr)
+        index.images(source, output)
 
 
 @app.command()
@@ -272,34 +248,10 @@ def search(
 ) -> None:
     """Print what text_search_tool(QUERY) or image_search_tool() would return to the model."""
     with guard():
-        check_range("--k", k, 1, 100)
-        check_range("--max-chars", max_chars, 1, 1 << 24)
-        if (query is None) == (image is None and row is None):
-            raise BadInput("give either a QUERY (text search) or --image/--row (image search)")
-        from marscli.errors import RuntimeFailure
-        from marscli.tools.search import load_row, query_image, query_text, result_json, tool_failed
+        from marscli.stages.search import main as search_main
 
-        opts = {"k": k, "max_chars": max_chars, "fetch_pages": fetch_pages,
-                "summarizer": summarizer, "summarizer_model": summarizer_model}
-        if no_cache:
-            opts["cache"] = None
-        if query is not None:
-            if not text_search:
-                raise BadInput("a QUERY needs --text-search SPEC — e.g. local:index.sqlite, "
-                               "retriever:http://127.0.0.1:8000, serper")
-            res = query_text(query, text_search, **opts)
-        else:
-            res = query_image(image, image_search, load_row(row) if row else None, **opts)
-        if tool_failed(res):
-            raise RuntimeFailure(res.text)
-        if not res.ok:
-            raise BadInput(res.text.removeprefix("error: "))
-        if json_out:
-            import orjson
-
-            print(orjson.dumps(result_json(res)).decode())
-        else:
-            print(res.text)
+        search_main(query, text_search, image, image_search, row, k, max_chars, fetch_pages,
+                    summarizer, summarizer_model, no_cache, as_json=json_out)
 
 
 @app.command()
@@ -320,12 +272,8 @@ def serve(
     """Keep a vLLM engine up and serve generation over HTTP, reloading weights in place
     (`POST /reload`); rollout and eval use it with --engine server:http://HOST:PORT."""
     with guard():
-        check_range("--port", port, 0, 65535)
-        check_range("--max-batch", max_batch, 1, 65536)
-        from marscli.qwen.policy import check_checkpoint
         from marscli.stages.serve import serve as run_server
 
-        check_checkpoint(policy)
         run_server(policy, host=host, port=port, device=device,
                    tensor_parallel=tensor_parallel or 1, max_batch=max_batch,
                    max_model_len=max_model_len, kv_cache_gib=kv_cache_gib)
@@ -447,13 +395,7 @@ def toy_world(
 ) -> None:
     """Write a synthetic MARS-like world (logos, scenes, corpus, prompts, expert replies)."""
     with guard():
-        check_range("--entities", entities, 5, 96)
-        check_range("--train", train, 0, 1_000_000)
-        check_range("--test", test, 0, 1_000_000)
-        check_range("--sft", sft, 0, 1_000_000)
-        check_range("--perceive", perceive, 0, 1_000_000)
-        check_range("--size", size, 256, 8192)
-        from marscli.toy.world import main as toy_main
+        from marscli.stages.toy_world import main as toy_main
 
         toy_main(out, entities=entities, seed=seed, train=train, test=test, sft=sft, size=size,
                  grid=grid, kinds=kinds, zoom_cells=zoom_cells, perceive=perceive,
@@ -542,13 +484,9 @@ def inspect_cmd(
 ) -> None:
     """Show trajectories turn by turn: thinking, tool calls, observations, answer, reward."""
     with guard():
-        check_range("--limit", limit, 1)
-        if json_out and ids_out:
-            raise BadInput("--json and --ids: pick one")
-        from marscli.view.inspect import inspect as run_inspect
+        from marscli.stages.inspect import main as inspect_main
 
-        n = run_inspect(traj, ids=ids, where=where, limit=limit, as_json=json_out, as_ids=ids_out)
-        print(f"{n:,} {'trajectory' if n == 1 else 'trajectories'} matched", file=sys.stderr)
+        inspect_main(traj, ids=ids, where=where, limit=limit, as_json=json_out, as_ids=ids_out)
 
 
 @app.command()
@@ -562,10 +500,9 @@ def plot(
 ) -> None:
     """Plot per-iteration curves of a run (or each metric of a metrics JSONL) to a PNG."""
     with guard():
-        from marscli.view.plot import plot as run_plot
+        from marscli.stages.plot import main as plot_main
 
-        n = run_plot(source, output, title)
-        print(f"wrote {n} panels to {output}", file=sys.stderr)
+        plot_main(source, output, title)
 
 
 @app.command()
@@ -582,13 +519,9 @@ def report(
 ) -> None:
     """Write one self-contained HTML page: curves, iteration table, filterable trajectories."""
     with guard():
-        check_range("--max-trajectories", max_trajectories, 0)
-        check_range("--image-px", image_px, 16, 8192)
-        from marscli.view.report import report as run_report
+        from marscli.stages.report import main as report_main
 
-        info = run_report(source, output, max_trajectories, image_px, title)
-        print(f"wrote {output}: {info['shown']:,} of {info['trajectories']:,} trajectories, "
-              f"{info['images']:,} images, {info['bytes'] / 1e6:.1f} MB", file=sys.stderr)
+        report_main(source, output, max_trajectories, image_px, title)
 
 
 @app.command("eval")
@@ -696,13 +629,9 @@ def merge(
     """Join the shards of a rollout or eval array job; duplicate ids are refused, sidecars
     (*.meta.json, *.settings.json, *.summary.json) and media folders a glob matches skipped."""
     with guard():
-        from marscli.stages.merge import merge as run_merge
+        from marscli.stages.merge import main as merge_main
 
-        stats = run_merge(output, shards)
-        skipped = (f" (skipped {len(stats['skipped'])} sidecar or media names)"
-                   if stats["skipped"] else "")
-        print(f"merged {stats['records']:,} records from {len(stats['shards'])} shard(s) into "
-              f"{output}{skipped}", file=sys.stderr)
+        merge_main(output, shards)
 
 
 @app.command()
