@@ -12,9 +12,10 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
 from marscli import options as opt
 from marscli.agent.runner import MAX_TOKENS
@@ -34,6 +35,33 @@ app = typer.Typer(
 index_app = typer.Typer(help="Build search indexes (text: SQLite FTS5; images: perceptual hashes).",
                         no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(index_app, name="index")
+
+
+class ArgumentOrCommand(TyperGroup):
+    """A group whose callback is a command of its own, with an argument: `eval BENCH [OPTIONS]`
+    runs the callback (options before or after BENCH), `eval summarize|rescore ...` the
+    subcommand (a first word naming a subcommand is never read as BENCH)."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        if args and args[0] in self.commands:
+            # stop at the subcommand's name: the callback's argument gets a copy of it, and
+            # everything from the name on is the subcommand's
+            ctx.allow_interspersed_args, ctx.allow_extra_args = False, True
+            return super().parse_args(ctx, [args[0], *args])
+        # parsed as a command: options anywhere, and a word after BENCH is an extra argument
+        ctx.allow_interspersed_args, ctx.allow_extra_args = True, False
+        return super().parse_args(ctx, args)
+
+    def get_params(self, ctx: typer.Context) -> list[Any]:
+        """A subcommand's usage line names the group without the callback's argument."""
+        params = super().get_params(ctx)
+        return params if ctx.command is self else [p for p in params
+                                                   if p.param_type_name != "argument"]
+
+
+eval_app = typer.Typer(cls=ArgumentOrCommand, rich_markup_mode=None,
+                       subcommand_metavar="| summarize|rescore RESULTS.jsonl [OPTIONS]")
+app.add_typer(eval_app, name="eval")
 
 
 def fail(err: MarsError) -> None:
@@ -524,8 +552,9 @@ def report(
         report_main(source, output, max_trajectories, image_px, title)
 
 
-@app.command("eval")
+@eval_app.callback(invoke_without_command=True)
 def eval_cmd(
+    ctx: typer.Context,
     bench: Annotated[str | None, typer.Argument(
         metavar="BENCH", help="Benchmark file or folder (MARS data.jsonl folder, parquet, "
                               "JSONL + images, TSV).")] = None,
@@ -570,11 +599,11 @@ def eval_cmd(
     device: opt.Device = opt.GEN.device,
     max_unscored: opt.MaxUnscored = opt.MAX_UNSCORED,
     summarize: Annotated[str | None, typer.Option(
-        "--summarize", "--summary-only", metavar="RESULTS.jsonl",
-        help="Recompute RESULTS.summary.json from a results file; no generation.")] = None,
+        "--summarize", "--summary-only", metavar="RESULTS.jsonl", hidden=True,
+        help="Old form of `eval summarize RESULTS.jsonl`.")] = None,
     rescore: Annotated[bool, typer.Option(
-        "--rescore", help="With --summarize: re-score every record first (under --protocol, "
-                          "with --judge) and rewrite the file.")] = False,
+        "--rescore", hidden=True,
+        help="With --summarize: old form of `eval rescore RESULTS.jsonl`.")] = False,
     judge_timeout: opt.JudgeTimeout = opt.JUDGE_TIMEOUT,
     judge_retries: opt.JudgeRetries = opt.JUDGE_RETRIES,
     judge_concurrency: opt.JudgeConcurrency = opt.JUDGE_CONCURRENCY,
@@ -593,18 +622,19 @@ def eval_cmd(
     track: opt.Track = None,
 ) -> None:
     """Evaluate a policy on a benchmark (agent or direct); resumable, shardable; summary
-    beside the paper's numbers."""
+    beside the paper's numbers. `eval summarize` and `eval rescore` recompute the summary of a
+    results file."""
+    if ctx.invoked_subcommand is not None:
+        return
     params = locals()
     gen = opt.generation_options(params)
     with guard():
         jopts = opt.judge_options(params)
-        if summarize is not None:
+        if summarize is not None:  # the old form of `eval summarize|rescore RESULTS.jsonl`
             if bench is not None:
                 raise BadInput("--summarize: give the results file only, not BENCH too")
-            from marscli.stages.eval import run_summarize
-
-            run_summarize(summarize, rescore=rescore, protocol=protocol, judge_spec=judge,
-                          judge_opts=jopts, max_unscored=max_unscored)
+            _summarize(summarize, rescore=rescore, protocol=protocol, judge_spec=judge,
+                       judge_opts=jopts, max_unscored=max_unscored)
             return
         if bench is None:
             raise BadInput("BENCH: missing — give a benchmark file or folder (or --summarize "
@@ -615,10 +645,49 @@ def eval_cmd(
             raise BadInput("--rescore: only with --summarize RESULTS.jsonl")
         from marscli.agent.runner import parse_shard
         from marscli.stages.eval import run_eval
+
         run_eval(bench, output, gen, fmt=fmt, mode=mode, samples=samples, judge_spec=judge,
                  protocol=protocol or "mars", shard=parse_shard(shard), benchmark=benchmark,
                  image_dir=image_dir, max_unscored=max_unscored, judge_opts=jopts, force=force,
                  track=track)
+
+
+Results = Annotated[str, typer.Argument(metavar="RESULTS.jsonl", help="Results file of eval.")]
+
+
+@eval_app.command("summarize")
+def eval_summarize(results: Results, max_unscored: opt.MaxUnscored = opt.MAX_UNSCORED) -> None:
+    """Recompute RESULTS.summary.json from a results file (after `marscli merge`); no
+    generation."""
+    with guard():
+        _summarize(results, max_unscored=max_unscored, command="eval summarize")
+
+
+@eval_app.command("rescore")
+def eval_rescore(
+    results: Results,
+    protocol: Annotated[str | None, typer.Option(
+        help="Score every record under this protocol (default: each record's own).")] = None,
+    judge: opt.Judge = opt.JUDGE,
+    max_unscored: opt.MaxUnscored = opt.MAX_UNSCORED,
+    judge_timeout: opt.JudgeTimeout = opt.JUDGE_TIMEOUT,
+    judge_retries: opt.JudgeRetries = opt.JUDGE_RETRIES,
+    judge_concurrency: opt.JudgeConcurrency = opt.JUDGE_CONCURRENCY,
+    judge_cache: opt.JudgeCache = None,
+) -> None:
+    """Re-score every record of a results file (under --protocol, with --judge), rewrite it,
+    then recompute RESULTS.summary.json; no generation."""
+    with guard():
+        _summarize(results, rescore=True, protocol=protocol, judge_spec=judge,
+                   judge_opts=opt.judge_options(locals()), max_unscored=max_unscored,
+                   command="eval rescore")
+
+
+def _summarize(results: str, **kw: Any) -> None:
+    """`stages.eval.run_summarize` (imported when used)."""
+    from marscli.stages.eval import run_summarize
+
+    run_summarize(results, **kw)
 
 
 @app.command()
