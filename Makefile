@@ -207,12 +207,12 @@ else
 endif
 
 # Test-split evaluation of every checkpoint 0..ITERS, then the per-iteration table. The
-# summary is what eval (or, after a merge, eval --summarize) writes last, and not at all when
+# summary is what eval (or, after a merge, eval summarize) writes last, and not at all when
 # the eval fails.
 $(RUN)/eval/ckpt-%.summary.json: $(RUN)/ckpt-%/config.json $(TEST)
 	mkdir -p $(RUN)/eval
 	$(call sharded,EVAL,stages/eval.sh,$(RUN)/eval/ckpt-$*.jsonl,$(TEST) $(RUN)/ckpt-$* $(RUN)/eval/ckpt-$*.jsonl $(EVAL_OPTS))
-	test -f $@ || $(MARSCLI) eval --summarize $(RUN)/eval/ckpt-$*.jsonl
+	test -f $@ || $(MARSCLI) eval summarize $(RUN)/eval/ckpt-$*.jsonl
 
 # EVAL_EVERY=e evaluates checkpoints 0, e, 2e, ... and the last one (the ablation's many runs).
 SUMMARY ?= 1

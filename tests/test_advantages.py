@@ -400,6 +400,21 @@ def test_cli_unknown_estimator_and_bad_minibatches(tmp_path):
     assert p.returncode == 2 and b"number of groups (2)" in p.stderr
 
 
+def test_options_are_checked_by_the_library_before_reading(tmp_path):
+    """A Python caller meets the CLI's checks, and the stage's come before the input is read
+    (a bad option with a missing file names the option)."""
+    from marscli.stages.advantages import main
+
+    with pytest.raises(BadInput, match=r"^--minibatches: 0 is out of range — must be >= 1 and "
+                                       r"<= 1048576$"):
+        A.run(_rows(("a", 1), ("a", 0)), "s", minibatches=0)
+    with pytest.raises(BadInput, match=r"^--minibatches: 2000000 is out of range"):
+        main(str(tmp_path / "missing.jsonl"), minibatches=2_000_000)
+    with pytest.raises(BadInput, match="unknown advantage estimator 'ppo'"):
+        main(str(tmp_path / "missing.jsonl"), estimator="ppo")
+    assert not list(tmp_path.iterdir())
+
+
 def test_cli_path_never_imports_torch(tmp_path):
     src = _write(tmp_path / "scored.jsonl", SCORED)
     code = (

@@ -1,18 +1,21 @@
-"""The command-line boundary: help everywhere, no heavy imports at start-up, and `ask`'s
-exit codes, messages and live trace."""
+"""The command-line boundary: help everywhere, no heavy imports at start-up, each stage's
+config built from the command's options (every field an option), and `ask`'s exit codes,
+messages and live trace."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
-from helpers import png_header
+from helpers import invoke, png_header
 
 MARSCLI = [sys.executable, "-m", "marscli"]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
@@ -28,6 +31,7 @@ def command_names() -> list[list[str]]:
 
     names = [[c.name or c.callback.__name__.replace("_", "-")] for c in app.registered_commands]
     for group in app.registered_groups:
+        names.append([group.name])  # eval's is also a command's (its callback)
         names += [[group.name, c.name or c.callback.__name__.replace("_", "-")]
                   for c in group.typer_instance.registered_commands]
     return names
@@ -50,6 +54,83 @@ def test_every_command_has_help(cmd):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert "Usage" in res.stdout
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+def options_of(command) -> set[str]:
+    return set(inspect.signature(command).parameters)
+
+
+def test_every_config_field_is_an_option():
+    """Configs are built from a command's parameters by name: a field without an option of its
+    name would silently keep its default."""
+    from marscli import cli
+    from marscli.agent.runner import GenerationOptions
+    from marscli.stages.sft import SftConfig
+    from marscli.stages.update import UpdateConfig
+
+    gen = {f.name for f in fields(GenerationOptions)} - {"engine_opts", "search_opts"}
+    for command in (cli.rollout, cli.eval_cmd):
+        assert gen <= options_of(command), (command.__name__, gen - options_of(command))
+    assert {f.name for f in fields(UpdateConfig)} <= options_of(cli.update)
+    assert {f.name for f in fields(SftConfig)} <= options_of(cli.sft)
+
+
+@pytest.mark.parametrize("stage, argv, expected", [
+    ("update", ["--lr", "3e-4", "--kl", "0.1", "--ref", "r", "--keep-optimizer", "--agg",
+                "token-mean", "--rollout-is", "off", "--deepspeed", "ds.json", "--seed", "7"],
+     {"lr": 3e-4, "kl": 0.1, "ref": "r", "keep_optimizer": True, "agg": "token-mean",
+      "rollout_is": "off", "deepspeed": "ds.json", "seed": 7}),
+    ("sft", ["--epochs", "2", "--system-prompt", "s.txt", "--skip-bad", "--save-every-epoch",
+             "--micro-batch-tokens", "99", "--track", "jsonl:t.jsonl"],
+     {"epochs": 2, "system_prompt": "s.txt", "skip_bad": True, "save_every_epoch": True,
+      "micro_batch_tokens": 99, "track": "jsonl:t.jsonl"}),
+])
+def test_training_configs_are_built_from_the_options(monkeypatch, stage, argv, expected):
+    import importlib
+
+    module = importlib.import_module(f"marscli.stages.{stage}")
+    config = {"update": "UpdateConfig", "sft": "SftConfig"}[stage]
+    seen = []
+    monkeypatch.setattr(module, f"run_{stage}", lambda *a: seen.append(a))
+    code, _, err = invoke([stage, "data.jsonl", "--policy", "p", "--out", "o", *argv])
+    assert code == 0, err
+    assert seen == [("data.jsonl", "p", "o", getattr(module, config)(**expected))]
+
+
+def test_generation_options_derive_the_agent_config():
+    from marscli.agent.loop import AgentConfig
+    from marscli.agent.runner import GenerationOptions
+    from marscli.engines import SamplingParams
+
+    gen = GenerationOptions(temperature=0.7, top_p=0.9, top_k=5, presence_penalty=1.5, seed=3,
+                            max_turns=None, max_turn_tokens=77, max_response_tokens=999,
+                            batch_size=5, max_inflight=9, lockstep=True, system_prompt="f.txt")
+    assert gen.agent_config("the prompt") == AgentConfig(
+        max_turns=AgentConfig.max_turns, max_response_tokens=999, max_turn_tokens=77,
+        system_prompt="the prompt", batch_size=5, max_inflight=9, lockstep=True,
+        tool_schemas=None, sampling=SamplingParams(temperature=0.7, top_p=0.9, top_k=5,
+                                                   presence_penalty=1.5, max_new_tokens=77,
+                                                   seed=3))
+    assert gen.agent_config(None).max_turns == 10
+    assert GenerationOptions(max_turns=4).agent_config(None).max_turns == 4
+
+
+def test_judge_options_from_the_command_options():
+    from marscli import options as opt
+    from marscli.errors import BadInput
+    from marscli.scoring.judge import JudgeOptions
+
+    params = {"judge_timeout": 5.0, "judge_retries": 0, "judge_concurrency": 3,
+              "judge_cache": "j.sqlite", "other": 1}
+    assert opt.judge_options(params) == JudgeOptions(timeout_s=5.0, attempts=1, concurrency=3,
+                                                     cache_path="j.sqlite")
+    with pytest.raises(BadInput, match=r"--judge-retries: -1 is out of range"):
+        opt.judge_options({**params, "judge_retries": -1})
+    with pytest.raises(BadInput, match=r"--judge-concurrency: 0 is out of range"):
+        JudgeOptions(concurrency=0).check()
 
 
 @pytest.fixture()

@@ -74,7 +74,7 @@ def test_advantages_output_is_byte_identical(rollouts, tmp_path):
     assert outs[0].read_bytes() == outs[1].read_bytes()
     assert {r["minibatch"] for r in read_jsonl(outs[0])} == {0, 1}
     # the seed is really used: some other seed splits the groups otherwise
-    from marscli.rl.advantages import main as advantages_main
+    from marscli.stages.advantages import main as advantages_main
 
     other = tmp_path / "other.jsonl"
     differs = False

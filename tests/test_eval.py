@@ -1,10 +1,12 @@
 """`marscli eval` end to end: agent and direct evals over a mixed fixture (open and
 multiple-choice items) with scripted replies whose accuracy is computable by hand, the tiny
-model's own eval, resumption after kill -9, shards that add up to one run, `--summarize` /
-`--rescore`, judge failures that fail loudly, and bad input refused before anything runs."""
+model's own eval, resumption after kill -9, shards that add up to one run, `eval summarize` /
+`eval rescore` (and their older flags), judge failures that fail loudly, and bad input refused
+before anything runs."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import orjson
@@ -18,6 +20,7 @@ from helpers import (
     MIXED,
     answer,
     hr_rows,
+    invoke,
     kill_9_after_first_record,
     marscli,
     png,
@@ -266,6 +269,71 @@ def test_rescore_switches_protocol(tiny_model, tmp_path):
     res = marscli("eval", "--summarize", str(out))  # recompute only: same numbers
     assert res.returncode == 0, res.stderr
     assert orjson.loads(summary_path(out).read_bytes())["benchmarks"]["mmsearch"] == mm
+
+
+def _eval_in(folder: Path, args: list[str]) -> tuple:
+    """`marscli eval ARGS` run in `folder`: exit code, stdout, stderr, the folder's files and
+    its sidecar (less the command line and the time taken)."""
+    code, out, err = invoke(["eval", *args], cwd=folder)
+    files = {p.name: p.read_bytes() for p in sorted(folder.iterdir())
+             if p.is_file() and p.name != "r.jsonl.meta.json"}
+    meta = orjson.loads((folder / "r.jsonl.meta.json").read_bytes()) \
+        if (folder / "r.jsonl.meta.json").exists() else {}
+    return code, out, err, files, {k: v for k, v in meta.items() if k not in ("command", "wall_s")}
+
+
+@pytest.mark.parametrize("old, new", [
+    (["--summarize", "r.jsonl"], ["summarize", "r.jsonl"]),
+    (["--summary-only", "r.jsonl", "--max-unscored", "0.5"],
+     ["summarize", "r.jsonl", "--max-unscored", "0.5"]),
+    (["--summarize", "r.jsonl", "--rescore"], ["rescore", "r.jsonl"]),
+    (["--rescore", "--protocol", "official", "--summarize", "r.jsonl", "--judge-retries", "0"],
+     ["rescore", "r.jsonl", "--protocol", "official", "--judge-retries", "0"]),
+])
+def test_summarize_and_rescore_subcommands_equal_the_old_flags(mixed_runs, tmp_path, old, new):
+    """`eval summarize|rescore RESULTS` write what `eval --summarize RESULTS [--rescore]` did,
+    byte for byte: records, settings, summary, sidecar, stdout and stderr."""
+    tmp, _, _ = mixed_runs
+    for name in ("old", "new"):
+        shutil.copytree(tmp / "agent", tmp_path / name)
+    was = _eval_in(tmp_path / "old", old)
+    assert was[0] == 0, was[2]
+    assert _eval_in(tmp_path / "new", new) == was
+    if "--protocol" in new:
+        assert {r["score"]["protocol"] for r in read_jsonl(tmp_path / "new" / "r.jsonl")} == \
+            {"official"}
+
+
+def test_summarize_subcommand_fails_as_the_old_flag(tmp_path):
+    """Too many unscored records: exit 1, the same message, no summary, either way."""
+    rows = [{"v": 1, "id": f"a{i}#0", "benchmark": "fvqa", "turns": 1, "stop": "answer",
+             "score": {"protocol": "mars", "status": "unscored", "error": "judge down"}
+             if i < 2 else {"protocol": "mars", "accuracy": 1.0}} for i in range(4)]
+    runs = []
+    for name, args in (("old", ["--summarize", "r.jsonl"]), ("new", ["summarize", "r.jsonl"])):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "r.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+        runs.append(_eval_in(tmp_path / name, args))
+    assert runs[0] == runs[1]
+    code, _, err, files, _ = runs[0]
+    assert code == 1 and "2 of 4 trajectories unscored" in err and list(files) == ["r.jsonl"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["summarize", "-"], "eval summarize -: name the results file"),
+    (["summarize", "missing.jsonl"], "eval summarize missing.jsonl: no such file"),
+    (["rescore", "missing.jsonl", "--judge-timeout", "0"], "--judge-timeout: 0.0 is out of"),
+    (["rescore", "missing.jsonl", "--max-unscored", "2"], "--max-unscored: 2.0 is out of"),
+    (["-o", "r.jsonl", "--samples", "0", "b.jsonl"], "--samples: 0 is out of range"),
+    (["b.jsonl", "extra"], None),  # a usage error, as for any command
+])
+def test_eval_command_line_forms(tmp_path, args, message):
+    code, out, err = invoke(["eval", *args], cwd=tmp_path)
+    assert code == 2 and out == "" and not list(tmp_path.iterdir())
+    if message is not None:
+        assert err.startswith(f"error: {message}") and err.count("\n") == 1, err
+    else:
+        assert "Got unexpected extra argument(s) (extra)" in err
 
 
 def test_judge_failure_is_unscored_and_exits_1(tiny_model, tmp_path):

@@ -114,6 +114,16 @@ def test_cli_ids_and_json(run_dir):
     assert res.returncode == 2 and "--limit" in res.stderr
 
 
+def test_options_are_checked_by_the_stage(tmp_path):
+    from marscli.errors import BadInput
+    from marscli.stages.inspect import main
+
+    with pytest.raises(BadInput, match=r"^--limit: 0 is out of range — must be >= 1$"):
+        main(str(tmp_path / "missing.jsonl"), limit=0)
+    with pytest.raises(BadInput, match=r"^--json and --ids: pick one$"):
+        main(str(tmp_path / "missing.jsonl"), as_json=True, as_ids=True)
+
+
 def test_rendered_text_shows_the_trajectory(run_dir):
     """Plain text (stdout is not a terminal): thinking, tool call, observation, answer, gold,
     reward, advantage, and the token counts with the mask share checked by hand."""

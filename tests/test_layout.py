@@ -37,7 +37,8 @@ def test_test_modules_never_import_each_other():
 LAYERS = ("base", "records", "qwen", "search", "tools", "engines", "agent", "scoring", "rl",
           "train", "benchmarks", "view", "toy", "stages", "cli")
 TOP_LEVEL = {"__init__": "base", "errors": "base", "secrets": "base", "registry": "base",
-             "http": "base", "cli": "cli", "options": "cli", "__main__": "cli"}
+             "http": "base", "configs": "base", "cli": "cli", "options": "cli",
+             "__main__": "cli"}
 PACKAGE = ROOT / "src" / "marscli"
 
 

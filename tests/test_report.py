@@ -122,7 +122,7 @@ def test_report_filters_run_in_the_page(report_html, tmp_path):
 
 
 def test_report_of_one_trajectory_file_escapes_text(run_dir, tmp_path):
-    from marscli.view.report import report
+    from marscli.stages.report import main as report
 
     rows = [json.loads(x) for x in (run_dir / "iter-1/scored.jsonl").read_text().splitlines()]
     rows[0]["question"] = "<script>alert('q')</script> & <b>bold</b>"
@@ -297,3 +297,19 @@ def test_plot_bad_inputs(run_dir, tmp_path):
     res = cli("report", str(empty), "-o", str(tmp_path / "x.html"))
     assert res.returncode == 2 and res.stderr.startswith("error: ") and "iter-K" in res.stderr
     assert not (tmp_path / "x.png").exists() and not (tmp_path / "x.html").exists()
+
+
+@pytest.mark.parametrize("opts, message", [
+    ({"max_trajectories": -1}, "--max-trajectories: -1 is out of range — must be >= 0"),
+    ({"image_px": 8}, "--image-px: 8 is out of range — must be >= 16 and <= 8192"),
+])
+def test_report_options_are_checked_by_the_stage(tmp_path, opts, message):
+    from marscli.errors import BadInput
+    from marscli.stages.report import main
+
+    with pytest.raises(BadInput, match=f"^{message}$"):
+        main(str(tmp_path / "nowhere"), str(tmp_path / "x.html"), **opts)
+    res = cli("report", str(tmp_path / "nowhere"), "-o", str(tmp_path / "x.html"),
+              *(f"--{k.replace('_', '-')}={v}" for k, v in opts.items()))
+    assert res.returncode == 2 and res.stderr == f"error: {message}\n"
+    assert not list(tmp_path.iterdir())

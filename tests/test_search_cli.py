@@ -74,6 +74,19 @@ def test_usage_errors(tmp_path, args, code, msg):
     assert msg in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("opts, message", [
+    ({"k": 0}, "--k: 0 is out of range — must be >= 1 and <= 100"),
+    ({"max_chars": 1 << 25}, "--max-chars: 33554432 is out of range"),
+    ({}, "give either a QUERY"),
+])
+def test_search_options_are_checked_by_the_stage(opts, message):
+    from marscli.errors import BadInput
+    from marscli.stages.search import main
+
+    with pytest.raises(BadInput, match=message):
+        main(None if not opts else "q", **opts)
+
+
 def test_index_images_then_search(tmp_path):
     (tmp_path / "pics").mkdir()
     for i, color in enumerate(["red", "green", "blue", "yellow"]):

@@ -323,6 +323,15 @@ def test_refuses_existing_folder_and_leaves_nothing_on_failure(tmp_path, monkeyp
 
     with pytest.raises(BadInput, match="--entities"):
         build_world(tmp_path / "x", entities=2)
+    # the command's ranges are the library's: a Python caller meets them too
+    for opts, message in (({"entities": 97}, "--entities: 97 is out of range — must be >= 5 and "
+                                             "<= 96"),
+                          ({"train": -1}, "--train: -1 is out of range"),
+                          ({"perceive": 1_000_001}, "--perceive: 1000001 is out of range"),
+                          ({"size": 9000}, "--size: 9000 is out of range — must be >= 256")):
+        with pytest.raises(BadInput, match=message):
+            build_world(tmp_path / "x", **{**SMALL, **opts})
+    assert not (tmp_path / "x").exists()
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

@@ -1,8 +1,9 @@
-"""marscli's command line: thin typer commands over plain functions.
+"""marscli's command line: thin typer commands over the stage modules (stages/).
 
-Every command parses options, calls one function of the library and maps `MarsError` to one
-stderr line and an exit code (2 bad input, 1 runtime failure). Nothing heavy is imported here:
-`marscli --help` must not load torch or transformers.
+Every command parses options, builds its stage's config from them once (options.py), calls one
+function of its stage and maps `MarsError` to one stderr line and an exit code (2 bad input, 1
+runtime failure). The options are checked by the stage, not here. Nothing heavy is imported
+here: `marscli --help` must not load torch or transformers.
 """
 
 from __future__ import annotations
@@ -10,10 +11,11 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Callable, Iterator
-from typing import Annotated
+from collections.abc import Iterator
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
 from marscli import options as opt
 from marscli.agent.runner import MAX_TOKENS
@@ -33,6 +35,33 @@ app = typer.Typer(
 index_app = typer.Typer(help="Build search indexes (text: SQLite FTS5; images: perceptual hashes).",
                         no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(index_app, name="index")
+
+
+class ArgumentOrCommand(TyperGroup):
+    """A group whose callback is a command of its own, with an argument: `eval BENCH [OPTIONS]`
+    runs the callback (options before or after BENCH), `eval summarize|rescore ...` the
+    subcommand (a first word naming a subcommand is never read as BENCH)."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        if args and args[0] in self.commands:
+            # stop at the subcommand's name: the callback's argument gets a copy of it, and
+            # everything from the name on is the subcommand's
+            ctx.allow_interspersed_args, ctx.allow_extra_args = False, True
+            return super().parse_args(ctx, [args[0], *args])
+        # parsed as a command: options anywhere, and a word after BENCH is an extra argument
+        ctx.allow_interspersed_args, ctx.allow_extra_args = True, False
+        return super().parse_args(ctx, args)
+
+    def get_params(self, ctx: typer.Context) -> list[Any]:
+        """A subcommand's usage line names the group without the callback's argument."""
+        params = super().get_params(ctx)
+        return params if ctx.command is self else [p for p in params
+                                                   if p.param_type_name != "argument"]
+
+
+eval_app = typer.Typer(cls=ArgumentOrCommand, rich_markup_mode=None,
+                       subcommand_metavar="| summarize|rescore RESULTS.jsonl [OPTIONS]")
+app.add_typer(eval_app, name="eval")
 
 
 def fail(err: MarsError) -> None:
@@ -113,8 +142,7 @@ def advantages(
 ) -> None:
     """Add `advantage` and `group` statistics to scored rows (numpy only, no torch)."""
     with guard():
-        check_range("--minibatches", minibatches, 1, 1 << 20)
-        from marscli.rl.advantages import main as advantages_main
+        from marscli.stages.advantages import main as advantages_main
 
         advantages_main(scored, output, estimator, minibatches, filter_zero_std, seed,
                         mask_truncated)
@@ -185,18 +213,9 @@ def ask(
         if max_new_tokens is not None:  # the old name of --max-turn-tokens, kept working
             check_range("--max-new-tokens", max_new_tokens, 1, MAX_TOKENS)
             gen.max_turn_tokens = max_new_tokens
-        from marscli.stages.ask import ask as run_ask
-        from marscli.stages.ask import load_replies
+        from marscli.stages.ask import main as ask_main
 
-        scripted = load_replies(replies) if replies is not None else None
-        rec = run_ask(image, question, gen, crops_dir=crops_dir, live=not json_out,
-                      replies=scripted)
-        if json_out:
-            from marscli.records.jsonl import dumps
-
-            sys.stdout.buffer.write(dumps(rec))
-        else:
-            print(rec["final_answer"] if rec["final_answer"] is not None else "")
+        ask_main(image, question, gen, crops_dir=crops_dir, replies=replies, as_json=json_out)
 
 
 IndexOutput = Annotated[str, typer.Option("-o", "--output", help="Index file to write (SQLite).")]
@@ -210,9 +229,9 @@ def index_text(
 ) -> None:
     """Build a SQLite FTS5 (BM25) index for `--text-search local:INDEX`."""
     with guard():
-        from marscli.search.text_index import build_text_index
+        from marscli.stages import index
 
-        _index("index text", build_text_index, corpus, output, "documents")
+        index.text(corpus, output)
 
 
 @index_app.command("images")
@@ -223,24 +242,9 @@ def index_images(
 ) -> None:
     """Build a perceptual-hash index for `--image-search local:INDEX`."""
     with guard():
-        from marscli.search.image_index import build_image_index
+        from marscli.stages import index
 
-        _index("index images", build_image_index, source, output, "images")
-
-
-def _index(stage: str, build: Callable[[str, str], int], source: str, output: str,
-           unit: str) -> None:
-    """Build one index file, then its sidecar; `unit`: what the index counts."""
-    import time
-
-    from marscli.records.jsonl import write_sidecar
-
-    if output == "-":
-        raise BadInput("-o -: an index is a SQLite file, not a stream — name a file")
-    t0 = time.time()
-    n = build(source, output)
-    write_sidecar(output, stage=stage, inputs=[source], stats={unit: n}, started=t0)
-    print(f"indexed {n:,} {unit} into {output}", file=sys.stderr)
+        index.images(source, output)
 
 
 @app.command()
@@ -272,34 +276,10 @@ def search(
 ) -> None:
     """Print what text_search_tool(QUERY) or image_search_tool() would return to the model."""
     with guard():
-        check_range("--k", k, 1, 100)
-        check_range("--max-chars", max_chars, 1, 1 << 24)
-        if (query is None) == (image is None and row is None):
-            raise BadInput("give either a QUERY (text search) or --image/--row (image search)")
-        from marscli.errors import RuntimeFailure
-        from marscli.tools.search import load_row, query_image, query_text, result_json, tool_failed
+        from marscli.stages.search import main as search_main
 
-        opts = {"k": k, "max_chars": max_chars, "fetch_pages": fetch_pages,
-                "summarizer": summarizer, "summarizer_model": summarizer_model}
-        if no_cache:
-            opts["cache"] = None
-        if query is not None:
-            if not text_search:
-                raise BadInput("a QUERY needs --text-search SPEC — e.g. local:index.sqlite, "
-                               "retriever:http://127.0.0.1:8000, serper")
-            res = query_text(query, text_search, **opts)
-        else:
-            res = query_image(image, image_search, load_row(row) if row else None, **opts)
-        if tool_failed(res):
-            raise RuntimeFailure(res.text)
-        if not res.ok:
-            raise BadInput(res.text.removeprefix("error: "))
-        if json_out:
-            import orjson
-
-            print(orjson.dumps(result_json(res)).decode())
-        else:
-            print(res.text)
+        search_main(query, text_search, image, image_search, row, k, max_chars, fetch_pages,
+                    summarizer, summarizer_model, no_cache, as_json=json_out)
 
 
 @app.command()
@@ -320,12 +300,8 @@ def serve(
     """Keep a vLLM engine up and serve generation over HTTP, reloading weights in place
     (`POST /reload`); rollout and eval use it with --engine server:http://HOST:PORT."""
     with guard():
-        check_range("--port", port, 0, 65535)
-        check_range("--max-batch", max_batch, 1, 65536)
-        from marscli.qwen.policy import check_checkpoint
         from marscli.stages.serve import serve as run_server
 
-        check_checkpoint(policy)
         run_server(policy, host=host, port=port, device=device,
                    tensor_parallel=tensor_parallel or 1, max_batch=max_batch,
                    max_model_len=max_model_len, kv_cache_gib=kv_cache_gib)
@@ -447,13 +423,7 @@ def toy_world(
 ) -> None:
     """Write a synthetic MARS-like world (logos, scenes, corpus, prompts, expert replies)."""
     with guard():
-        check_range("--entities", entities, 5, 96)
-        check_range("--train", train, 0, 1_000_000)
-        check_range("--test", test, 0, 1_000_000)
-        check_range("--sft", sft, 0, 1_000_000)
-        check_range("--perceive", perceive, 0, 1_000_000)
-        check_range("--size", size, 256, 8192)
-        from marscli.toy.world import main as toy_main
+        from marscli.stages.toy_world import main as toy_main
 
         toy_main(out, entities=entities, seed=seed, train=train, test=test, sft=sft, size=size,
                  grid=grid, kinds=kinds, zoom_cells=zoom_cells, perceive=perceive,
@@ -515,20 +485,11 @@ def update(
     """Policy-gradient update (BN-GSPO / GRPO) of a checkpoint. Data-parallel / ZeRO: launch
     with `torchrun --nproc_per_node N -m marscli update ...`, `deepspeed --no_local_rank
     --module marscli update ...` or `srun`."""
+    params = locals()
     with guard():
         from marscli.stages.update import UpdateConfig, run_update
 
-        cfg = UpdateConfig(
-            loss=loss, agg=agg, clip_low=clip_low, clip_high=clip_high, kl=kl, ref=ref,
-            old_logp=old_logp, rollout_is=rollout_is, rollout_is_cap=rollout_is_cap,
-            rollout_is_floor=rollout_is_floor,
-            epochs=epochs, micro_batch_tokens=micro_batch_tokens, lr=lr, adam_beta1=adam_beta1,
-            adam_beta2=adam_beta2, adam_eps=adam_eps, weight_decay=weight_decay,
-            grad_clip=grad_clip, warmup_steps=warmup_steps, lr_schedule=lr_schedule,
-            deepspeed=deepspeed, gradient_checkpointing=gradient_checkpointing,
-            freeze_vision=freeze_vision, seed=seed, metrics=metrics, device=device,
-            save_dtype=save_dtype, keep_optimizer=keep_optimizer, force=force, track=track)
-        run_update(adv, policy, out, cfg)
+        run_update(adv, policy, out, opt.config(UpdateConfig, params))
 
 
 @app.command("inspect")
@@ -551,13 +512,9 @@ def inspect_cmd(
 ) -> None:
     """Show trajectories turn by turn: thinking, tool calls, observations, answer, reward."""
     with guard():
-        check_range("--limit", limit, 1)
-        if json_out and ids_out:
-            raise BadInput("--json and --ids: pick one")
-        from marscli.view.inspect import inspect as run_inspect
+        from marscli.stages.inspect import main as inspect_main
 
-        n = run_inspect(traj, ids=ids, where=where, limit=limit, as_json=json_out, as_ids=ids_out)
-        print(f"{n:,} {'trajectory' if n == 1 else 'trajectories'} matched", file=sys.stderr)
+        inspect_main(traj, ids=ids, where=where, limit=limit, as_json=json_out, as_ids=ids_out)
 
 
 @app.command()
@@ -571,10 +528,9 @@ def plot(
 ) -> None:
     """Plot per-iteration curves of a run (or each metric of a metrics JSONL) to a PNG."""
     with guard():
-        from marscli.view.plot import plot as run_plot
+        from marscli.stages.plot import main as plot_main
 
-        n = run_plot(source, output, title)
-        print(f"wrote {n} panels to {output}", file=sys.stderr)
+        plot_main(source, output, title)
 
 
 @app.command()
@@ -591,17 +547,14 @@ def report(
 ) -> None:
     """Write one self-contained HTML page: curves, iteration table, filterable trajectories."""
     with guard():
-        check_range("--max-trajectories", max_trajectories, 0)
-        check_range("--image-px", image_px, 16, 8192)
-        from marscli.view.report import report as run_report
+        from marscli.stages.report import main as report_main
 
-        info = run_report(source, output, max_trajectories, image_px, title)
-        print(f"wrote {output}: {info['shown']:,} of {info['trajectories']:,} trajectories, "
-              f"{info['images']:,} images, {info['bytes'] / 1e6:.1f} MB", file=sys.stderr)
+        report_main(source, output, max_trajectories, image_px, title)
 
 
-@app.command("eval")
+@eval_app.callback(invoke_without_command=True)
 def eval_cmd(
+    ctx: typer.Context,
     bench: Annotated[str | None, typer.Argument(
         metavar="BENCH", help="Benchmark file or folder (MARS data.jsonl folder, parquet, "
                               "JSONL + images, TSV).")] = None,
@@ -646,11 +599,11 @@ def eval_cmd(
     device: opt.Device = opt.GEN.device,
     max_unscored: opt.MaxUnscored = opt.MAX_UNSCORED,
     summarize: Annotated[str | None, typer.Option(
-        "--summarize", "--summary-only", metavar="RESULTS.jsonl",
-        help="Recompute RESULTS.summary.json from a results file; no generation.")] = None,
+        "--summarize", "--summary-only", metavar="RESULTS.jsonl", hidden=True,
+        help="Old form of `eval summarize RESULTS.jsonl`.")] = None,
     rescore: Annotated[bool, typer.Option(
-        "--rescore", help="With --summarize: re-score every record first (under --protocol, "
-                          "with --judge) and rewrite the file.")] = False,
+        "--rescore", hidden=True,
+        help="With --summarize: old form of `eval rescore RESULTS.jsonl`.")] = False,
     judge_timeout: opt.JudgeTimeout = opt.JUDGE_TIMEOUT,
     judge_retries: opt.JudgeRetries = opt.JUDGE_RETRIES,
     judge_concurrency: opt.JudgeConcurrency = opt.JUDGE_CONCURRENCY,
@@ -669,21 +622,19 @@ def eval_cmd(
     track: opt.Track = None,
 ) -> None:
     """Evaluate a policy on a benchmark (agent or direct); resumable, shardable; summary
-    beside the paper's numbers."""
-    gen = opt.generation_options(locals())
+    beside the paper's numbers. `eval summarize` and `eval rescore` recompute the summary of a
+    results file."""
+    if ctx.invoked_subcommand is not None:
+        return
+    params = locals()
+    gen = opt.generation_options(params)
     with guard():
-        opt.check_judge_options(judge_timeout, judge_retries, judge_concurrency)
-        from marscli.scoring.judge import JudgeOptions
-
-        jopts = JudgeOptions(timeout_s=judge_timeout, attempts=judge_retries + 1,
-                             concurrency=judge_concurrency, cache_path=judge_cache)
-        if summarize is not None:
+        jopts = opt.judge_options(params)
+        if summarize is not None:  # the old form of `eval summarize|rescore RESULTS.jsonl`
             if bench is not None:
                 raise BadInput("--summarize: give the results file only, not BENCH too")
-            from marscli.stages.eval import run_summarize
-
-            run_summarize(summarize, rescore=rescore, protocol=protocol, judge_spec=judge,
-                          judge_opts=jopts, max_unscored=max_unscored)
+            _summarize(summarize, rescore=rescore, protocol=protocol, judge_spec=judge,
+                       judge_opts=jopts, max_unscored=max_unscored)
             return
         if bench is None:
             raise BadInput("BENCH: missing — give a benchmark file or folder (or --summarize "
@@ -694,10 +645,49 @@ def eval_cmd(
             raise BadInput("--rescore: only with --summarize RESULTS.jsonl")
         from marscli.agent.runner import parse_shard
         from marscli.stages.eval import run_eval
+
         run_eval(bench, output, gen, fmt=fmt, mode=mode, samples=samples, judge_spec=judge,
                  protocol=protocol or "mars", shard=parse_shard(shard), benchmark=benchmark,
                  image_dir=image_dir, max_unscored=max_unscored, judge_opts=jopts, force=force,
                  track=track)
+
+
+Results = Annotated[str, typer.Argument(metavar="RESULTS.jsonl", help="Results file of eval.")]
+
+
+@eval_app.command("summarize")
+def eval_summarize(results: Results, max_unscored: opt.MaxUnscored = opt.MAX_UNSCORED) -> None:
+    """Recompute RESULTS.summary.json from a results file (after `marscli merge`); no
+    generation."""
+    with guard():
+        _summarize(results, max_unscored=max_unscored, command="eval summarize")
+
+
+@eval_app.command("rescore")
+def eval_rescore(
+    results: Results,
+    protocol: Annotated[str | None, typer.Option(
+        help="Score every record under this protocol (default: each record's own).")] = None,
+    judge: opt.Judge = opt.JUDGE,
+    max_unscored: opt.MaxUnscored = opt.MAX_UNSCORED,
+    judge_timeout: opt.JudgeTimeout = opt.JUDGE_TIMEOUT,
+    judge_retries: opt.JudgeRetries = opt.JUDGE_RETRIES,
+    judge_concurrency: opt.JudgeConcurrency = opt.JUDGE_CONCURRENCY,
+    judge_cache: opt.JudgeCache = None,
+) -> None:
+    """Re-score every record of a results file (under --protocol, with --judge), rewrite it,
+    then recompute RESULTS.summary.json; no generation."""
+    with guard():
+        _summarize(results, rescore=True, protocol=protocol, judge_spec=judge,
+                   judge_opts=opt.judge_options(locals()), max_unscored=max_unscored,
+                   command="eval rescore")
+
+
+def _summarize(results: str, **kw: Any) -> None:
+    """`stages.eval.run_summarize` (imported when used)."""
+    from marscli.stages.eval import run_summarize
+
+    run_summarize(results, **kw)
 
 
 @app.command()
@@ -708,13 +698,9 @@ def merge(
     """Join the shards of a rollout or eval array job; duplicate ids are refused, sidecars
     (*.meta.json, *.settings.json, *.summary.json) and media folders a glob matches skipped."""
     with guard():
-        from marscli.stages.merge import merge as run_merge
+        from marscli.stages.merge import main as merge_main
 
-        stats = run_merge(output, shards)
-        skipped = (f" (skipped {len(stats['skipped'])} sidecar or media names)"
-                   if stats["skipped"] else "")
-        print(f"merged {stats['records']:,} records from {len(stats['shards'])} shard(s) into "
-              f"{output}{skipped}", file=sys.stderr)
+        merge_main(output, shards)
 
 
 @app.command()
@@ -764,22 +750,14 @@ def sft(
 ) -> None:
     """Supervised fine-tuning (cold start) on trajectories or conversations; loss on the
     model's turns only. Data-parallel / ZeRO: launch as `update` (torchrun, deepspeed, srun)."""
+    params = locals()
     with guard():
         from marscli.stages.sft import (  # validates the options before torch loads
             SftConfig,
             run_sft,
         )
 
-        cfg = SftConfig(
-            epochs=epochs, lr=lr, warmup_ratio=warmup_ratio, schedule=schedule,
-            min_lr_ratio=min_lr_ratio, batch_size=batch_size, max_tokens=max_tokens,
-            micro_batch_tokens=micro_batch_tokens, adam_beta1=adam_beta1, adam_beta2=adam_beta2,
-            adam_eps=adam_eps, weight_decay=weight_decay, grad_clip=grad_clip,
-            freeze_vision=freeze_vision, gradient_checkpointing=gradient_checkpointing,
-            deepspeed=deepspeed, system_prompt=system_prompt, seed=seed,
-            save_every_epoch=save_every_epoch, metrics=metrics, skip_bad=skip_bad, device=device,
-            save_dtype=save_dtype, force=force, track=track)
-        run_sft(data, policy, out, cfg)
+        run_sft(data, policy, out, opt.config(SftConfig, params))
 
 
 if __name__ == "__main__":

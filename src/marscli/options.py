@@ -2,21 +2,27 @@
 
 A command names the type and gives the default (`temperature: opt.Temperature =
 opt.GEN.temperature`): the defaults come from `GenerationOptions` except where a stage chooses
-its own (eval and ask are greedy; ask's --policy is the released model). The parameter names
-are `GenerationOptions` field names, so `generation_options(locals())` builds one from a
-command's parameters. Only light modules are imported here: `marscli --help` reads these.
+its own (eval and ask are greedy; ask's --policy is the released model).
+
+Each stage's configuration is a dataclass whose fields are named as the command's parameters,
+built once from the command's `locals()`: `config(UpdateConfig, locals())`,
+`generation_options(locals())` (rollout, eval, ask), `judge_options(locals())` (eval). Only
+light modules are imported here: `marscli --help` reads these.
 """
 
 from __future__ import annotations
 
-from dataclasses import fields
-from typing import Annotated, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from marscli.agent.runner import MAX_RETRIES, MAX_TIMEOUT, GenerationOptions
-from marscli.errors import check_range
+from marscli.agent.runner import GenerationOptions
+from marscli.configs import from_names
 from marscli.qwen.policy import DEFAULT_POLICY  # noqa: F401 - ask's default, re-exported
+
+if TYPE_CHECKING:
+    from marscli.scoring.judge import JudgeOptions
 
 GEN = GenerationOptions()  # the shared defaults
 
@@ -98,7 +104,6 @@ Force = Annotated[bool, typer.Option(
 # judging (reward and eval); the defaults are judge.JudgeOptions' (not imported: it loads
 # an HTTP client), --judge-retries counting the attempts after the first
 JUDGE, MAX_UNSCORED, JUDGE_TIMEOUT, JUDGE_RETRIES, JUDGE_CONCURRENCY = "exact", 0.05, 60.0, 2, 8
-MAX_JUDGE_CONCURRENCY = 256  # threads, each holding a request in flight
 Judge = Annotated[str, typer.Option(
     help="exact (no judge: non-exact answers score 0) or openai:MODEL@URL (an OpenAI-compatible "
          "chat API; key from OPENAI_API_KEY or JUDGE_API_KEY); the release judges with GPT-4o.")]
@@ -138,16 +143,31 @@ SaveDtype = Annotated[str, typer.Option(
          "bfloat16 or input. The fp32 masters stay in OUT/train_state/.")]
 
 
-def generation_options(params: dict[str, Any]) -> GenerationOptions:
-    """A command's parameters (its `locals()`) as `GenerationOptions`: the fields by name, the
-    engine options given (not None) as `engine_opts`. Checked where it is used."""
-    names = {f.name for f in fields(GenerationOptions)} - {"engine_opts", "search_opts"}
-    return GenerationOptions(**{k: v for k, v in params.items() if k in names},
-                             engine_opts={k: params.get(k) for k in ENGINE_OPTIONS})
+# A stage's config (a dataclass) from a command's parameters (its `locals()`), by field name;
+# fields without a parameter keep their defaults. Checked by the stage.
+config = from_names
+
+
+def generation_options(params: Mapping[str, Any]) -> GenerationOptions:
+    """A command's parameters as `GenerationOptions`: the fields by name, the engine options
+    given (not None) as `engine_opts`. Checked where it is used."""
+    return config(GenerationOptions, params,
+                  engine_opts={k: params.get(k) for k in ENGINE_OPTIONS})
+
+
+def judge_options(params: Mapping[str, Any]) -> JudgeOptions:
+    """A command's `--judge-*` parameters as `judge.JudgeOptions`, checked (BadInput naming the
+    option) before anything is read."""
+    from marscli.scoring.judge import JudgeOptions  # an HTTP client: not for --help
+
+    opts = JudgeOptions(timeout_s=params["judge_timeout"], attempts=params["judge_retries"] + 1,
+                        concurrency=params["judge_concurrency"],
+                        cache_path=params.get("judge_cache"))
+    opts.check()
+    return opts
 
 
 def check_judge_options(timeout: float, retries: int, concurrency: int) -> None:
-    """The judge options reward and eval share, in range (BadInput naming the option)."""
-    check_range("--judge-timeout", timeout, 0, MAX_TIMEOUT, lo_open=True)
-    check_range("--judge-retries", retries, 0, MAX_RETRIES)
-    check_range("--judge-concurrency", concurrency, 1, MAX_JUDGE_CONCURRENCY)
+    """The judge options in range (reward's, until its stage takes `JudgeOptions`)."""
+    judge_options({"judge_timeout": timeout, "judge_retries": retries,
+                   "judge_concurrency": concurrency})

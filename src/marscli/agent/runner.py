@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from marscli.configs import from_names
 from marscli.engines import ENGINES, SamplingParams, check_engine, make_engine, split_engine
 from marscli.errors import BadInput, check_range
 
@@ -145,20 +146,20 @@ class GenerationOptions:
                 **self.search_opts}
         return build_tools(text_search=self.text_search, image_search=self.image_search, **opts)
 
+    @property
+    def sampling(self) -> SamplingParams:
+        """The fields of the same names; a reply's cap is `max_turn_tokens`."""
+        return from_names(SamplingParams, self, max_new_tokens=self.max_turn_tokens)
+
     def agent_config(self, system_prompt: str | None) -> AgentConfig:
-        """`system_prompt`: the text (the stage reads the file `self.system_prompt` early)."""
+        """The fields of the same names (limits, batching); `system_prompt`: the text (the
+        stage reads the file `self.system_prompt` early)."""
         from marscli.agent.loop import AgentConfig
 
-        return AgentConfig(
+        return from_names(
+            AgentConfig, self, system_prompt=system_prompt, tool_schemas=self.tool_schemas(),
             max_turns=AgentConfig.max_turns if self.max_turns is None else self.max_turns,
-            max_response_tokens=self.max_response_tokens, max_turn_tokens=self.max_turn_tokens,
-            system_prompt=system_prompt, batch_size=self.batch_size,
-            max_inflight=self.max_inflight, lockstep=self.lockstep,
-            tool_schemas=self.tool_schemas(),
-            sampling=SamplingParams(temperature=self.temperature, top_p=self.top_p,
-                                    top_k=self.top_k, presence_penalty=self.presence_penalty,
-                                    max_new_tokens=self.max_turn_tokens,
-                                    seed=self.seed))
+            sampling=self.sampling)
 
     def sidecar(self, engine: Any) -> dict:
         """The sidecar's config: these options, the records' policy name, and the engine's

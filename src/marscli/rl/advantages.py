@@ -4,7 +4,7 @@ BN-GSPO (the paper's estimator) normalises twice. Group step, within the G sampl
 Ā_i = (r_i − mean_g) / (std_g + 1e-6), std unbiased (ddof=1). Batch step, over the batch:
 Ã_i = (Ā_i − mean_B Ā) / (std_B Ā + 1e-9), std population (ddof=0). Every estimator in
 `ESTIMATORS` shares one signature and works on one minibatch; `compute` runs it per minibatch and
-`run` turns scored rows into advantage rows.
+`run` turns scored rows into advantage rows (stages/advantages.py reads and writes them).
 
 Rows that `reward` left unscored (a judge failure it tolerated under `--max-unscored`) are
 left out: they are not in the output, their groups are the scored rows only, and the sidecar
@@ -43,14 +43,12 @@ Where marscli departs from the paper or the released code (verl `core_algos.py`)
 
 from __future__ import annotations
 
-import sys
-import time
 from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
 
-from marscli.errors import BadInput
-from marscli.records.jsonl import AtomicJsonl, get_field, read_rows, write_sidecar
+from marscli.errors import BadInput, check_range
+from marscli.records.jsonl import get_field
 from marscli.registry import Registry
 
 # fn(rewards [N], group_index [N] in 0..n_groups-1, n_groups, eps_group, eps_batch, live [N])
@@ -59,6 +57,8 @@ from marscli.registry import Registry
 Estimator = Callable[[np.ndarray, np.ndarray, int, float, float, np.ndarray], np.ndarray]
 ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
 TRUNCATED_STOPS = ("max_turns", "max_tokens")  # agent.py: the turn limit, the token budget
+MAX_MINIBATCHES = 1 << 20  # --minibatches
+EPS_GROUP, EPS_BATCH = 1e-6, 1e-9  # the group step's and the batch step's std epsilon
 
 
 def group_stats(r: np.ndarray, g: np.ndarray, n: int) -> tuple[np.ndarray, ...]:
@@ -125,7 +125,7 @@ def codes(ids: Sequence[Hashable] | np.ndarray) -> tuple[np.ndarray, int]:
 def compute(rewards: Sequence[float] | np.ndarray, group_ids: Sequence[Hashable] | np.ndarray,
             estimator: str = "bn-gspo",
             minibatch_ids: Sequence[Hashable] | np.ndarray | None = None,
-            eps_group: float = 1e-6, eps_batch: float = 1e-9,
+            eps_group: float = EPS_GROUP, eps_batch: float = EPS_BATCH,
             masked: Sequence[bool] | np.ndarray | None = None) -> np.ndarray:
     """Advantages [N] (float64, input order); the estimator runs within each minibatch.
     `masked` [N]: rows that keep their reward in the group statistics but get advantage 0.
@@ -200,6 +200,13 @@ def is_unscored(row: dict) -> bool:
     return isinstance(reward, dict) and reward.get("status") == "unscored"
 
 
+def check_options(estimator: str, minibatches: int) -> None:
+    """BadInput naming the option: M in 1..MAX_MINIBATCHES (at most the number of groups:
+    `assign_minibatches`), a registered estimator."""
+    check_range("--minibatches", minibatches, 1, MAX_MINIBATCHES)
+    ESTIMATORS.get(estimator)
+
+
 def run(rows: list[tuple[int, dict]], src: str, estimator: str = "bn-gspo", minibatches: int = 1,
         filter_zero_std: bool = False, seed: int = 0,
         mask_truncated: bool = False) -> tuple[list[dict], dict]:
@@ -207,9 +214,7 @@ def run(rows: list[tuple[int, dict]], src: str, estimator: str = "bn-gspo", mini
     `group`, when M > 1 `minibatch`, and with `mask_truncated` `"masked": "truncated"` on rows
     the turn limit or the token budget stopped; also the stage statistics for the sidecar.
     Unscored rows are left out (and counted): groups are made of the scored rows only."""
-    ESTIMATORS.get(estimator)  # fail on a bad name before looking at the data
-    if minibatches < 1:
-        raise BadInput(f"--minibatches: {minibatches} is out of range — must be >= 1")
+    check_options(estimator, minibatches)  # before looking at the data
     unscored = sum(is_unscored(row) for _, row in rows)
     if unscored == len(rows):
         raise BadInput(f"{src}: all {len(rows)} rows are unscored — re-run `marscli reward` "
@@ -245,7 +250,7 @@ def run(rows: list[tuple[int, dict]], src: str, estimator: str = "bn-gspo", mini
     n_kept = int(np.unique(g[kept]).size)
     # BN-GSPO's mechanism, measured: the batch step divides the group-normalised advantages by
     # their pooled std, which flat groups (all zeros) pull below 1.
-    group_step = np.where(std[g] > 0, (r - mean[g]) / (std[g] + 1e-6), 0.0)[kept]  # [K]
+    group_step = np.where(std[g] > 0, (r - mean[g]) / (std[g] + EPS_GROUP), 0.0)[kept]  # [K]
     train = group_step[~cut[kept]]
     stats = {
         "estimator": estimator,
@@ -267,28 +272,3 @@ def run(rows: list[tuple[int, dict]], src: str, estimator: str = "bn-gspo", mini
     }
     return out, stats
 
-
-def main(input: str, output: str = "-", estimator: str = "bn-gspo", minibatches: int = 1,
-         filter_zero_std: bool = False, seed: int = 0, mask_truncated: bool = False) -> dict:
-    """read → run → atomic write → sidecar; a one-line summary on stderr. Returns the stats."""
-    started = time.time()
-    ESTIMATORS.get(estimator)  # before blocking on stdin
-    rows, stats = run(read_rows(input), input, estimator, minibatches, filter_zero_std, seed,
-                      mask_truncated)
-    with AtomicJsonl(output) as out:
-        out.write_all(rows)
-    config = {"estimator": estimator, "minibatches": minibatches,
-              "filter_zero_std": filter_zero_std, "mask_truncated": mask_truncated,
-              "eps_group": 1e-6, "eps_batch": 1e-9}
-    write_sidecar(output, stage="advantages", seed=seed, config=config, inputs=[input],
-                  stats=stats, started=started)
-    dropped = f", dropped {stats['dropped_groups']} flat groups" if filter_zero_std else ""
-    if mask_truncated:
-        dropped += f", masked {stats['masked_truncated']} truncated"
-    if stats["unscored_rows"]:
-        dropped += f", skipped {stats['unscored_rows']} unscored rows"
-    print(f"advantages ({estimator}): {stats['rows']} rows in {stats['groups']} groups{dropped}, "
-          f"zero-std groups {stats['zero_std_groups']}, "
-          f"wrote {'stdout' if output == '-' else output}",
-          file=sys.stderr)
-    return stats

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import orjson
 
-from marscli.errors import BadInput, RuntimeFailure
+from marscli.errors import BadInput, RuntimeFailure, check_range
 from marscli.http import MAX_JSON_BYTES, HttpClient, HttpError
 from marscli.registry import Registry
 from marscli.secrets import REDACTED, public, redact
@@ -75,6 +75,9 @@ class JudgeError(RuntimeFailure):
     """The judge gave no verdict after all attempts; the reward stage marks the row unscored."""
 
 
+MAX_CONCURRENCY = 256  # --judge-concurrency: threads, each holding a request in flight
+
+
 @dataclass
 class JudgeOptions:
     timeout_s: float = 60.0
@@ -84,6 +87,14 @@ class JudgeOptions:
     backoff_s: float = 1.0  # first retry waits backoff_s * (1..2), then doubles
     max_tokens: int = 256  # room for a judge that thinks before its tag
     max_reply_bytes: int = MAX_JSON_BYTES  # a bigger reply fails the call, unretried
+
+    def check(self) -> None:
+        """BadInput naming the option (`--judge-retries`: the attempts after the first)."""
+        from marscli.agent.runner import MAX_RETRIES, MAX_TIMEOUT
+
+        check_range("--judge-timeout", self.timeout_s, 0, MAX_TIMEOUT, lo_open=True)
+        check_range("--judge-retries", self.attempts - 1, 0, MAX_RETRIES)
+        check_range("--judge-concurrency", self.concurrency, 1, MAX_CONCURRENCY)
 
 
 @dataclass
@@ -239,8 +250,10 @@ def _hide(text: str) -> str:
 
 
 def make_judge(spec: str, opts: JudgeOptions | None = None) -> Judge:
+    opts = opts or JudgeOptions()
+    opts.check()
     name, arg = parse_spec(spec)
-    return JUDGES.get(name)(arg, opts or JudgeOptions())
+    return JUDGES.get(name)(arg, opts)
 
 
 def _headers() -> dict:

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import uuid
 from dataclasses import replace
@@ -27,6 +28,7 @@ from marscli.agent.protocol import read_system_prompt
 from marscli.agent.runner import CHECK_PIXELS, GenerationOptions, generate
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.qwen.images import open_image
+from marscli.records.jsonl import dumps
 from marscli.records.schema import Prompt
 from marscli.view.trace import LiveTrace
 
@@ -69,6 +71,19 @@ def ask(image: str, question: str, gen: GenerationOptions | None = None, *,
              label="ask", on_record=records.append, on_event=trace, media=media,
              rel_to=media, progress=False)
     return rebase_images(records[0], media, rel_to)
+
+
+def main(image: str, question: str, gen: GenerationOptions, *, crops_dir: str | None = None,
+         replies: str | None = None, as_json: bool = False) -> dict:
+    """`marscli ask`: the live trace on stderr and the answer on stdout, or (`as_json`) no
+    trace and the record on stdout; `replies`: the `--replies FILE` to replay."""
+    scripted = load_replies(replies) if replies is not None else None
+    rec = ask(image, question, gen, crops_dir=crops_dir, live=not as_json, replies=scripted)
+    if as_json:
+        sys.stdout.buffer.write(dumps(rec))
+    else:
+        print(rec["final_answer"] if rec["final_answer"] is not None else "")
+    return rec
 
 
 def load_replies(path: str) -> list[str]:

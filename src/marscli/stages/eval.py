@@ -27,8 +27,9 @@ trajectory, and summarise per benchmark and category beside the paper's numbers.
 - The summary is computed from the whole results file at the end (so it is right after a
   resume); a table goes to stderr, then the sidecar `RESULTS.jsonl.meta.json` is written, and
   `RESULTS.summary.json` last (atomically): it is what `make` takes for a finished eval.
-  `--summarize RESULTS.jsonl` recomputes it without generating (after `marscli merge`); with
-  `--rescore` it first re-scores every record (under `--protocol`, with `--judge`) and rewrites
+  `marscli eval summarize RESULTS.jsonl` (the older `--summarize RESULTS.jsonl`) recomputes it
+  without generating (after `marscli merge`); `marscli eval rescore RESULTS.jsonl` (`--summarize
+  ... --rescore`) first re-scores every record (under `--protocol`, with `--judge`) and rewrites
   the file atomically — the way to retry rows a failing judge left unscored, or to switch
   protocol (the settings file then names the new judge and protocol).
 - Unscored records (the judge gave no verdict, the engine failed) are excluded from accuracy,
@@ -368,14 +369,15 @@ def _fail_if_unscored(summary: dict, results: str) -> None:
 
 def run_summarize(results: str, *, rescore: bool = False, protocol: str | None = None,
                   judge_spec: str = "exact", judge_opts: JudgeOptions | None = None,
-                  max_unscored: float = 0.05) -> dict:
-    """`marscli eval --summarize RESULTS.jsonl [--rescore]`: no generation."""
+                  max_unscored: float = 0.05, command: str = "--summarize") -> dict:
+    """`marscli eval summarize|rescore RESULTS.jsonl` (`eval --summarize RESULTS.jsonl
+    [--rescore]`): no generation. `command`: what messages about RESULTS name."""
     started = time.time()
     check_range("--max-unscored", max_unscored, 0, 1)
     if results == "-":
-        raise BadInput("--summarize -: name the results file (the summary goes beside it)")
+        raise BadInput(f"{command} -: name the results file (the summary goes beside it)")
     if not Path(results).is_file():
-        raise BadInput(f"--summarize {results}: no such file")
+        raise BadInput(f"{command} {results}: no such file")
     if rescore:
         _rescore(results, protocol, judge_spec, judge_opts)
         _rescored_settings(results, protocol, judge_spec)

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -50,4 +51,14 @@ def merge(out: str, shards: list[str]) -> dict:
             per_shard[path] = n
     stats = {"records": len(seen), "shards": per_shard, "skipped": skipped}
     write_sidecar(out, stage="merge", inputs=shards, stats=stats, started=started)
+    return stats
+
+
+def main(out: str, shards: list[str]) -> dict:
+    """`merge`, then one line on stderr."""
+    stats = merge(out, shards)
+    skipped = (f" (skipped {len(stats['skipped'])} sidecar or media names)"
+               if stats["skipped"] else "")
+    print(f"merged {stats['records']:,} records from {len(stats['shards'])} shard(s) into "
+          f"{out}{skipped}", file=sys.stderr)
     return stats

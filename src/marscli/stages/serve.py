@@ -51,8 +51,9 @@ from typing import Any
 import orjson
 
 from marscli.engines import Generation, GenRequest, SamplingParams
-from marscli.errors import BadInput
+from marscli.errors import BadInput, check_range
 
+MAX_BATCH = 65536  # --max-batch: sequences vLLM batches at once
 MAX_BODY = 64 << 20  # bytes of one request: a prompt of 100k ids and a few images inline
 POLL_S = 0.2  # how often a waiting handler checks that its client is still there
 
@@ -327,11 +328,15 @@ def make_handler(server: PolicyServer) -> type[BaseHTTPRequestHandler]:
 
 
 def serve(policy: str, host: str = "127.0.0.1", port: int = 8471, **engine_opts: Any) -> None:
-    """Load the policy into vLLM and serve until interrupted. The port is bound first, so a
-    port in use fails before a minute of model loading (clients that connect meanwhile wait
-    in the listen queue until the engine is up)."""
+    """Load the policy into vLLM and serve until interrupted. The options and the checkpoint
+    are checked, then the port is bound, so a port in use fails before a minute of model
+    loading (clients that connect meanwhile wait in the listen queue until the engine is up)."""
     from marscli.errors import RuntimeFailure
+    from marscli.qwen.policy import check_checkpoint
 
+    check_range("--port", port, 0, 65535)
+    check_range("--max-batch", engine_opts.get("max_batch"), 1, MAX_BATCH)
+    check_checkpoint(policy)
     try:
         http = ThreadingHTTPServer((host, port), BaseHTTPRequestHandler)
     except OSError as e:

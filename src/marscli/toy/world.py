@@ -14,7 +14,7 @@ from pathlib import Path
 
 import orjson
 
-from marscli.errors import BadInput
+from marscli.errors import BadInput, check_range
 from marscli.records.jsonl import dumps
 from marscli.toy.corpus import make_corpus
 from marscli.toy.entities import MAX_ENTITIES, Entity, make_entities
@@ -26,6 +26,8 @@ from marscli.train.checkpoint import AtomicDir
 
 SPLITS = ("train", "test", "sft")
 MIN_ENTITIES = 5  # an image-search list is the true logo + 4 distractors
+MAX_ROWS = 1_000_000  # --train, --test, --sft, --perceive
+MIN_SIZE, MAX_SIZE = 256, 8192  # --size: scene side in pixels
 MIN_CELL = 32  # pixels per grid cell at least: smaller logos lose their letter
 LOGO_SIDE = 128  # pixels of the logo files (search thumbnails)
 PNG_LEVEL = 1  # fast; scenes are flat colour, about 30 KB each
@@ -35,16 +37,29 @@ def _rng(seed: int, *purpose: object) -> random.Random:
     return random.Random(":".join(map(str, (seed, *purpose))))
 
 
+def check_counts(entities: int, train: int, test: int, sft: int, perceive: int,
+                 size: int) -> None:
+    """The counts and the scene side in range (BadInput naming the option)."""
+    check_range("--entities", entities, MIN_ENTITIES, MAX_ENTITIES)
+    for name, n in (("--train", train), ("--test", test), ("--sft", sft),
+                    ("--perceive", perceive)):
+        check_range(name, n, 0, MAX_ROWS)
+    check_range("--size", size, MIN_SIZE, MAX_SIZE)
+
+
+def parse_kinds(kinds: str) -> tuple[str, ...]:
+    """`--kinds perception,both` → the question kinds; BadInput for an unknown or none."""
+    kind_list = tuple(k.strip() for k in kinds.split(",") if k.strip())
+    bad = [k for k in kind_list if k not in KINDS]
+    if bad or not kind_list:
+        raise BadInput(f"--kinds {kinds!r}: choose from {', '.join(KINDS)} (comma-separated)")
+    return kind_list
+
+
 def check_options(entities: int, train: int, test: int, sft: int, size: int, grid: int,
                   zoom_cells: int = 1, perceive: int = 0, clutter: float = 1.0,
                   direct: float = 0.0) -> None:
-    if not MIN_ENTITIES <= entities <= MAX_ENTITIES:
-        raise BadInput(f"--entities: {entities} is out of range — must be {MIN_ENTITIES}.."
-                       f"{MAX_ENTITIES} (each logo is a distinct shape, colour and plate)")
-    for name, n in (("--train", train), ("--test", test), ("--sft", sft),
-                    ("--perceive", perceive)):
-        if n < 0:
-            raise BadInput(f"{name}: {n} is out of range — must be >= 0")
+    check_counts(entities, train, test, sft, perceive, size)
     if train + test + sft == 0:
         raise BadInput("--train, --test and --sft are all 0 — ask for at least one prompt")
     if not 3 <= grid <= 32:
@@ -245,28 +260,3 @@ marscli index text WORLD/corpus.jsonl -o WORLD/text.sqlite
 this small in a scene; use `data`.
 """
 
-
-def main(out: str, entities: int = 24, seed: int = 0, train: int = 240, test: int = 60,
-         sft: int = 120, size: int = 1024, grid: int = 8, kinds: str = ",".join(KINDS),
-         zoom_cells: int = 1, perceive: int = 0, clutter: float = 1.0, direct: float = 0.0,
-         force: bool = False) -> dict:
-    """`marscli toy-world`: build, write `OUT.meta.json` beside the folder, report on stderr."""
-    import sys
-
-    from marscli.records.jsonl import write_sidecar
-
-    started = time.time()
-    kind_list = tuple(k.strip() for k in kinds.split(",") if k.strip())
-    bad = [k for k in kind_list if k not in KINDS]
-    if bad or not kind_list:
-        raise BadInput(f"--kinds {kinds!r}: choose from {', '.join(KINDS)} (comma-separated)")
-    config = {"entities": entities, "train": train, "test": test, "sft": sft, "size": size,
-              "grid": grid, "kinds": kind_list, "zoom_cells": zoom_cells, "perceive": perceive,
-              "clutter": clutter, "direct": direct}
-    stats = build_world(out, force=force, seed=seed, **config)
-    write_sidecar(str(Path(out)), stage="toy-world", seed=seed, config=config, stats=stats,
-                  started=started)
-    print(f"wrote {out}: {stats['entities']} entities, {stats['train']} train, {stats['test']} "
-          f"test and {stats['sft']} sft prompts, {stats['passages']} passages, "
-          f"{stats['bytes'] / 1e6:.1f} MB in {stats['seconds']:.1f} s", file=sys.stderr)
-    return stats

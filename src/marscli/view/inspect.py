@@ -1,4 +1,4 @@
-"""`marscli inspect`: read trajectories as a person would, in the terminal.
+"""Trajectories as a person reads them, in the terminal (`marscli inspect`: stages/inspect.py).
 
 Also the pieces `report` shares: `blocks(rec)` (a trajectory as thinking / tool call /
 observation / answer blocks), `describe_image`, and the `--where` filter.
@@ -10,15 +10,13 @@ missing makes the comparison false, whatever the operator. On a list field, `==`
 element equals" and `!=` "no element equals" (`answer_gt==1997`). Ordering operators need a
 number. Several `--where` are ANDed.
 
-The module is `view`, not `inspect`: a file named inspect.py beside cli.py would shadow the
-standard library's `inspect` whenever src/marscli is on sys.path.
+This module (and stages/inspect.py) lives in a package, not beside cli.py: an inspect.py there
+would shadow the standard library's `inspect` whenever src/marscli is on sys.path.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +25,6 @@ import orjson
 
 from marscli.agent.protocol import Answer, FormatError, ToolCall, parse_turn
 from marscli.errors import BadInput
-from marscli.records.jsonl import dumps, iter_rows
 from marscli.view.runs import number, token_counts
 
 # ---------------------------------------------------------------------------------- --where
@@ -368,39 +365,3 @@ def render_rich(rec: dict, console: Any) -> None:
         console.print(Panel(escape(block_text(rec, b)), title=escape(b.title), title_align="left",
                             border_style=style))
 
-
-def inspect(path: str, ids: list[str] | None = None, where: list[str] | None = None,
-            limit: int | None = None, as_json: bool = False, as_ids: bool = False) -> int:
-    """Print the matching trajectories of `path` to stdout; returns how many matched."""
-    preds = [parse_where(w) for w in where or []]  # bad expressions fail before reading
-
-    def rows() -> Iterator[dict]:
-        for line, row in iter_rows(path):
-            if "segments" not in row and "id" not in row:
-                raise BadInput(f"{path}:{line}: segments: missing required field — inspect "
-                               "reads trajectory rows (rollout, reward or advantages output)")
-            yield row
-
-    console = None
-    if not (as_json or as_ids):
-        from rich.console import Console
-
-        console = Console(highlight=False)
-    n = 0
-    out = sys.stdout
-    try:
-        for rec in select(rows(), ids, preds, limit):
-            n += 1
-            if as_ids:
-                out.write(f"{rec.get('id')}\n")
-            elif as_json:
-                out.flush()
-                sys.stdout.buffer.write(dumps(rec))
-            elif console.is_terminal:
-                render_rich(rec, console)
-            else:
-                out.write(render_plain(rec) + "\n")
-        out.flush()
-    except BrokenPipeError:  # `marscli inspect ... | head`: the reader has had enough
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return n

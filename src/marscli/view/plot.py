@@ -1,4 +1,5 @@
-"""`marscli plot`: training curves as one PNG (matplotlib, Agg, imported only here).
+"""Training curves as one PNG (matplotlib, Agg, imported only here); `marscli plot` writes it
+(stages/plot.py), `report` embeds it.
 
 - A run folder: one point per iteration (x = K of `iter-K`): mean reward, accuracy, format,
   turns, response tokens, tool calls per trajectory (one line per tool), the share of groups
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from marscli.errors import BadInput, RuntimeFailure
-from marscli.records.jsonl import AtomicFile, iter_rows
+from marscli.records.jsonl import iter_rows
 from marscli.view.runs import (
     IterStats,
     discover,
@@ -177,17 +178,3 @@ def render_png(panels: list[Panel], title: str = "") -> bytes:
     fig.savefig(buf, format="png", dpi=DPI)
     return buf.getvalue()
 
-
-def plot(path: str, output: str, title: str | None = None) -> int:
-    """Write the curves of `path` to `output` (PNG, atomically; `-`: stdout); returns panels."""
-    name, panels = panels_for(path)
-    png = render_png(panels, name if title is None else title)
-    if output == "-":
-        import sys
-
-        sys.stdout.buffer.write(png)
-        sys.stdout.buffer.flush()
-    else:
-        with AtomicFile(output) as fh:
-            fh.write(png)
-    return len(panels)

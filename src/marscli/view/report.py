@@ -1,4 +1,5 @@
-"""`marscli report`: one self-contained HTML file for a run (or one trajectory JSONL).
+"""One self-contained HTML page for a run (or one trajectory JSONL); `marscli report` writes it
+(stages/report.py).
 
 The page holds the curves (the `plot` PNG), a per-iteration table, and a filterable list of
 trajectories: each turn's thinking, tool call, observation and answer, with the images. Nothing
@@ -26,15 +27,13 @@ from __future__ import annotations
 import base64
 import html
 import io
-import sys
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from marscli import __version__
-from marscli.errors import BadInput, RuntimeFailure
-from marscli.records.jsonl import AtomicFile
+from marscli.errors import RuntimeFailure
 from marscli.secrets import redact
 from marscli.view.inspect import Block, blocks, describe_image, fmt_num, header, title
 from marscli.view.runs import (
@@ -409,19 +408,3 @@ CSS = _asset("report.css")
 
 JS = _asset("report.js")
 
-
-def report(path: str, output: str, max_trajectories: int = 200, image_px: int = 512,
-           page_title: str | None = None) -> dict:
-    """Write the report of `path` to `output` (atomically; `-`: stdout)."""
-    if max_trajectories < 0:
-        raise BadInput(f"--max-trajectories: {max_trajectories} is out of range — must be >= 0")
-    text, info = build(path, max_trajectories, image_px, page_title)
-    data = text.encode("utf-8")
-    if output == "-":
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
-    else:
-        with AtomicFile(output) as fh:
-            fh.write(data)
-    info["bytes"] = len(data)
-    return info

@@ -1,0 +1,23 @@
+"""Configurations are dataclasses, built by field name.
+
+A command's parameters are named after the fields of its stage's config, so one helper builds
+any config from a command's `locals()` (`from_names(UpdateConfig, locals())`), and derives one
+config from another where they share names (`GenerationOptions` → `SamplingParams`). Nothing is
+copied field by field, so a new option is a new field and a new parameter of the same name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import fields
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def from_names(cls: type[T], source: Mapping[str, Any] | Any, **overrides: Any) -> T:
+    """A `cls` (a dataclass) from the values of `source` (a mapping, or an object's attributes)
+    whose names are fields of `cls`; the other fields keep their defaults; `overrides` win."""
+    values = source if isinstance(source, Mapping) else vars(source)
+    names = {f.name for f in fields(cls) if f.init}  # type: ignore[arg-type]
+    return cls(**{**{k: v for k, v in values.items() if k in names}, **overrides})

@@ -1,0 +1,23 @@
+"""`marscli plot METRICS_OR_RUN -o OUT.png`: the curves of a run (view/plot.py) as one PNG,
+written atomically (`-`: stdout); how many panels on stderr."""
+
+from __future__ import annotations
+
+import sys
+
+from marscli.records.jsonl import AtomicFile
+from marscli.view.plot import panels_for, render_png
+
+
+def main(path: str, output: str, title: str | None = None) -> int:
+    """Write the curves of `path` to `output`; returns the number of panels."""
+    name, panels = panels_for(path)
+    png = render_png(panels, name if title is None else title)
+    if output == "-":
+        sys.stdout.buffer.write(png)
+        sys.stdout.buffer.flush()
+    else:
+        with AtomicFile(output) as fh:
+            fh.write(png)
+    print(f"wrote {len(panels)} panels to {output}", file=sys.stderr)
+    return len(panels)
