@@ -61,7 +61,7 @@ def fake_server():
 def _fresh_inputs():
     """In-process commands share `jsonl`'s memory of the inputs opened (which outputs must not
     clobber): each test starts and ends with none."""
-    from marscli.records.jsonl import forget_inputs
+    from marscli.records.provenance import forget_inputs
 
     forget_inputs()
     yield

@@ -28,8 +28,10 @@ import pytest
 
 from marscli.errors import BadInput, RuntimeFailure, save_error
 from marscli.records import jsonl
-from marscli.records.jsonl import AppendJsonl, AtomicJsonl, iter_rows, read_rows, write_sidecar
-from marscli.train.checkpoint import AtomicDir, check_out
+from marscli.records.jsonl import iter_rows, read_rows
+from marscli.records.outputs import AppendJsonl, AtomicDir, AtomicJsonl, OutputLock
+from marscli.records.provenance import write_sidecar
+from marscli.train.checkpoint import check_out
 
 from helpers import ENV, MARSCLI, invoke, prompt, scene, trajectory, write_jsonl, write_prompts
 
@@ -254,7 +256,7 @@ def test_rescore_may_replace_its_own_input_in_place(tmp_path):
 
 HOLD = """
 import sys
-from marscli.records.jsonl import OutputLock
+from marscli.records.outputs import OutputLock
 with OutputLock(sys.argv[1]):
     print("held", flush=True)
     sys.stdin.read()
@@ -286,7 +288,7 @@ def test_a_second_writer_fails_at_once_naming_the_holder(tmp_path):
         with pytest.raises(RuntimeFailure, match=str(holder.pid)):  # the sidecar shares it
             write_sidecar(str(out), stage="t")
     assert files(tmp_path) == []  # the holder removed its lock file on a clean exit
-    with AppendJsonl(str(out)) as w, jsonl.OutputLock(out):  # re-entrant in one process
+    with AppendJsonl(str(out)) as w, OutputLock(out):  # re-entrant in one process
         w.write({"id": "a"})
     assert files(tmp_path) == ["o.jsonl"]
 

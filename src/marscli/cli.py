@@ -63,7 +63,7 @@ def guard() -> Iterator[None]:
     """`with guard():` around a command body maps MarsError to one stderr line and its exit
     code (`MARSCLI_DEBUG=1`: the traceback instead). Each command starts and ends with no
     remembered inputs (the outputs-never-clobber-inputs check is per command)."""
-    from marscli.records.jsonl import forget_inputs
+    from marscli.records.provenance import forget_inputs
 
     forget_inputs()
     try:
@@ -233,7 +233,7 @@ def _index(stage: str, build: Callable[[str, str], int], source: str, output: st
     """Build one index file, then its sidecar; `unit`: what the index counts."""
     import time
 
-    from marscli.records.jsonl import write_sidecar
+    from marscli.records.provenance import write_sidecar
 
     if output == "-":
         raise BadInput("-o -: an index is a SQLite file, not a stream — name a file")

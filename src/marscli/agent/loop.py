@@ -103,7 +103,7 @@ from marscli.qwen.tokens import (
     split_images,
     tool_parts,
 )
-from marscli.records.jsonl import sha256_file
+from marscli.records.provenance import sha256_file
 from marscli.records.schema import Prompt, Segment, new_record
 from marscli.tools import ConvImage, Tool, ToolContext, ToolResult
 

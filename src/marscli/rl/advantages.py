@@ -50,7 +50,9 @@ from collections.abc import Callable, Hashable, Sequence
 import numpy as np
 
 from marscli.errors import BadInput
-from marscli.records.jsonl import AtomicJsonl, get_field, read_rows, write_sidecar
+from marscli.records.jsonl import get_field, read_rows
+from marscli.records.outputs import AtomicJsonl
+from marscli.records.provenance import write_sidecar
 from marscli.registry import Registry
 
 # fn(rewards [N], group_index [N] in 0..n_groups-1, n_groups, eps_group, eps_batch, live [N])

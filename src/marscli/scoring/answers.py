@@ -62,14 +62,9 @@ import orjson
 
 from marscli.agent.protocol import last_answer
 from marscli.errors import BadInput, RuntimeFailure
-from marscli.records.jsonl import (
-    AtomicJsonl,
-    follow_rows,
-    get_field,
-    iter_rows,
-    read_rows,
-    write_sidecar,
-)
+from marscli.records.jsonl import follow_rows, get_field, iter_rows, read_rows
+from marscli.records.outputs import AtomicJsonl
+from marscli.records.provenance import write_sidecar
 from marscli.registry import Registry
 from marscli.scoring.judge import Judge, JudgeError, JudgeOptions, make_judge
 from marscli.scoring.release import (

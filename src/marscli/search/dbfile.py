@@ -1,7 +1,7 @@
 """A new SQLite index file, written the way every marscli output is.
 
 `new_database(out)` refuses an output that is one of the stage's inputs, holds the output's
-lock (`jsonl.OutputLock`), builds the database at `OUT.tmp-PID` (in autocommit mode: the
+lock (`outputs.OutputLock`), builds the database at `OUT.tmp-PID` (in autocommit mode: the
 caller opens its own transaction) and renames it onto OUT when the body ends well. On any
 failure the temporary is removed; a full disk, which SQLite reports as `OperationalError`
 rather than an `OSError`, becomes one line, and a read-only folder fails when the temporary is
@@ -17,7 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from marscli.errors import RuntimeFailure
-from marscli.records.jsonl import OutputLock, check_not_input, remove_stale_tmp
+from marscli.records.outputs import OutputLock, remove_stale_tmp
+from marscli.records.provenance import check_not_input
 
 
 @contextmanager

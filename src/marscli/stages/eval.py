@@ -67,7 +67,9 @@ from marscli.benchmarks import LoadContext, format_names, load_benchmark
 from marscli.benchmarks.paper import reported
 from marscli.benchmarks.protocols import ScoreContext, make_protocol
 from marscli.errors import BadInput, RuntimeFailure, check_range, unknown_name
-from marscli.records.jsonl import AtomicFile, AtomicJsonl, iter_rows, write_sidecar
+from marscli.records.jsonl import iter_rows
+from marscli.records.outputs import AtomicFile, AtomicJsonl
+from marscli.records.provenance import write_sidecar
 from marscli.scoring.judge import JudgeOptions, make_judge
 from marscli.tools import TOOL_NAMES
 from marscli.train.trackers import check_tracker, log_stats
@@ -415,7 +417,7 @@ def _rescore(results: str, protocol: str | None, judge_spec: str,
              judge_opts: JudgeOptions | None) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    from marscli.records.jsonl import forget_inputs
+    from marscli.records.provenance import forget_inputs
 
     rows = [r for _, r in iter_rows(results)]
     forget_inputs()  # rewriting the results in place (atomically) is what --rescore is for

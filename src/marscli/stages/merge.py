@@ -16,7 +16,9 @@ import time
 from pathlib import Path
 
 from marscli.errors import BadInput
-from marscli.records.jsonl import AtomicJsonl, get_field, iter_rows, write_sidecar
+from marscli.records.jsonl import get_field, iter_rows
+from marscli.records.outputs import AtomicJsonl
+from marscli.records.provenance import write_sidecar
 
 COMPANIONS = (".meta.json", ".settings.json", ".summary.json", ".lock")  # beside a data file
 _TMP = re.compile(r"\.tmp-\d+$")

@@ -34,7 +34,7 @@
    see trainstate.py) and renames it onto OUT at the end.
 
 Resume (`--save-every-epoch`): after each epoch but the last, the state is saved atomically in
-`OUT.partial/` (built in `OUT.partial.tmp-PID` by checkpoint.AtomicDir, renamed over the
+`OUT.partial/` (built in `OUT.partial.tmp-PID` by outputs.AtomicDir, renamed over the
 previous one): a checkpoint as OUT will be (the HF export, and `train_state/` with the fp32
 masters and AdamW's state: plain torch's optimizer.pt, or DeepSpeed's own checkpoint, one shard
 per rank),
@@ -80,7 +80,8 @@ from pathlib import Path
 from typing import Any
 
 from marscli.errors import BadInput, check_range
-from marscli.records.jsonl import read_rows, sha256_file
+from marscli.records.jsonl import read_rows
+from marscli.records.provenance import sha256_file
 from marscli.train.batch import Example, Spec, collate, load_example, plan
 from marscli.train.distributed import barrier, is_main_process
 from marscli.train.job import Job, TrainOptions, check_paths, deepspeed_config
@@ -411,7 +412,8 @@ def _save_partial(job: Job, model, part: Path, policy, processor, fp, epoch, ste
     import torch
 
     from marscli.records.jsonl import dumps
-    from marscli.train.checkpoint import AtomicDir, save_errors
+    from marscli.records.outputs import AtomicDir
+    from marscli.train.checkpoint import save_errors
     from marscli.train.trainstate import save_all
 
     d = job.dist

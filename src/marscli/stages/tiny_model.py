@@ -48,7 +48,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from marscli.errors import BadInput
-from marscli.train.checkpoint import AtomicDir, save_errors
+from marscli.records.outputs import AtomicDir
+from marscli.train.checkpoint import save_errors
 
 # ids 0..6, in this order, special=True (skipped by decode(skip_special_tokens=True))
 SPECIAL_TOKENS: tuple[str, ...] = (
@@ -571,7 +572,7 @@ def main(out: str, seed: int = 0, text_files: Iterable[str] = (), size: str | No
     import sys
     import time
 
-    from marscli.records.jsonl import write_sidecar
+    from marscli.records.provenance import write_sidecar
 
     started = time.time()
     text_files = list(text_files)

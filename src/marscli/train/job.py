@@ -24,8 +24,10 @@ from pathlib import Path
 from typing import Any, Self
 
 from marscli.errors import BadInput, check_range
-from marscli.records.jsonl import OutputLock, check_not_input, dumps, remove_stale_tmp
-from marscli.train.checkpoint import AtomicDir, check_out, check_save_dtype, save_dtype_name
+from marscli.records.jsonl import dumps
+from marscli.records.outputs import AtomicDir, OutputLock, remove_stale_tmp
+from marscli.records.provenance import check_not_input
+from marscli.train.checkpoint import check_out, check_save_dtype, save_dtype_name
 from marscli.train.distributed import (
     Dist,
     all_reduce,
@@ -200,7 +202,7 @@ class Job:
 
     def sidecar(self, config: dict, stats: dict) -> None:
         if self.dist.main:
-            from marscli.records.jsonl import write_sidecar
+            from marscli.records.provenance import write_sidecar
 
             write_sidecar(str(self.folder / "marscli"), stage=self.stage, seed=self.opts.seed,
                           config=config, inputs=self.inputs, stats=stats, started=self.started)
@@ -210,7 +212,7 @@ class MetricsWriter:
     """One JSON line per optimiser step, flushed as it is written (watch it with `tail -f`).
     With `atomic` (a `--metrics FILE` outside OUT), lines go to `PATH.tmp-PID`, renamed onto
     PATH by `close(ok=True)`, and PATH is refused if it is an input and locked while open
-    (jsonl.OutputLock). A writer without a path (ranks other than 0) writes nothing."""
+    (outputs.OutputLock). A writer without a path (ranks other than 0) writes nothing."""
 
     def __init__(self, path: str | Path | None, atomic: bool = True, tracker: Any = None) -> None:
         self.path = Path(path) if path else None

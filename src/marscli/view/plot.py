@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from marscli.errors import BadInput, RuntimeFailure
-from marscli.records.jsonl import AtomicFile, iter_rows
+from marscli.records.jsonl import iter_rows
+from marscli.records.outputs import AtomicFile
 from marscli.view.runs import (
     IterStats,
     discover,

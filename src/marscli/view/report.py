@@ -34,7 +34,7 @@ import orjson
 
 from marscli import __version__
 from marscli.errors import BadInput, RuntimeFailure
-from marscli.records.jsonl import AtomicFile
+from marscli.records.outputs import AtomicFile
 from marscli.secrets import redact
 from marscli.view.inspect import Block, blocks, describe_image, fmt_num, header, title
 from marscli.view.runs import (
