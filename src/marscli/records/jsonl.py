@@ -4,9 +4,9 @@
   carries a schema version other than 1, or is longer than `max_row_bytes()` (16 MiB;
   `MARSCLI_MAX_ROW_BYTES` overrides) raises `BadInput("FILE:LINE: ...")`; a long line is read
   only up to the limit, never whole. `read_rows(path)`: all of them, at least one.
-- Every file read is remembered (`provenance.remember_input`) with the sha256 of the bytes
-  read, stdin's included: the sidecar records those hashes, and no output of the stage may be
-  one of those files. A bad input ends the memory of the stage.
+- Every file read is remembered by the running stage (`provenance.Inputs`) with the sha256 of
+  the bytes read, stdin's included: the sidecar records those hashes, and no output of the
+  stage may be one of those files. A bad input ends the stage's memory.
 - `follow_rows(path)` reads a file as another stage appends to it, until that stage's sidecar
   appears (`reward --follow`).
 - `dumps(row)`: one record as one line; `get_field(row, "a.b", type, ...)`: a field, checked,
@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from marscli.errors import BadInput, RuntimeFailure
-from marscli.records.provenance import forget_inputs, remember_input, remember_stdin
+from marscli.records.provenance import current_inputs
 
 SCHEMA_VERSION = 1
 _DUMP_OPTS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
@@ -81,7 +81,8 @@ def iter_rows(path: str) -> Iterator[tuple[int, dict]]:
     path = str(path)
     limit = max_row_bytes()
     fh = _open_in(path)
-    entry = remember_input(path, fh) if fh is not sys.stdin.buffer else None
+    inputs = current_inputs()
+    entry = inputs.remember(path, fh) if fh is not sys.stdin.buffer else None
     h, size = hashlib.sha256(), 0
     try:
         for n, raw in enumerate(_lines(fh, path, limit), start=1):
@@ -92,9 +93,9 @@ def iter_rows(path: str) -> Iterator[tuple[int, dict]]:
         if entry is not None:
             entry.sha256 = h.hexdigest()
         else:
-            remember_stdin(h.hexdigest(), size)
+            inputs.remember_stdin(h.hexdigest(), size)
     except BadInput:
-        forget_inputs()  # a bad input ends the stage
+        inputs.forget()  # a bad input ends the stage
         raise
     finally:
         if fh is not sys.stdin.buffer:
@@ -132,7 +133,8 @@ def follow_rows(path: str, *, grace_s: float = 10.0, poll_s: float = 0.1
                                  "stage that writes it (rollout) first, or drop --follow")
         sleep(poll_s)
     fh = _open_in(path)
-    entry = remember_input(path, fh)
+    inputs = current_inputs()
+    entry = inputs.remember(path, fh)
     h, n, done = hashlib.sha256(), 0, 0  # `done`: the offset after the last complete line
     try:
         while True:
@@ -162,7 +164,7 @@ def follow_rows(path: str, *, grace_s: float = 10.0, poll_s: float = 0.1
             sleep(poll_s)
         entry.sha256 = h.hexdigest()
     except BadInput:
-        forget_inputs()  # a bad input ends the stage
+        inputs.forget()  # a bad input ends the stage
         raise
     finally:
         fh.close()

@@ -5,7 +5,7 @@
   file's lock) with the holder's pid in it; a second writer fails at once (`RuntimeFailure`,
   exit 1) naming that pid. `writer_alive(OUT)`: whether a live process holds it. See
   `OutputLock` for why removing the lock file is safe.
-- Every writer first refuses an output that is an input of the stage (`provenance`),
+- Every writer first refuses an output that is an input of the stage (`provenance.Inputs`),
   and while open stands as an output no input of the stage may be; a writer that fails ends
   the stage's memory of its inputs.
 - `AtomicFile(path)` writes to `PATH.tmp-PID` (`tmp_path`) and renames on success, so a failed
@@ -42,15 +42,7 @@ import orjson
 
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.records.jsonl import dumps
-from marscli.records.provenance import (
-    check_no_input_inside,
-    check_not_input,
-    close_output,
-    drop_input,
-    forget_inputs,
-    inode,
-    open_output,
-)
+from marscli.records.provenance import current_inputs, inode
 
 
 def check_writable(path: Path) -> None:
@@ -77,7 +69,10 @@ def writer_alive(out: str | Path) -> bool:
     return pid > 0 and _running(pid)
 
 
-_HELD: dict[str, list] = {}  # lock file → [fd, holders in this process]
+# lock file → [fd, holders]. The process's, not a stage's: flock belongs to the open file, so
+# a second take from this process on a new descriptor would fail against itself, and a lock
+# is re-entrant wherever it is taken again (a stage function called inside another, or none).
+_HELD: dict[str, list] = {}
 
 
 class OutputLock:
@@ -204,22 +199,23 @@ class _Output:
     stand as an output that no input may be (module docstring)."""
 
     def _open_output(self, path: Path, replaces_input: bool = False) -> None:
+        self._inputs = current_inputs()  # the stage's, until this output closes
         if replaces_input:
-            drop_input(path)
+            self._inputs.drop(path)
         check_writable(path)
-        check_not_input(path)
+        self._inputs.check_not_input(path)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._lock = OutputLock(path).__enter__()
         except OSError as e:
             raise BadInput(f"{path}: cannot write here ({e.strerror or e})") from None
-        self._keys = open_output(path)
+        self._keys = self._inputs.open_output(path)
 
     def _close_output(self, failed: bool) -> None:
-        close_output(self._keys)
+        self._inputs.close_output(self._keys)
         self._lock.__exit__(None, None, None)
         if failed:
-            forget_inputs()  # the stage is over
+            self._inputs.forget()  # the stage is over
 
 
 class AtomicFile(_Output):
@@ -366,7 +362,7 @@ class AtomicDir:
     def __enter__(self) -> Self:
         if not self.active:
             return self
-        check_no_input_inside(self.out)
+        current_inputs().check_no_input_inside(self.out)
         try:
             self.out.parent.mkdir(parents=True, exist_ok=True)
             self._lock = OutputLock(self.out).__enter__()

@@ -52,7 +52,7 @@ import numpy as np
 from marscli.errors import BadInput
 from marscli.records.jsonl import get_field, read_rows
 from marscli.records.outputs import AtomicJsonl
-from marscli.records.provenance import write_sidecar
+from marscli.records.provenance import stage_inputs, write_sidecar
 from marscli.registry import Registry
 
 # fn(rewards [N], group_index [N] in 0..n_groups-1, n_groups, eps_group, eps_batch, live [N])
@@ -270,6 +270,7 @@ def run(rows: list[tuple[int, dict]], src: str, estimator: str = "bn-gspo", mini
     return out, stats
 
 
+@stage_inputs()
 def main(input: str, output: str = "-", estimator: str = "bn-gspo", minibatches: int = 1,
          filter_zero_std: bool = False, seed: int = 0, mask_truncated: bool = False) -> dict:
     """read → run → atomic write → sidecar; a one-line summary on stderr. Returns the stats."""

@@ -53,7 +53,7 @@ from marscli.agent.runner import (
 )
 from marscli.errors import RuntimeFailure, check_range
 from marscli.records.jsonl import iter_rows
-from marscli.records.provenance import write_sidecar
+from marscli.records.provenance import stage_inputs, write_sidecar
 from marscli.records.schema import load_prompts
 from marscli.train.trackers import check_tracker, log_stats
 
@@ -62,6 +62,7 @@ _TALLIED = ("turns", "stop", "final_answer", "tool_calls", "tool_errors", "tool_
             "format_errors", "response_tokens")
 
 
+@stage_inputs()
 def run_rollout(prompts: str, output: str, gen: GenerationOptions | None = None, *, n: int = 8,
                 shard: tuple[int, int] = (0, 1), image_dir: str | None = None,
                 progress: bool = True, force: bool = False, media: str | None = None,

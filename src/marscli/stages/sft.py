@@ -81,7 +81,7 @@ from typing import Any
 
 from marscli.errors import BadInput, check_range
 from marscli.records.jsonl import read_rows
-from marscli.records.provenance import sha256_file
+from marscli.records.provenance import sha256_file, stage_inputs
 from marscli.train.batch import Example, Spec, collate, load_example, plan
 from marscli.train.distributed import barrier, is_main_process
 from marscli.train.job import Job, TrainOptions, check_paths, deepspeed_config
@@ -184,6 +184,7 @@ def schedule_of(n_examples: int, cfg: SftConfig) -> tuple[int, int, int]:
 # ------------------------------------------------------------------------------ run
 
 
+@stage_inputs()
 def run_sft(data: str, policy: str, out: str, cfg: SftConfig | None = None,
             **options: Any) -> dict:
     """Run SFT; returns the sidecar's statistics. `options` override `cfg` fields."""

@@ -17,6 +17,7 @@ import orjson
 from marscli.errors import BadInput
 from marscli.records.jsonl import dumps
 from marscli.records.outputs import AtomicDir
+from marscli.records.provenance import stage_inputs, write_sidecar
 from marscli.toy.corpus import make_corpus
 from marscli.toy.entities import MAX_ENTITIES, Entity, make_entities
 from marscli.toy.expert import DIRECT, expert_replies
@@ -246,14 +247,13 @@ this small in a scene; use `data`.
 """
 
 
+@stage_inputs()
 def main(out: str, entities: int = 24, seed: int = 0, train: int = 240, test: int = 60,
          sft: int = 120, size: int = 1024, grid: int = 8, kinds: str = ",".join(KINDS),
          zoom_cells: int = 1, perceive: int = 0, clutter: float = 1.0, direct: float = 0.0,
          force: bool = False) -> dict:
     """`marscli toy-world`: build, write `OUT.meta.json` beside the folder, report on stderr."""
     import sys
-
-    from marscli.records.provenance import write_sidecar
 
     started = time.time()
     kind_list = tuple(k.strip() for k in kinds.split(",") if k.strip())

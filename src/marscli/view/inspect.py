@@ -28,6 +28,7 @@ import orjson
 from marscli.agent.protocol import Answer, FormatError, ToolCall, parse_turn
 from marscli.errors import BadInput
 from marscli.records.jsonl import dumps, iter_rows
+from marscli.records.provenance import stage_inputs
 from marscli.view.runs import number, token_counts
 
 # ---------------------------------------------------------------------------------- --where
@@ -369,6 +370,7 @@ def render_rich(rec: dict, console: Any) -> None:
                             border_style=style))
 
 
+@stage_inputs()
 def inspect(path: str, ids: list[str] | None = None, where: list[str] | None = None,
             limit: int | None = None, as_json: bool = False, as_ids: bool = False) -> int:
     """Print the matching trajectories of `path` to stdout; returns how many matched."""

@@ -22,6 +22,7 @@ from pathlib import Path
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.records.jsonl import iter_rows
 from marscli.records.outputs import AtomicFile
+from marscli.records.provenance import stage_inputs
 from marscli.view.runs import (
     IterStats,
     discover,
@@ -179,6 +180,7 @@ def render_png(panels: list[Panel], title: str = "") -> bytes:
     return buf.getvalue()
 
 
+@stage_inputs()
 def plot(path: str, output: str, title: str | None = None) -> int:
     """Write the curves of `path` to `output` (PNG, atomically; `-`: stdout); returns panels."""
     name, panels = panels_for(path)

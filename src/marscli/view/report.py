@@ -35,6 +35,7 @@ import orjson
 from marscli import __version__
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.records.outputs import AtomicFile
+from marscli.records.provenance import stage_inputs
 from marscli.secrets import redact
 from marscli.view.inspect import Block, blocks, describe_image, fmt_num, header, title
 from marscli.view.runs import (
@@ -506,6 +507,7 @@ JS = """
 """
 
 
+@stage_inputs()
 def report(path: str, output: str, max_trajectories: int = 200, image_px: int = 512,
            page_title: str | None = None) -> dict:
     """Write the report of `path` to `output` (atomically; `-`: stdout)."""
