@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from marscli.errors import RuntimeFailure
-from marscli.records.outputs import OutputLock, remove_stale_tmp
+from marscli.records.outputs import OutputLock, remove_stale_tmp, tmp_path
 from marscli.records.provenance import check_not_input
 
 
@@ -26,7 +26,7 @@ def new_database(out: Path) -> Iterator[sqlite3.Connection]:
     check_not_input(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with OutputLock(out):
-        tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+        tmp = tmp_path(out)
         remove_stale_tmp(out)  # what a killed run left
         tmp.unlink(missing_ok=True)
         tmp.touch()  # an unwritable folder fails here, as an OSError naming the file

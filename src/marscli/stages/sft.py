@@ -80,7 +80,8 @@ from pathlib import Path
 from typing import Any
 
 from marscli.errors import BadInput, check_range
-from marscli.records.jsonl import read_rows
+from marscli.records.jsonl import dumps, read_rows
+from marscli.records.outputs import AtomicDir, tmp_path
 from marscli.records.provenance import sha256_file, stage_inputs
 from marscli.train.batch import Example, Spec, collate, load_example, plan
 from marscli.train.distributed import barrier, is_main_process
@@ -412,13 +413,11 @@ def _save_partial(job: Job, model, part: Path, policy, processor, fp, epoch, ste
     RNG state)."""
     import torch
 
-    from marscli.records.jsonl import dumps
-    from marscli.records.outputs import AtomicDir
     from marscli.train.checkpoint import save_errors
     from marscli.train.trainstate import save_all
 
     d = job.dist
-    with AtomicDir(part, active=d.main, tmp=part.with_name(f"{part.name}.tmp-{job.pid}")) as ad:
+    with AtomicDir(part, active=d.main, tmp=tmp_path(part, job.pid)) as ad:
         tmp = ad.tmp
         barrier(d)  # rank 0 made the folder
         save_all(model, tmp, policy, processor, job.export_dtype(policy), optimizer=True,

@@ -25,8 +25,8 @@ from typing import Any, Self
 
 from marscli.errors import BadInput, check_range
 from marscli.records.jsonl import dumps
-from marscli.records.outputs import AtomicDir, OutputLock, remove_stale_tmp
-from marscli.records.provenance import check_not_input
+from marscli.records.outputs import AtomicDir, OutputLock, remove_stale_tmp, tmp_path
+from marscli.records.provenance import check_not_input, write_sidecar
 from marscli.train.checkpoint import check_out, check_save_dtype, save_dtype_name
 from marscli.train.distributed import (
     Dist,
@@ -136,7 +136,7 @@ class Job:
         out = Path(self.out)
         pid = int(all_reduce([os.getpid() if d.main else 0], d)[0])  # rank 0's: shared by all
         self.pid = pid  # for other temporaries every rank must name alike (sft's partial state)
-        with AtomicDir(out, active=d.main, tmp=out.with_name(f"{out.name}.tmp-{pid}")) as od:
+        with AtomicDir(out, active=d.main, tmp=tmp_path(out, pid)) as od:
             self.folder = od.tmp
             mpath = self.opts.metrics or od.tmp / "metrics.jsonl"
             writer = MetricsWriter(mpath if d.main else None, atomic=self.opts.metrics is not None,
@@ -202,8 +202,6 @@ class Job:
 
     def sidecar(self, config: dict, stats: dict) -> None:
         if self.dist.main:
-            from marscli.records.provenance import write_sidecar
-
             write_sidecar(str(self.folder / "marscli"), stage=self.stage, seed=self.opts.seed,
                           config=config, inputs=self.inputs, stats=stats, started=self.started)
 
@@ -221,8 +219,7 @@ class MetricsWriter:
         self.lock: OutputLock | None = None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.tmp = (self.path.with_name(f"{self.path.name}.tmp-{os.getpid()}") if atomic
-                        else self.path)
+            self.tmp = tmp_path(self.path) if atomic else self.path
             if atomic:
                 check_not_input(self.path)
                 self.lock = OutputLock(self.path).__enter__()
