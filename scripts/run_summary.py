@@ -26,7 +26,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from marscli.records.jsonl import AtomicFile
+from marscli.records.outputs import AtomicFile
 from marscli.toy.hits import hit_rate, zoom_hits
 
 ZOOM = "image_zoom_in_tool"

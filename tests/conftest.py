@@ -55,14 +55,3 @@ def fake_server():
     yield start
     for s in servers:
         s.close()
-
-
-@pytest.fixture(autouse=True)
-def _fresh_inputs():
-    """In-process commands share `jsonl`'s memory of the inputs opened (which outputs must not
-    clobber): each test starts and ends with none."""
-    from marscli.records.jsonl import forget_inputs
-
-    forget_inputs()
-    yield
-    forget_inputs()

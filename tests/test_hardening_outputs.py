@@ -28,8 +28,10 @@ import pytest
 
 from marscli.errors import BadInput, RuntimeFailure, save_error
 from marscli.records import jsonl
-from marscli.records.jsonl import AppendJsonl, AtomicJsonl, iter_rows, read_rows, write_sidecar
-from marscli.train.checkpoint import AtomicDir, check_out
+from marscli.records.jsonl import iter_rows, read_rows
+from marscli.records.outputs import AppendJsonl, AtomicDir, AtomicJsonl, OutputLock
+from marscli.records.provenance import stage_inputs, write_sidecar
+from marscli.train.checkpoint import check_out
 
 from helpers import ENV, MARSCLI, invoke, prompt, scene, trajectory, write_jsonl, write_prompts
 
@@ -94,9 +96,10 @@ def _stdin(monkeypatch, data: bytes) -> None:
 def test_sidecar_records_stdin_as_dash_with_the_hash_of_what_was_read(tmp_path, monkeypatch):
     data = b'{"v": 1, "id": "a"}\n\n{"v": 1, "id": "b"}\n'
     _stdin(monkeypatch, data)
-    assert [r["id"] for _, r in iter_rows("-")] == ["a", "b"]
     out = tmp_path / "o.jsonl"
-    write_sidecar(str(out), stage="t", inputs=["-"])
+    with stage_inputs():  # what a stage's run function opens
+        assert [r["id"] for _, r in iter_rows("-")] == ["a", "b"]
+        write_sidecar(str(out), stage="t", inputs=["-"])
     assert orjson.loads(Path(f"{out}.meta.json").read_bytes())["inputs"] == {"-": sha(data)}
 
 
@@ -113,10 +116,11 @@ def test_advantages_from_a_pipe_records_the_pipe(tmp_path):
 def test_sidecar_hash_is_of_the_bytes_read_not_of_the_file_at_the_end(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", [{"v": 1, "id": "a"}])
     before = src.read_bytes()
-    read_rows(str(src))
-    with src.open("ab") as fh:  # changed while the stage ran
-        fh.write(b'{"v": 1, "id": "late"}\n')
-    write_sidecar(str(tmp_path / "o.jsonl"), stage="t", inputs=[str(src)])
+    with stage_inputs():
+        read_rows(str(src))
+        with src.open("ab") as fh:  # changed while the stage ran
+            fh.write(b'{"v": 1, "id": "late"}\n')
+        write_sidecar(str(tmp_path / "o.jsonl"), stage="t", inputs=[str(src)])
     meta = orjson.loads((tmp_path / "o.jsonl.meta.json").read_bytes())
     assert meta["inputs"] == {str(src): sha(before)}
 
@@ -239,13 +243,34 @@ def test_update_metrics_file_may_not_be_its_input(tmp_path, tiny_model):
     assert adv.read_bytes() == before and files(tmp_path) == listing
 
 
+def test_stages_called_one_after_another_do_not_share_inputs(tmp_path):
+    """A Python caller runs two stages in a row with nothing to reset: each stage's run
+    function remembers what it read for itself only (provenance.stage_inputs), so what the
+    first read is no input of the second, and the second still refuses its own."""
+    from marscli.stages.advantages import main as advantages
+    from marscli.stages.inspect import main as inspect
+
+    a = write_jsonl(tmp_path / "a.jsonl", [scored(0), scored(1)])
+    b = write_jsonl(tmp_path / "b.jsonl", [scored(2), scored(3)])
+    assert inspect(str(a), as_ids=True) == 2  # reads a.jsonl and ends without a sidecar
+    advantages(str(b), str(a))
+    assert [r["id"] for _, r in read_rows(str(a))] == ["p1#0", "p1#1"]
+    before = b.read_bytes()
+    with pytest.raises(BadInput, match=r"b\.jsonl: is an input of this stage"):
+        advantages(str(b), str(b))
+    assert b.read_bytes() == before
+
+
 def test_rescore_may_replace_its_own_input_in_place(tmp_path):
     res = write_jsonl(tmp_path / "r.jsonl", [{"v": 1, "id": "x"}])
-    rows = read_rows(str(res))
-    with pytest.raises(BadInput):
-        AtomicJsonl(str(res)).__enter__()
-    with AtomicJsonl(str(res), replaces_input=True) as w:
-        w.write({**rows[0][1], "score": 1})
+    with stage_inputs():
+        rows = read_rows(str(res))
+        with pytest.raises(BadInput):
+            AtomicJsonl(str(res)).__enter__()
+    with stage_inputs():
+        rows = read_rows(str(res))
+        with AtomicJsonl(str(res), replaces_input=True) as w:
+            w.write({**rows[0][1], "score": 1})
     assert read_rows(str(res))[0][1]["score"] == 1 and files(tmp_path) == ["r.jsonl"]
 
 
@@ -254,7 +279,7 @@ def test_rescore_may_replace_its_own_input_in_place(tmp_path):
 
 HOLD = """
 import sys
-from marscli.records.jsonl import OutputLock
+from marscli.records.outputs import OutputLock
 with OutputLock(sys.argv[1]):
     print("held", flush=True)
     sys.stdin.read()
@@ -286,7 +311,7 @@ def test_a_second_writer_fails_at_once_naming_the_holder(tmp_path):
         with pytest.raises(RuntimeFailure, match=str(holder.pid)):  # the sidecar shares it
             write_sidecar(str(out), stage="t")
     assert files(tmp_path) == []  # the holder removed its lock file on a clean exit
-    with AppendJsonl(str(out)) as w, jsonl.OutputLock(out):  # re-entrant in one process
+    with AppendJsonl(str(out)) as w, OutputLock(out):  # re-entrant in one process
         w.write({"id": "a"})
     assert files(tmp_path) == ["o.jsonl"]
 

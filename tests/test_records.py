@@ -10,14 +10,9 @@ import orjson
 import pytest
 
 from marscli.errors import BadInput
-from marscli.records.jsonl import (
-    AppendJsonl,
-    AtomicJsonl,
-    get_field,
-    iter_rows,
-    read_rows,
-    write_sidecar,
-)
+from marscli.records.jsonl import get_field, iter_rows, read_rows
+from marscli.records.outputs import AppendJsonl, AtomicJsonl
+from marscli.records.provenance import write_sidecar
 from marscli.records.schema import load_prompts, parse_segments
 
 

@@ -252,7 +252,8 @@ def test_exact_path_imports_no_torch(tmp_path):
 WRITER = """
 import sys, time
 import orjson
-from marscli.records.jsonl import AppendJsonl, write_sidecar
+from marscli.records.outputs import AppendJsonl
+from marscli.records.provenance import write_sidecar
 out, n, sidecar = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
 rows = [orjson.loads(x) for x in sys.stdin.buffer.read().splitlines()]
 with AppendJsonl(out) as w:  # holds OUT.lock, as rollout does

@@ -90,8 +90,8 @@ def as_message_row(rec: dict, style: str) -> dict:
     turn, image paths as strings. `parts`: {"type": "image"} parts consumed in order.
     `openai`: the openai engine's record (system turn, image parts by index, tool responses
     as wrapped user turns, text-only segments)."""
-    from marscli.agent.loop import message_content
     from marscli.agent.messages import default_system
+    from marscli.agent.renderers import message_content
 
     segs = rec["segments"]
     paths = [im["path"] for im in rec["images"]]

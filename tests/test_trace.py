@@ -22,7 +22,7 @@ from rich.console import Console
 from marscli.agent.protocol import parse_turn
 from marscli.agent.runner import GenerationOptions
 from marscli.errors import BadInput, RuntimeFailure
-from marscli.records.jsonl import sha256_file
+from marscli.records.provenance import sha256_file
 from marscli.view.trace import LiveTrace, inline_image, inline_protocol, summary
 
 from helpers import REPLIES, ZOOM_THEN_ANSWER, scene

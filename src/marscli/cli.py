@@ -90,13 +90,13 @@ def main() -> None:
 @contextlib.contextmanager
 def guard() -> Iterator[None]:
     """`with guard():` around a command body maps MarsError to one stderr line and its exit
-    code (`MARSCLI_DEBUG=1`: the traceback instead). Each command starts and ends with no
-    remembered inputs (the outputs-never-clobber-inputs check is per command)."""
-    from marscli.records.jsonl import forget_inputs
+    code (`MARSCLI_DEBUG=1`: the traceback instead). Each command is one stage, with its own
+    memory of the inputs it read (`provenance.stage_inputs`: its outputs never clobber them)."""
+    from marscli.records.provenance import stage_inputs
 
-    forget_inputs()
     try:
-        yield
+        with stage_inputs():
+            yield
     except MarsError as e:
         if os.environ.get("MARSCLI_DEBUG"):
             raise
@@ -106,8 +106,6 @@ def guard() -> Iterator[None]:
         if err is None or os.environ.get("MARSCLI_DEBUG"):
             raise
         fail(err)
-    finally:
-        forget_inputs()
 
 
 # ---------------------------------------------------------------------------------- commands

@@ -66,7 +66,7 @@ from marscli.engines import Engine, Generation, GenRequest, SamplingParams
 from marscli.qwen.chat_template import TemplateTurns
 from marscli.qwen.images import MAX_SOURCE_PIXELS, open_image
 from marscli.qwen.tokens import ImageFeatures, StreamDecoder, image_features, special_ids
-from marscli.records.jsonl import sha256_file
+from marscli.records.provenance import sha256_file
 from marscli.records.schema import Prompt, Segment, new_record
 from marscli.tools import ConvImage, NewImage, Tool, ToolContext, ToolResult
 

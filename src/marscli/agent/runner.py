@@ -48,7 +48,7 @@ from marscli.errors import BadInput, check_range
 
 if TYPE_CHECKING:  # the CLI imports this module for the defaults: the rest loads when used
     from marscli.agent.loop import AgentConfig, Event
-    from marscli.records.jsonl import AppendJsonl
+    from marscli.records.outputs import AppendJsonl
     from marscli.records.schema import Prompt
 
 CHECK_PIXELS = 1_000_000  # the up-front image check decodes at most this (JPEG draft mode)
@@ -254,7 +254,7 @@ def generate(jobs: list[tuple[Prompt, int]], gen: GenerationOptions, tools: list
     (labelled `label`, shown on a terminal only)."""
     from marscli.agent.loop import Agent
     from marscli.agent.progress import progress_bar
-    from marscli.records.jsonl import AppendJsonl, OutputLock
+    from marscli.records.outputs import AppendJsonl, OutputLock
 
     with contextlib.ExitStack() as stack:
         out: AppendJsonl | StdoutSink | None = None
@@ -411,7 +411,7 @@ def check_settings(output: str, settings: dict, ids: set[str] | frozenset[str]) 
     path itself may differ (a moved run folder) when the weights are the same."""
     import orjson
 
-    from marscli.records.jsonl import AtomicFile
+    from marscli.records.outputs import AtomicFile
 
     path = settings_path(output)
     if not ids:
@@ -444,7 +444,7 @@ def check_settings(output: str, settings: dict, ids: set[str] | frozenset[str]) 
 def start_over(output: str, *also: Path) -> None:
     """`--force`: remove the output, its media folder, sidecar and settings (and `also`),
     holding the output's lock (a writer still at work is not pulled from under)."""
-    from marscli.records.jsonl import OutputLock
+    from marscli.records.outputs import OutputLock
 
     with OutputLock(output):
         for p in (Path(output), Path(f"{output}.meta.json"), settings_path(output), *also):

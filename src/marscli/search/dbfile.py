@@ -1,7 +1,7 @@
 """A new SQLite index file, written the way every marscli output is.
 
 `new_database(out)` refuses an output that is one of the stage's inputs, holds the output's
-lock (`jsonl.OutputLock`), builds the database at `OUT.tmp-PID` (in autocommit mode: the
+lock (`outputs.OutputLock`), builds the database at `OUT.tmp-PID` (in autocommit mode: the
 caller opens its own transaction) and renames it onto OUT when the body ends well. On any
 failure the temporary is removed; a full disk, which SQLite reports as `OperationalError`
 rather than an `OSError`, becomes one line, and a read-only folder fails when the temporary is
@@ -17,7 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from marscli.errors import RuntimeFailure
-from marscli.records.jsonl import OutputLock, check_not_input, remove_stale_tmp
+from marscli.records.outputs import OutputLock, remove_stale_tmp, tmp_path
+from marscli.records.provenance import check_not_input
 
 
 @contextmanager
@@ -25,7 +26,7 @@ def new_database(out: Path) -> Iterator[sqlite3.Connection]:
     check_not_input(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with OutputLock(out):
-        tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+        tmp = tmp_path(out)
         remove_stale_tmp(out)  # what a killed run left
         tmp.unlink(missing_ok=True)
         tmp.touch()  # an unwritable folder fails here, as an OSError naming the file

@@ -21,6 +21,7 @@ from PIL import Image
 from marscli.errors import BadInput, MarsError
 from marscli.qwen.images import open_image
 from marscli.records.jsonl import get_field, iter_rows
+from marscli.records.provenance import stage_inputs
 from marscli.search import IMAGE_BACKENDS, ImageHit, NoInput, SearchOptions, need_arg
 from marscli.search.dbfile import new_database
 
@@ -72,6 +73,7 @@ def _sources(src: str) -> Iterator[tuple[str, Path, str]]:
         yield f"{src}:{line}: {field}", base / rel, title
 
 
+@stage_inputs()
 def build_image_index(src: str, out: str | Path, *, progress: bool = True) -> int:
     """Hash every image of a folder (recursively) or JSONL list into `out`; return the count."""
     from rich.console import Console

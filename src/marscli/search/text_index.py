@@ -20,6 +20,7 @@ from pathlib import Path
 
 from marscli.errors import BadInput
 from marscli.records.jsonl import get_field, iter_rows
+from marscli.records.provenance import stage_inputs
 from marscli.search import TEXT_BACKENDS, Hit, SearchOptions, need_arg
 from marscli.search.dbfile import new_database
 
@@ -50,6 +51,7 @@ def _doc(row: dict, src: str, line: int) -> tuple[str, str, str]:
     return str(doc_id), title, text
 
 
+@stage_inputs()
 def build_text_index(corpus: str, out: str | Path, *, progress: bool = True) -> int:
     """Index a JSONL corpus into an FTS5 database at `out` (atomically); return the row count."""
     from rich.console import Console

@@ -10,10 +10,13 @@ from __future__ import annotations
 import sys
 import time
 
-from marscli.records.jsonl import AtomicJsonl, read_rows, write_sidecar
+from marscli.records.jsonl import read_rows
+from marscli.records.outputs import AtomicJsonl
+from marscli.records.provenance import stage_inputs, write_sidecar
 from marscli.rl.advantages import EPS_BATCH, EPS_GROUP, check_options, run
 
 
+@stage_inputs()
 def main(input: str, output: str = "-", estimator: str = "bn-gspo", minibatches: int = 1,
          filter_zero_std: bool = False, seed: int = 0, mask_truncated: bool = False) -> dict:
     """read → run → atomic write → sidecar; a one-line summary on stderr. Returns the stats."""

@@ -29,6 +29,7 @@ from marscli.agent.runner import CHECK_PIXELS, GenerationOptions, generate
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.qwen.images import open_image
 from marscli.records.jsonl import dumps
+from marscli.records.provenance import stage_inputs
 from marscli.records.schema import Prompt
 from marscli.view.trace import LiveTrace
 
@@ -36,6 +37,7 @@ HUB_PROBE_S = 3.0  # how long an unreachable hub may keep `ask` waiting
 _LOCAL_ENGINES = ("hf", "vllm", "replay")  # the engines that load --policy themselves
 
 
+@stage_inputs()
 def ask(image: str, question: str, gen: GenerationOptions | None = None, *,
         crops_dir: str | None = None, live: bool = True, rel_to: str | Path | None = None,
         replies: list[str] | None = None, trace: LiveTrace | None = None,

@@ -67,7 +67,9 @@ from marscli.agent.runner import (
 from marscli.benchmarks import LoadContext, format_names, load_benchmark
 from marscli.benchmarks.paper import reported
 from marscli.errors import BadInput, RuntimeFailure, check_range, unknown_name
-from marscli.records.jsonl import AtomicFile, AtomicJsonl, iter_rows, write_sidecar
+from marscli.records.jsonl import iter_rows
+from marscli.records.outputs import AtomicFile, AtomicJsonl
+from marscli.records.provenance import stage_inputs, write_sidecar
 from marscli.scoring.judge import JudgeOptions, make_judge
 from marscli.scoring.protocols import ScoreContext, make_protocol
 from marscli.tools import TOOL_NAMES
@@ -91,6 +93,7 @@ def image_cache(results: str | Path) -> Path:
     return Path(results).parent / "eval-images"
 
 
+@stage_inputs()
 def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
              fmt: str = "auto", mode: str = "agent", samples: int = 1,
              judge_spec: str = "exact", protocol: str = "mars",
@@ -367,6 +370,7 @@ def _fail_if_unscored(summary: dict, results: str) -> None:
 # ----------------------------------------------------------------------------- summarize only
 
 
+@stage_inputs()
 def run_summarize(results: str, *, rescore: bool = False, protocol: str | None = None,
                   judge_spec: str = "exact", judge_opts: JudgeOptions | None = None,
                   max_unscored: float = 0.05, command: str = "--summarize") -> dict:
@@ -417,10 +421,7 @@ def _rescore(results: str, protocol: str | None, judge_spec: str,
              judge_opts: JudgeOptions | None) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    from marscli.records.jsonl import forget_inputs
-
     rows = [r for _, r in iter_rows(results)]
-    forget_inputs()  # rewriting the results in place (atomically) is what --rescore is for
     judge = make_judge(judge_spec, judge_opts)
     try:
         ctx = ScoreContext(judge=judge, base=Path(results).parent)
@@ -434,7 +435,8 @@ def _rescore(results: str, protocol: str | None, judge_spec: str,
             scores = list(pool.map(one, rows))
     finally:
         judge.close()
-    with AtomicJsonl(results) as w:
+    # rewriting the results in place (atomically) is what --rescore is for
+    with AtomicJsonl(results, replaces_input=True) as w:
         for r, s in zip(rows, scores):
             w.write({**r, "score": s})
     print(f"eval: re-scored {len(rows)} records in {results}", file=sys.stderr)

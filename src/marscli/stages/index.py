@@ -9,9 +9,10 @@ import time
 from collections.abc import Callable
 
 from marscli.errors import BadInput
-from marscli.records.jsonl import write_sidecar
+from marscli.records.provenance import stage_inputs, write_sidecar
 
 
+@stage_inputs()
 def text(corpus: str, output: str) -> int:
     """Index rows {id, title, text} (or Search-R1's {id, contents}) for `local:INDEX`."""
     from marscli.search.text_index import build_text_index
@@ -19,6 +20,7 @@ def text(corpus: str, output: str) -> int:
     return build("index text", build_text_index, corpus, output, "documents")
 
 
+@stage_inputs()
 def images(source: str, output: str) -> int:
     """Index a folder of images, or JSONL rows {path, title}, for `--image-search local:INDEX`."""
     from marscli.search.image_index import build_image_index

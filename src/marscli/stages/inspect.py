@@ -10,9 +10,11 @@ from collections.abc import Iterator
 
 from marscli.errors import BadInput, check_range
 from marscli.records.jsonl import dumps, iter_rows
+from marscli.records.provenance import stage_inputs
 from marscli.view.inspect import parse_where, render_plain, render_rich, select
 
 
+@stage_inputs()
 def main(path: str, ids: list[str] | None = None, where: list[str] | None = None,
          limit: int | None = None, as_json: bool = False, as_ids: bool = False) -> int:
     """Print the matching trajectories of `path` to stdout, then how many matched to stderr;

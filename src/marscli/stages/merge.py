@@ -17,7 +17,9 @@ import time
 from pathlib import Path
 
 from marscli.errors import BadInput
-from marscli.records.jsonl import AtomicJsonl, get_field, iter_rows, write_sidecar
+from marscli.records.jsonl import get_field, iter_rows
+from marscli.records.outputs import AtomicJsonl
+from marscli.records.provenance import stage_inputs, write_sidecar
 
 COMPANIONS = (".meta.json", ".settings.json", ".summary.json", ".lock")  # beside a data file
 _TMP = re.compile(r"\.tmp-\d+$")
@@ -28,6 +30,7 @@ def is_companion(path: str) -> bool:
     return path.endswith(COMPANIONS) or bool(_TMP.search(path)) or Path(path).is_dir()
 
 
+@stage_inputs()
 def merge(out: str, shards: list[str]) -> dict:
     """Join `shards` (companions skipped) into `out`; return the sidecar statistics."""
     started = time.time()

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import sys
 
-from marscli.records.jsonl import AtomicFile
+from marscli.records.outputs import AtomicFile
+from marscli.records.provenance import stage_inputs
 from marscli.view.plot import panels_for, render_png
 
 
+@stage_inputs()
 def main(path: str, output: str, title: str | None = None) -> int:
     """Write the curves of `path` to `output`; returns the number of panels."""
     name, panels = panels_for(path)

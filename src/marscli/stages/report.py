@@ -6,12 +6,14 @@ from __future__ import annotations
 import sys
 
 from marscli.errors import check_range
-from marscli.records.jsonl import AtomicFile
+from marscli.records.outputs import AtomicFile
+from marscli.records.provenance import stage_inputs
 from marscli.view.report import build
 
 MIN_IMAGE_PX, MAX_IMAGE_PX = 16, 8192  # --image-px
 
 
+@stage_inputs()
 def main(path: str, output: str, max_trajectories: int = 200, image_px: int = 512,
          page_title: str | None = None) -> dict:
     """Write the report of `path` to `output`; returns what `build` says of it, and `bytes`."""

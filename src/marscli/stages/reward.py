@@ -39,14 +39,9 @@ from typing import Any
 import orjson
 
 from marscli.errors import BadInput, RuntimeFailure
-from marscli.records.jsonl import (
-    AtomicJsonl,
-    follow_rows,
-    get_field,
-    iter_rows,
-    read_rows,
-    write_sidecar,
-)
+from marscli.records.jsonl import follow_rows, get_field, iter_rows, read_rows
+from marscli.records.outputs import AtomicJsonl
+from marscli.records.provenance import stage_inputs, write_sidecar
 from marscli.scoring.answers import LETTERS, format_ok, gold_letters
 from marscli.scoring.judge import Judge, JudgeError, JudgeOptions, make_judge
 from marscli.scoring.protocols import Protocol, reward_protocol
@@ -194,6 +189,7 @@ def save_partial(output: str, rows: list[dict], judge_config: dict,
     return len(kept)
 
 
+@stage_inputs()
 def main(input: str, output: str = "-", judge_spec: str = "exact", format_weight: float = 0.5,
          max_unscored: float = 0.05, judge_timeout: float = 60.0, judge_retries: int = 2,
          judge_concurrency: int = 8, judge_cache: str | None = None,

@@ -1,7 +1,7 @@
 """`marscli rollout`: G sampled trajectories per prompt, appended resumably.
 
 - Trajectory `PROMPTID#k` (k = 0..G-1) is sample k of prompt PROMPTID; the G samples share
-  `prompt_id`. Records are appended one complete record at a time (`jsonl.AppendJsonl`), so a
+  `prompt_id`. Records are appended one complete record at a time (`outputs.AppendJsonl`), so a
   killed run re-run with the same command skips what is written and loses nothing.
 - A rerun never mixes runs: the settings that decide the samples (policy and its weights'
   fingerprint, engine, -n, sampling, limits, tools, system prompt, seed, shard;
@@ -52,7 +52,8 @@ from marscli.agent.runner import (
     start_over,
 )
 from marscli.errors import RuntimeFailure, check_range
-from marscli.records.jsonl import iter_rows, write_sidecar
+from marscli.records.jsonl import iter_rows
+from marscli.records.provenance import stage_inputs, write_sidecar
 from marscli.records.schema import load_prompts
 from marscli.train.trackers import check_tracker, log_stats
 
@@ -61,6 +62,7 @@ _TALLIED = ("turns", "stop", "final_answer", "tool_calls", "tool_errors", "tool_
             "format_errors", "response_tokens")
 
 
+@stage_inputs()
 def run_rollout(prompts: str, output: str, gen: GenerationOptions | None = None, *, n: int = 8,
                 shard: tuple[int, int] = (0, 1), image_dir: str | None = None,
                 progress: bool = True, force: bool = False, media: str | None = None,

@@ -34,7 +34,7 @@
    see trainstate.py) and renames it onto OUT at the end.
 
 Resume (`--save-every-epoch`): after each epoch but the last, the state is saved atomically in
-`OUT.partial/` (built in `OUT.partial.tmp-PID` by checkpoint.AtomicDir, renamed over the
+`OUT.partial/` (built in `OUT.partial.tmp-PID` by outputs.AtomicDir, renamed over the
 previous one): a checkpoint as OUT will be (the HF export, and `train_state/` with the fp32
 masters and AdamW's state: plain torch's optimizer.pt, or DeepSpeed's own checkpoint, one shard
 per rank),
@@ -80,7 +80,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from marscli.errors import BadInput, check_range
-from marscli.records.jsonl import read_rows, sha256_file
+from marscli.records.jsonl import dumps, read_rows
+from marscli.records.outputs import AtomicDir, tmp_path
+from marscli.records.provenance import sha256_file, stage_inputs
 from marscli.train.batch import Example, Spec, load_example
 from marscli.train.distributed import barrier, is_main_process
 from marscli.train.job import Job, Minibatch, TrainOptions, check_paths, deepspeed_config
@@ -186,6 +188,7 @@ def schedule_of(n_examples: int, cfg: SftConfig) -> tuple[int, int, int]:
 # ------------------------------------------------------------------------------ run
 
 
+@stage_inputs()
 def run_sft(data: str, policy: str, out: str, cfg: SftConfig | None = None,
             **options: Any) -> dict:
     """Run SFT; returns the sidecar's statistics. `options` override `cfg` fields."""
@@ -402,12 +405,11 @@ def _save_partial(job: Job, model, part: Path, policy, processor, fp, epoch, ste
     RNG state)."""
     import torch
 
-    from marscli.records.jsonl import dumps
-    from marscli.train.checkpoint import AtomicDir, save_errors
+    from marscli.train.checkpoint import save_errors
     from marscli.train.trainstate import save_all
 
     d = job.dist
-    with AtomicDir(part, active=d.main, tmp=part.with_name(f"{part.name}.tmp-{job.pid}")) as ad:
+    with AtomicDir(part, active=d.main, tmp=tmp_path(part, job.pid)) as ad:
         tmp = ad.tmp
         barrier(d)  # rank 0 made the folder
         save_all(model, tmp, policy, processor, job.export_dtype(policy), optimizer=True,

@@ -48,7 +48,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from marscli.errors import BadInput
-from marscli.train.checkpoint import AtomicDir, save_errors
+from marscli.records.outputs import AtomicDir
+from marscli.records.provenance import stage_inputs, write_sidecar
+from marscli.train.checkpoint import save_errors
 
 # ids 0..6, in this order, special=True (skipped by decode(skip_special_tokens=True))
 SPECIAL_TOKENS: tuple[str, ...] = (
@@ -426,14 +428,13 @@ def build_tiny_model(out: str | Path, seed: int = 0, texts: Iterable[str] = (),
     return out
 
 
+@stage_inputs()
 def main(out: str, seed: int = 0, text_files: Iterable[str] = (), size: str | None = None,
          force: bool = False, min_pixels: int = TINY_MIN_PIXELS,
          max_pixels: int = TINY_MAX_PIXELS, vocab: str = "tiny") -> Path:
     """`marscli tiny-model`: build, write `OUT.meta.json` beside the folder, report on stderr."""
     import sys
     import time
-
-    from marscli.records.jsonl import write_sidecar
 
     started = time.time()
     text_files = list(text_files)

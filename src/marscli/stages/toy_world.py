@@ -7,11 +7,12 @@ import sys
 import time
 from pathlib import Path
 
-from marscli.records.jsonl import write_sidecar
+from marscli.records.provenance import stage_inputs, write_sidecar
 from marscli.toy.prompts import KINDS
 from marscli.toy.world import build_world, check_counts, parse_kinds
 
 
+@stage_inputs()
 def main(out: str, entities: int = 24, seed: int = 0, train: int = 240, test: int = 60,
          sft: int = 120, size: int = 1024, grid: int = 8, kinds: str = ",".join(KINDS),
          zoom_cells: int = 1, perceive: int = 0, clutter: float = 1.0, direct: float = 0.0,

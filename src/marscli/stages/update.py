@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any
 
 from marscli.errors import BadInput, check_range
 from marscli.records.jsonl import get_field, read_rows
+from marscli.records.provenance import stage_inputs
 from marscli.train.batch import Example, Spec, collate, load_example
 from marscli.train.job import Job, Minibatch, Reduce, TrainOptions, check_paths, deepspeed_config
 
@@ -169,6 +170,7 @@ def _check_engine_logprobs(row: dict, path: str, line: int) -> None:
                            "on every model token; use --old-logp recompute")
 
 
+@stage_inputs()
 def run_update(adv: str, policy: str, out: str, cfg: UpdateConfig | None = None,
                **options: Any) -> dict:
     """Run the update; returns the sidecar's statistics. `options` override `cfg` fields."""

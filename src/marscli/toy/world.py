@@ -16,13 +16,13 @@ import orjson
 
 from marscli.errors import BadInput, check_range
 from marscli.records.jsonl import dumps
+from marscli.records.outputs import AtomicDir
 from marscli.toy.corpus import make_corpus
 from marscli.toy.entities import MAX_ENTITIES, Entity, make_entities
 from marscli.toy.expert import DIRECT, expert_replies
 from marscli.toy.perceive import SYSTEM, WHERE, perception_rows
 from marscli.toy.prompts import KINDS, gold, plan, question, search_hits
 from marscli.toy.render import LOGO_MAX, render_logo, render_scene
-from marscli.train.checkpoint import AtomicDir
 
 SPLITS = ("train", "test", "sft")
 MIN_ENTITIES = 5  # an image-search list is the true logo + 4 distractors

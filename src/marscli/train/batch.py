@@ -33,7 +33,7 @@ from typing import Any
 from marscli.errors import BadInput
 from marscli.qwen.images import MAX_SOURCE_PIXELS, open_image, placeholder_count
 from marscli.qwen.tokens import assemble
-from marscli.records.jsonl import sha256_file
+from marscli.records.provenance import sha256_file
 from marscli.records.schema import parse_image_refs, parse_segments
 
 

@@ -1,15 +1,8 @@
-"""Folders written atomically, and HF checkpoints written into them.
+"""HF checkpoints: the folder an --out names, and the weights written into it.
 
-- `AtomicDir(OUT)`: build the folder as `OUT.tmp-PID`, rename it onto OUT on success (an existing
-  OUT goes only once the new one is complete), remove it on error. Every stage that writes a
-  folder uses it: `update`, `sft` (and its resumable `OUT.partial/`), `tiny-model`, `toy-world`.
-  While open it holds `OUT.lock` (jsonl.OutputLock: a second writer fails at once naming the
-  holder's pid), and it refuses an OUT that holds an input the stage read. Files and folders
-  in it get the usual modes (0666/0777 less the umask: transformers and safetensors write 0600).
-- A replace killed between its two renames leaves `OUT.old-PID` (and no OUT): the next
-  `AtomicDir` or `check_out` on OUT puts it back when OUT is missing (the interrupted replace
-  never happened) and removes it when OUT is there, once PID no longer runs.
-- `check_out` refuses an --out that exists (without --force) or is one of the inputs.
+- `check_out` refuses an --out that exists (without --force) or is one of the input
+  checkpoints; first it finishes a replace a kill interrupted (`outputs.recover_replaced`).
+  The folder itself is built by `records.outputs.AtomicDir`.
 - `save_errors(path)`: a full disk seen by torch.save (a RuntimeError from inline_container.cc)
   or safetensors (an "os error N" message) becomes the one-line error of errors.save_error.
 - `save_checkpoint` writes safetensors + config in the `--save-dtype` and copies the policy's
@@ -20,114 +13,20 @@ Only `save_checkpoint` imports torch (inside it).
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 from marscli.errors import BadInput, MarsError, save_error
-from marscli.records.jsonl import OutputLock, check_no_input_inside, remove_stale_tmp, stale
+from marscli.records.outputs import recover_replaced, usual_modes
 
 # --save-dtype: auto is bfloat16 on CUDA (what engines run there), float32 on CPU; input: the
 # policy's own
 SAVE_DTYPES = ("auto", "float32", "bfloat16", "input")
 _WEIGHTS = (".safetensors", ".safetensors.index.json", ".bin", ".bin.index.json", ".pt", ".pth")
 _NOT_COPIED = {"config.json", "metrics.jsonl", "marscli.meta.json", "optimizer.pt"}
-
-
-class AtomicDir:
-    """Build a folder in `OUT.tmp-PID` (or `tmp`, a name every rank can compute); on success
-    rename it onto OUT, replacing an existing OUT only once the new one is complete; on error
-    remove it. Inactive (no folder, no lock) where `active` is false (ranks other than 0)."""
-
-    def __init__(self, out: str | Path, active: bool = True, tmp: str | Path | None = None) -> None:
-        self.out, self.active = Path(out), active
-        self.tmp = Path(tmp) if tmp is not None else self.out.with_name(
-            f"{self.out.name}.tmp-{os.getpid()}")
-
-    def __enter__(self) -> Self:
-        if not self.active:
-            return self
-        check_no_input_inside(self.out)
-        try:
-            self.out.parent.mkdir(parents=True, exist_ok=True)
-            self._lock = OutputLock(self.out).__enter__()
-        except OSError as e:
-            raise BadInput(f"{self.out}: cannot write here ({e.strerror or e})") from None
-        try:
-            recover_replaced(self.out)
-            remove_stale_tmp(self.out)  # what a killed run left
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            self.tmp.mkdir()
-        except BaseException:
-            self._lock.__exit__()
-            raise
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if not self.active:
-            return
-        try:
-            if exc_type is not None:
-                shutil.rmtree(self.tmp, ignore_errors=True)
-                return
-            try:
-                usual_modes(self.tmp)
-                self._swap()
-            except BaseException:
-                shutil.rmtree(self.tmp, ignore_errors=True)
-                raise
-        finally:
-            self._lock.__exit__()
-
-    def _swap(self) -> None:
-        old = None
-        if self.out.exists():
-            old = self.out.with_name(f"{self.out.name}.old-{os.getpid()}")
-            os.replace(self.out, old)
-        os.replace(self.tmp, self.out)  # a kill before this line: recover_replaced
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-
-
-def recover_replaced(out: str | Path) -> None:
-    """Finish what a replace killed between AtomicDir's two renames left (`OUT.old-PID`, PID no
-    longer running): without OUT, the old folder goes back (the replace never happened, and
-    it is the last complete one); with OUT, it is garbage and goes."""
-    out = Path(out)
-    for old, pid in stale(out, "old"):
-        if out.exists() or out.is_symlink():
-            shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
-            print(f"{old}: removed (left by pid {pid}, killed while replacing {out})",
-                  file=sys.stderr)
-        else:
-            os.replace(old, out)
-            print(f"{out}: put back from {old.name} (pid {pid} was killed while replacing it)",
-                  file=sys.stderr)
-
-
-def _umask() -> int:
-    umask = os.umask(0)
-    os.umask(umask)
-    return umask
-
-
-def usual_modes(folder: Path) -> None:
-    """Give `folder` and everything in it the modes a plain write would (0666 files, 0777
-    folders and executables, less the umask): transformers and safetensors write 0600, and
-    a checkpoint others cannot read is of no use on a shared cluster."""
-    umask = _umask()
-    folder.chmod(0o777 & ~umask)
-    for root, dirs, files in os.walk(folder):
-        for d in dirs:
-            Path(root, d).chmod(0o777 & ~umask)
-        for f in files:
-            p = Path(root, f)
-            if not p.is_symlink():
-                p.chmod((0o777 if p.stat().st_mode & 0o100 else 0o666) & ~umask)
 
 
 @contextmanager

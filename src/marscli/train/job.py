@@ -31,9 +31,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
 from marscli.errors import BadInput, check_range
-from marscli.records.jsonl import OutputLock, check_not_input, dumps, remove_stale_tmp
+from marscli.records.jsonl import dumps
+from marscli.records.outputs import AtomicDir, OutputLock, remove_stale_tmp, tmp_path
+from marscli.records.provenance import check_not_input, write_sidecar
 from marscli.train.batch import Example, Micro, Spec, collate, plan
-from marscli.train.checkpoint import AtomicDir, check_out, check_save_dtype, save_dtype_name
+from marscli.train.checkpoint import check_out, check_save_dtype, save_dtype_name
 from marscli.train.distributed import (
     Dist,
     all_reduce,
@@ -145,7 +147,7 @@ class Job:
         out = Path(self.out)
         pid = int(all_reduce([os.getpid() if d.main else 0], d)[0])  # rank 0's: shared by all
         self.pid = pid  # for other temporaries every rank must name alike (sft's partial state)
-        with AtomicDir(out, active=d.main, tmp=out.with_name(f"{out.name}.tmp-{pid}")) as od:
+        with AtomicDir(out, active=d.main, tmp=tmp_path(out, pid)) as od:
             self.folder = od.tmp
             mpath = self.opts.metrics or od.tmp / "metrics.jsonl"
             writer = MetricsWriter(mpath if d.main else None, atomic=self.opts.metrics is not None,
@@ -211,8 +213,6 @@ class Job:
 
     def sidecar(self, config: dict, stats: dict) -> None:
         if self.dist.main:
-            from marscli.records.jsonl import write_sidecar
-
             write_sidecar(str(self.folder / "marscli"), stage=self.stage, seed=self.opts.seed,
                           config=config, inputs=self.inputs, stats=stats, started=self.started)
 
@@ -328,7 +328,7 @@ class MetricsWriter:
     """One JSON line per optimiser step, flushed as it is written (watch it with `tail -f`).
     With `atomic` (a `--metrics FILE` outside OUT), lines go to `PATH.tmp-PID`, renamed onto
     PATH by `close(ok=True)`, and PATH is refused if it is an input and locked while open
-    (jsonl.OutputLock). A writer without a path (ranks other than 0) writes nothing."""
+    (outputs.OutputLock). A writer without a path (ranks other than 0) writes nothing."""
 
     def __init__(self, path: str | Path | None, atomic: bool = True, tracker: Any = None) -> None:
         self.path = Path(path) if path else None
@@ -337,8 +337,7 @@ class MetricsWriter:
         self.lock: OutputLock | None = None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.tmp = (self.path.with_name(f"{self.path.name}.tmp-{os.getpid()}") if atomic
-                        else self.path)
+            self.tmp = tmp_path(self.path) if atomic else self.path
             if atomic:
                 check_not_input(self.path)
                 self.lock = OutputLock(self.path).__enter__()

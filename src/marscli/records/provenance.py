@@ -1,0 +1,223 @@
+"""What an output was made from: the inputs one stage read, and the sidecar that records them.
+
+- `Inputs`: one stage's memory. Every input file `iter_rows` or `follow_rows` opens is
+  remembered (by device and inode) with the sha256 of the bytes read, stdin's included, and
+  every writer (`records.outputs`) refuses an output that is one of them (the same file, a hard
+  link or a symlink to it; for `AtomicDir`, a folder holding one): `BadInput`, before anything
+  is written. An input opened while it is being written (`merge OUT ... OUT`) is refused the
+  same way.
+- `stage_inputs()` gives each stage its own memory: `with stage_inputs():` (cli.guard, around
+  every command) or `@stage_inputs()` on a stage's run function, so that a Python caller of a
+  stage is protected as a command is, and two stages never see each other's inputs. A scope
+  opened inside another is the same scope (a command calling a stage function is one stage).
+  Outside any scope nothing is remembered. Within one, the memory also ends where the stage
+  does: `write_sidecar`, a writer that fails, a bad input.
+- `write_sidecar(OUT, ...)` writes `OUT.meta.json`, the stage's last file: provenance and
+  statistics, with the inputs' hashes as they were read (`Inputs.sha256`).
+- `sha256_file(path)`: the hash of a file as it is now.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from marscli import __version__
+from marscli.errors import BadInput
+from marscli.secrets import redact
+
+Key = tuple[int, int] | str  # (st_dev, st_ino), or a resolved path for a file not there yet
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def inode(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
+@dataclass
+class Input:
+    """An input file as it was opened: its name and, once it was read to the end, the sha256
+    of the bytes read."""
+
+    path: str
+    sha256: str | None = None
+
+
+class Inputs:
+    """What one stage read (`files`, by inode; `stdin_sha256`) and which outputs it has open
+    (`writing`, by inode and resolved name), so that the two never meet (module docstring)."""
+
+    def __init__(self) -> None:
+        self.files: dict[tuple[int, int], Input] = {}
+        self.stdin_sha256: str | None = None
+        self.writing: dict[Key, str] = {}
+
+    def forget(self) -> None:
+        """The stage is over (its sidecar is written, or it failed): what it read no longer
+        binds what comes after. Its open outputs stay open until they close."""
+        self.files.clear()
+        self.stdin_sha256 = None
+
+    def remember(self, path: str, fh: Any) -> Input:
+        """Remember an input file just opened as `fh`; BadInput (closing `fh`) when it is an
+        output this stage is writing."""
+        st = os.fstat(fh.fileno())
+        for k in (inode(st), str(Path(path).resolve())):
+            if k in self.writing:
+                fh.close()
+                self.forget()  # the stage ends here
+                raise BadInput(f"{path}: is the output being written ({self.writing[k]}) — an "
+                               "output cannot be one of the inputs: pick another output")
+        entry = Input(path)
+        self.files[inode(st)] = entry
+        return entry
+
+    def remember_stdin(self, sha256: str, size: int) -> None:
+        """stdin was read to the end; a second read of a drained stdin keeps the first hash."""
+        if size or self.stdin_sha256 is None:
+            self.stdin_sha256 = sha256
+
+    def drop(self, path: str | Path) -> None:
+        """`path` is no longer an input: the stage replaces it in place (eval --rescore)."""
+        if Path(path).is_file():
+            self.files.pop(inode(os.stat(path)), None)
+
+    def sha256(self, path: str) -> str | None:
+        """sha256 of the bytes of an input as it was read (`-`: stdin) — what the output was
+        made from, even if the file changed since — or of the file now when it was not read
+        that way (a system prompt, a text file); None when there is nothing to hash."""
+        if path == "-":
+            return self.stdin_sha256
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        if not Path(path).is_file():
+            return None
+        entry = self.files.get(inode(st))
+        if entry is not None and entry.sha256:
+            return entry.sha256
+        return sha256_file(path)
+
+    def check_not_input(self, path: str | Path) -> None:
+        """Refuse an output file that is an input of this stage (same inode: the same file, a
+        hard link or a symlink to it), before anything is written."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        entry = self.files.get(inode(st))
+        if entry is not None:
+            self.forget()  # the stage ends here
+            same = "" if os.path.abspath(entry.path) == os.path.abspath(path) else \
+                f" (as {entry.path})"
+            raise BadInput(f"{path}: is an input of this stage{same} — writing it would "
+                           "clobber what is being read: pick another output")
+
+    def check_no_input_inside(self, folder: str | Path) -> None:
+        """Refuse an output folder that holds an input of this stage (replacing it would
+        delete the input)."""
+        root = Path(folder).resolve()
+        for entry in self.files.values():
+            p = Path(entry.path).resolve()
+            if p == root or root in p.parents:
+                self.forget()  # the stage ends here
+                raise BadInput(f"{folder}: holds {entry.path}, an input of this stage — "
+                               "replacing the folder would delete it: pick another output folder")
+
+    def open_output(self, path: Path) -> list[Key]:
+        """`path` is being written: no input may be it until `close_output(keys)`."""
+        keys: list[Key] = [str(path.resolve())]
+        try:
+            keys.append(inode(os.stat(path)))
+        except OSError:
+            pass
+        for k in keys:
+            self.writing[k] = str(path)
+        return keys
+
+    def close_output(self, keys: list[Key]) -> None:
+        for k in keys:
+            self.writing.pop(k, None)
+
+
+# The stage running in this context; None outside any (a thread a stage starts does not see
+# it: contextvars are per thread, and no stage reads or writes records off its main thread).
+_STAGE: ContextVar[Inputs | None] = ContextVar("marscli_stage_inputs", default=None)
+
+
+@contextmanager
+def stage_inputs() -> Iterator[Inputs]:
+    """The scope of one stage's `Inputs`: a new one, or the one already open (module
+    docstring). Also a decorator: `@stage_inputs()` on a stage's run function."""
+    outer = _STAGE.get()
+    if outer is not None:
+        yield outer
+        return
+    inputs = Inputs()
+    token = _STAGE.set(inputs)
+    try:
+        yield inputs
+    finally:
+        _STAGE.reset(token)
+
+
+def current_inputs() -> Inputs:
+    """The running stage's `Inputs`; outside any stage, an empty one nothing else will see."""
+    return _STAGE.get() or Inputs()
+
+
+def check_not_input(path: str | Path) -> None:
+    """`Inputs.check_not_input` of the running stage: for a writer of its own (an SQLite
+    index, a metrics file) before it takes the output's lock."""
+    current_inputs().check_not_input(path)
+
+
+def write_sidecar(out: str, *, stage: str, seed: int | None = None, config: dict | None = None,
+                  inputs: list[str] | tuple[str, ...] = (), stats: dict | None = None,
+                  started: float | None = None) -> None:
+    """Write `OUT.meta.json`: provenance and statistics, the inputs' hashes as they were read.
+    Skipped when OUT is stdout. Ends the stage's memory of its inputs."""
+    # jsonl and outputs import this module (their reads and writes go through `Inputs`)
+    from marscli.records.jsonl import SCHEMA_VERSION
+    from marscli.records.outputs import AtomicFile
+
+    read = current_inputs()
+    if out == "-":
+        read.forget()
+        return
+    hashes = {p: read.sha256(p) for p in inputs}
+    meta = {
+        "v": SCHEMA_VERSION,
+        "stage": stage,
+        "command": sys.argv,
+        "marscli": __version__,
+        "seed": seed,
+        "config": config or {},
+        "inputs": {p: h for p, h in hashes.items() if h is not None},
+        "wall_s": round(time.time() - started, 3) if started else None,
+        "stats": stats or {},
+    }
+    try:
+        with AtomicFile(f"{out}.meta.json") as fh:
+            fh.write(orjson.dumps(redact(meta),
+                                  option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+    finally:
+        read.forget()
