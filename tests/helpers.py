@@ -525,3 +525,12 @@ def recorded_vs_forward(model, processor, rec: dict, base: Path) -> tuple[list[f
     got = [x for x, m in zip(lp.tolist(), seq.loss_mask[1:], strict=True) if m]
     want = [x for x, m in zip(seq.model_logprobs[1:], seq.loss_mask[1:], strict=True) if m]
     return got, want
+
+
+def judge_options(timeout: float = 60.0, retries: int = 2, concurrency: int = 8,
+                  cache: str | None = None, backoff: float = 0.01):
+    """The reward stage's `JudgeOptions` as its `--judge-*` flags spell them (short backoff)."""
+    from marscli.scoring.judge import JudgeOptions
+
+    return JudgeOptions(timeout_s=timeout, attempts=retries + 1, concurrency=concurrency,
+                        cache_path=cache, backoff_s=backoff)

@@ -12,7 +12,7 @@ import pytest
 from marscli.scoring.judge import JudgeOptions
 
 from chaos import FAULTS, ChaosServer
-from helpers import read_jsonl, write_prompts
+from helpers import judge_options, read_jsonl, write_prompts
 
 TIMEOUT = 1.0  # every client's per-request timeout; the chaos timeouts sleep past it
 RETRIES = 1  # two attempts per request: enough failures survive to be seen
@@ -106,8 +106,9 @@ def test_reward_finishes_through_chaos(rollout_run):
     scored = tmp / "scored.jsonl"
     with ChaosServer(seed=JUDGE_SEED, timeout_s=TIMEOUT) as judge:
         stats = reward_main(str(out), str(scored), f"openai:chaos@{judge.url}/v1",
-                            max_unscored=1.0, judge_timeout=TIMEOUT, judge_retries=RETRIES,
-                            judge_cache=str(tmp / "judge.sqlite"), judge_backoff=0.05)
+                            max_unscored=1.0,
+                            judge_options=judge_options(TIMEOUT, RETRIES, backoff=0.05,
+                                                        cache=str(tmp / "judge.sqlite")))
     rows = read_jsonl(scored)
     unscored = [r for r in rows if r["reward"].get("status") == "unscored"]
     assert stats["unscored"] == len(unscored) > 0

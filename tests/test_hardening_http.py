@@ -24,6 +24,7 @@ from marscli.stages.reward import main as reward_main
 from marscli.tools.search import TextSearchTool, tool_failed
 
 from fakes import Huge, Trickle, always, chat_reply, current, retrieve_reply
+from helpers import judge_options
 
 PW = "PW-hunter2-77"
 BASIC = base64.b64encode(f"alice:{PW}".encode()).decode()
@@ -66,7 +67,8 @@ def traj(tmp_path):
 def score(path: Path, spec: str, **kw) -> tuple[dict, dict, str]:
     """(reward, stats, sidecar text) of scoring `path` with `spec`."""
     out = path.with_name("scored.jsonl")
-    stats = reward_main(str(path), str(out), spec, judge_backoff=0.01, **kw)
+    judge = {k.removeprefix("judge_"): kw.pop(k) for k in list(kw) if k.startswith("judge_")}
+    stats = reward_main(str(path), str(out), spec, judge_options=judge_options(**judge), **kw)
     reward = orjson.loads(out.read_bytes().splitlines()[0])["reward"]
     return reward, stats, Path(f"{out}.meta.json").read_text()
 

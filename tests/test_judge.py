@@ -22,6 +22,7 @@ from marscli.scoring.judge import JudgeOptions, VerdictCache, make_judge
 from marscli.stages.reward import main
 
 from fakes import always, chat_reply, sequence
+from helpers import judge_options
 
 SENTINEL = "sk-SENTINEL-9f8e7d6c5b4a"
 
@@ -66,8 +67,8 @@ def isolated(tmp_path, monkeypatch):
 
 def score(path: Path, spec: str, **kw) -> tuple[list[dict], dict]:
     out = str(path.with_name("scored.jsonl"))
-    kw.setdefault("judge_backoff", 0.01)
-    stats = main(str(path), out, spec, **kw)
+    judge = {k.removeprefix("judge_"): kw.pop(k) for k in list(kw) if k.startswith("judge_")}
+    stats = main(str(path), out, spec, judge_options=judge_options(**judge), **kw)
     return [orjson.loads(x) for x in Path(out).read_bytes().splitlines()], stats
 
 
@@ -170,13 +171,26 @@ def test_permanent_500_exits_1_writing_only_the_partial_file(serve, data):
     path = data(answers=("a1", "a2", "paris", "a4"))
     out = path.with_name("scored.jsonl")
     with pytest.raises(RuntimeFailure, match=r"3 of 4 rows unscored"):
-        main(str(path), str(out), srv.spec, judge_backoff=0.01)
+        main(str(path), str(out), srv.spec, judge_options=judge_options())
     assert not out.exists() and not out.with_name("scored.jsonl.meta.json").exists()
     partial = out.with_name("scored.jsonl.partial")
     kept = [orjson.loads(x) for x in partial.read_bytes().splitlines()]
     assert [(r["id"], r["reward"]["total"]) for r in kept] == [("q#2", 1.5)]  # the exact match
     assert srv.requests() == 9
 
+
+
+def test_a_rerun_that_fails_again_keeps_the_partial_file_and_exits_1(serve, data):
+    """The re-run reads OUT.partial (its reused rewards), fails again, and rewrites it: the
+    judge's failure (RuntimeFailure, exit 1), not "an input of this stage" (exit 2)."""
+    srv = serve(always(500, "down"))
+    path = data(answers=("a1", "a2", "paris", "a4"))
+    out = path.with_name("scored.jsonl")
+    for _ in range(2):
+        with pytest.raises(RuntimeFailure, match=r"3 of 4 rows unscored"):
+            main(str(path), str(out), srv.spec, judge_options=judge_options(retries=0))
+    kept = [orjson.loads(x) for x in out.with_name("scored.jsonl.partial").read_bytes().splitlines()]
+    assert [r["id"] for r in kept] == ["q#2"] and not out.exists()
 
 def test_few_unscored_rows_under_the_threshold_pass(serve, data):
     srv = serve(lambda path, body, n: (500, "", 0) if "Marseille" in str(body) else (200, YES, 0))

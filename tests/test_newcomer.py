@@ -30,6 +30,7 @@ from helpers import (
     ROOT,
     ZOOM_THEN_ANSWER,
     invoke,
+    judge_options,
     marscli,
     read_jsonl,
     write_bench,
@@ -191,12 +192,12 @@ def test_reward_with_the_judge_down_leaves_no_output_and_keeps_scored_rows(
     out = tmp_path / "scored.jsonl"
     with pytest.raises(RuntimeFailure, match=r"3 of 6 rows unscored .*nothing was written; "
                                              r"the 3 scored rows are kept in .*scored\.jsonl"):
-        main(str(judged), str(out), spec, judge_retries=0, judge_backoff=0.01)
+        main(str(judged), str(out), spec, judge_options=judge_options(retries=0))
     assert not out.exists() and not out.with_name("scored.jsonl.meta.json").exists()
     partial = read_jsonl(out.with_name("scored.jsonl.partial"))
     assert sorted(r["id"] for r in partial) == ["q#0", "q#1", "q#4"]  # 2 exact, 1 Yes
     up["now"], before = True, srv.requests()
-    stats = main(str(judged), str(out), spec, judge_backoff=0.01, judge_timeout=30)
+    stats = main(str(judged), str(out), spec, judge_options=judge_options(timeout=30))
     assert stats["reused"] == 3 and stats["unscored"] == 0 and stats["cache_hits"] == 0
     assert srv.requests() - before == 3  # Lyon, Nice, Lille; q#1 came from the partial file
     rows = {r["id"]: r["reward"] for r in read_jsonl(out)}
@@ -213,7 +214,7 @@ def test_reward_prints_no_row_scored_rather_than_accuracy_none(judged, fake_serv
     rows = [r for r in read_jsonl(judged) if r["final_answer"] != "Paris"]
     src = write_jsonl(tmp_path / "t2.jsonl", rows)
     stats = main(str(src), str(tmp_path / "s.jsonl"), f"openai:j@{down.url}/v1",
-                 judge_retries=0, judge_backoff=0.01, max_unscored=1.0)
+                 judge_options=judge_options(retries=0), max_unscored=1.0)
     err = capsys.readouterr().err
     assert stats["unscored"] == 4 and "no row scored" in err and "None" not in err
 

@@ -169,14 +169,10 @@ def reward(
 ) -> None:
     """Add `reward` (accuracy + format) to trajectory rows; torch-free with --judge exact."""
     with guard():
-        check_range("--format-weight", format_weight, 0)
-        check_range("--max-unscored", max_unscored, 0, 1)
-        opt.check_judge_options(judge_timeout, judge_retries, judge_concurrency)
         from marscli.stages.reward import main as reward_main
 
-        reward_main(traj, output, judge, format_weight, max_unscored, judge_timeout,
-                    judge_retries, judge_concurrency, judge_cache, protocol=protocol,
-                    follow=follow)
+        reward_main(traj, output, judge, format_weight, max_unscored,
+                    opt.judge_options(locals(), check=False), protocol=protocol, follow=follow)
 
 
 @app.command()

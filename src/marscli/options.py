@@ -155,19 +155,15 @@ def generation_options(params: Mapping[str, Any]) -> GenerationOptions:
                   engine_opts={k: params.get(k) for k in ENGINE_OPTIONS})
 
 
-def judge_options(params: Mapping[str, Any]) -> JudgeOptions:
+def judge_options(params: Mapping[str, Any], check: bool = True) -> JudgeOptions:
     """A command's `--judge-*` parameters as `judge.JudgeOptions`, checked (BadInput naming the
-    option) before anything is read."""
+    option) before anything is read; `check=False` leaves that to the stage (reward checks its
+    own options first, in the order its errors have always come)."""
     from marscli.scoring.judge import JudgeOptions  # an HTTP client: not for --help
 
     opts = JudgeOptions(timeout_s=params["judge_timeout"], attempts=params["judge_retries"] + 1,
                         concurrency=params["judge_concurrency"],
                         cache_path=params.get("judge_cache"))
-    opts.check()
+    if check:
+        opts.check()
     return opts
-
-
-def check_judge_options(timeout: float, retries: int, concurrency: int) -> None:
-    """The judge options in range (reward's, until its stage takes `JudgeOptions`)."""
-    judge_options({"judge_timeout": timeout, "judge_retries": retries,
-                   "judge_concurrency": concurrency})

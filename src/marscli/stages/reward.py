@@ -38,7 +38,7 @@ from typing import Any
 
 import orjson
 
-from marscli.errors import BadInput, RuntimeFailure
+from marscli.errors import BadInput, RuntimeFailure, check_range
 from marscli.records.jsonl import follow_rows, get_field, iter_rows, read_rows
 from marscli.records.outputs import AtomicJsonl
 from marscli.records.provenance import stage_inputs, write_sidecar
@@ -184,33 +184,34 @@ def save_partial(output: str, rows: list[dict], judge_config: dict,
     if not kept:
         partial_path(output).unlink(missing_ok=True)
         return 0
-    with AtomicJsonl(str(partial_path(output))) as w:
+    # a re-run read this file (load_partial): it replaces it, as an input it owns
+    with AtomicJsonl(str(partial_path(output)), replaces_input=True) as w:
         w.write_all(kept)
     return len(kept)
 
 
 @stage_inputs()
 def main(input: str, output: str = "-", judge_spec: str = "exact", format_weight: float = 0.5,
-         max_unscored: float = 0.05, judge_timeout: float = 60.0, judge_retries: int = 2,
-         judge_concurrency: int = 8, judge_cache: str | None = None,
-         judge_backoff: float = 1.0, protocol: str = "mars",
+         max_unscored: float = 0.05, judge_options: JudgeOptions | None = None,
+         protocol: str = "mars",
          follow: bool = False) -> dict[str, Any]:
     """`marscli reward`: read, score, write all-or-nothing, write the sidecar. When too many
     rows are unscored: keep the scored ones in `OUT.partial`, write nothing else, and raise
     RuntimeFailure (exit 1). `follow`: score the input's rows as its writer appends them,
     until its sidecar appears (`jsonl.follow_rows`)."""
+    check_range("--format-weight", format_weight, 0)
+    check_range("--max-unscored", max_unscored, 0, 1)
+    opts = judge_options or JudgeOptions()
+    opts.check()
     if follow and input == "-":
         raise BadInput("--follow: needs a file that a stage is writing, not stdin (a pipe "
                        "already streams rows as they come)")
     started = time.time()
-    opts = JudgeOptions(timeout_s=judge_timeout, attempts=judge_retries + 1,
-                        concurrency=judge_concurrency, cache_path=judge_cache,
-                        backoff_s=judge_backoff)
     reward_protocol(protocol)  # a bad name fails before the judge or the input is touched
     judge = make_judge(judge_spec, opts)  # a bad spec fails before the input is read
     try:
         rows = follow_rows(input) if follow else read_rows(input)
-        out, stats = run(rows, input, judge, format_weight, max_unscored, judge_concurrency,
+        out, stats = run(rows, input, judge, format_weight, max_unscored, opts.concurrency,
                          known=load_partial(output), protocol=protocol)
     finally:
         judge.close()
