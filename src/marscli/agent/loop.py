@@ -1,5 +1,6 @@
 """The agent loop: trajectories advance turn by turn, generating together and calling tools
-concurrently, and are recorded with token-exact segments (DESIGN.md "Trajectory record").
+concurrently, and are recorded with token-exact segments (docs/design.md "The trajectory
+record").
 
 Two loops, one set of steps (`_request`, `_take`, `_tool`, `_observe`, `_end_turn`):
 - Lock-step (the hf and replay engines, or `lockstep`): a turn sends every active

@@ -18,8 +18,9 @@ What `parse_turn` accepts, so that the released checkpoints' replies parse as th
   decode error; marscli takes what the model meant.)
 - A trailing `<|im_end|>` (text decoded without skipping special tokens) changes nothing.
 Refused, as format errors: a call and an answer in one turn, two calls or two answers (one tool
-call per turn, as DESIGN states; Qwen3-VL may emit several), a tag opened and never closed (a
-reply cut mid-tag), invalid JSON, a call without a string `name`.
+call per turn, as docs/design.md "The agent protocol" states; Qwen3-VL may emit several), a
+tag opened and never closed (a reply cut mid-tag), invalid JSON, a call without a string
+`name`.
 
 `tool_content(text, n_images)` and `format_tool_response(text, n_images)` write a tool response
 as the Qwen3-VL chat template writes a role `tool` message: `<|im_start|>user\n<tool_response>\n`

@@ -1,4 +1,4 @@
-"""The records of DESIGN.md as dataclasses, validated where they enter a stage.
+"""The records of docs/design.md as dataclasses, validated where they enter a stage.
 
 Rows flow through stages as plain dicts (unknown fields carried through untouched); these
 dataclasses are the typed view a stage takes of the fields it needs. `load_prompts` accepts
@@ -150,7 +150,8 @@ class Segment:
 
     def to_dict(self) -> dict:
         """Fields that are set; a model segment always says `logprobs`, `null` when the engine
-        has none (DESIGN.md: never 0, and absent would read as a field forgotten)."""
+        has none (docs/design.md "The trajectory record": never 0, and absent would read as
+        a field forgotten)."""
         return {k: v for k, v in self.__dict__.items()
                 if v is not None or (k == "logprobs" and self.role == "model")}
 

@@ -8,8 +8,9 @@ and vLLM load it offline as they are. The same seed and texts give byte-identica
 How it departs from a released Qwen3-VL checkpoint, and why:
 1. The tokenizer is a byte-level BPE of at most `VOCAB_CAP` tokens trained here on a built-in text
    (protocol and tool vocabulary, a system prompt, common English words) plus any `--text` given.
-   A tiny model only learns a task when the task's words are single tokens (FINDINGS, "Can the
-   tiny model learn"), so pass the toy world's corpus and prompts with `--text`.
+   A tiny model only learns a task when the task's words are single tokens (docs/demo.md
+   "Can the tiny model learn a visual task on CPU?"), so pass the toy world's corpus and
+   prompts with `--text`.
    Pre-tokenisation is Qwen2's split regex (digits one by one, `_zoom` one piece) followed by
    byte-level mapping without a prefix space, as in Qwen's own tokenizer.
 2. Token ids are fixed whatever the texts: `SPECIAL_TOKENS` take ids 0-6 and `PROTOCOL_TAGS` ids

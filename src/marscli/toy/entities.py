@@ -2,7 +2,7 @@
 
 Names are built from a small syllable set (`Zorba`, `Kelon`, `Varn`): short, pronounceable, and
 not English words, so a tokenizer trained on the world's text makes each one a single token
-(FINDINGS, "Can the tiny model learn a visual task on CPU?"). Every answer of the world is one
+(docs/demo.md "Can the tiny model learn a visual task on CPU?"). Every answer of the world is one
 such word: a city, a founder's surname, a year, a colour, a shape or a capital letter.
 """
 
