@@ -246,7 +246,7 @@ def test_samples_average_per_item(tmp_path):
     # a: mean(1, 0) = .5; b: 1 (its unscored sample excluded); c: no scored sample, excluded
     assert fv["accuracy"] == 75.0 and fv["items"] == 3 and fv["scored_items"] == 2
     assert fv["unscored"] == 2 and s["over_unscored"]
-    with pytest.raises(RuntimeFailure, match=r"2 of 5 trajectories unscored.*--rescore"):
+    with pytest.raises(RuntimeFailure, match=r"2 of 5 trajectories unscored.*marscli eval rescore"):
         run_summarize(str(res))
     assert not summary_path(res).exists()  # nothing make would take for done
 

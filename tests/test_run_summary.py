@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def eval_summary(acc: float, zoom: float, cats: dict[str, float]) -> dict:
-    """The fields `marscli eval --summarize` writes that the script reads."""
+    """The fields `marscli eval summarize` writes that the script reads."""
     return {"v": 1, "benchmarks": {"world": {
         "accuracy": acc, "items": 96, "mean_turns": 1 + zoom,
         "tool_use": {"image_zoom_in_tool": {"histogram": {}, "mean": zoom}},

@@ -240,7 +240,7 @@ def summarize(results: str, max_unscored: float = 0.05) -> dict:
         score = r.get("score")
         if not isinstance(score, dict):
             raise BadInput(f"{results}:{line}: score: missing — not an eval results row (score "
-                           f"rollout output with: marscli eval --summarize {results} --rescore)")
+                           f"rollout output with: marscli eval rescore {results})")
         rid = r.get("id")
         if not isinstance(rid, str):
             raise BadInput(f"{results}:{line}: id: missing required field")
@@ -267,7 +267,7 @@ def _bench_summary(results: str, bench: str, rows: list[tuple[int, dict]]) -> di
     if len(protocols) > 1:
         raise BadInput(f"{results}: {bench}: records scored under several protocols "
                        f"({', '.join(sorted(protocols))}) — re-score them all with "
-                       f"marscli eval --summarize {results} --rescore --protocol NAME")
+                       f"marscli eval rescore {results} --protocol NAME")
     proto = make_protocol(protocols.pop())
     modes = sorted({str(r.get("mode", "agent")) for _, r in rows})
     trajs = [r for _, r in rows]
@@ -363,7 +363,7 @@ def _fail_if_unscored(summary: dict, results: str) -> None:
         raise RuntimeFailure(
             f"{summary['unscored']} of {summary['trajectories']} trajectories unscored (over "
             f"{summary['max_unscored']:.0%}) — {results} keeps them, no summary was written; "
-            f"fix the judge and re-score them: marscli eval --summarize {results} --rescore "
+            f"fix the judge and re-score them: marscli eval rescore {results} "
             "--judge SPEC (cached verdicts are reused)")
 
 
