@@ -26,6 +26,12 @@ if TYPE_CHECKING:
 
 GEN = GenerationOptions()  # the shared defaults
 
+
+def value_option(metavar: str, help: str) -> Any:
+    """An optional option that takes one value (a file, a URL, a spec), shown as METAVAR."""
+    return Annotated[str | None, typer.Option(metavar=metavar, help=help)]
+
+
 # engine
 Policy = Annotated[str | None, typer.Option(
     help="Checkpoint folder or hub id (hf, vllm, replay engines).")]
@@ -33,15 +39,12 @@ Engine = Annotated[str, typer.Option(
     help="hf, vllm, server:URL (a `marscli serve` process), openai or replay.")]
 Device = Annotated[str, typer.Option(
     help="auto (cuda when available, else cpu), cpu or cuda (hf, vllm).")]
-BaseUrl = Annotated[str | None, typer.Option(
-    metavar="URL", help="openai: the server's base URL, e.g. http://127.0.0.1:8000/v1.")]
+BaseUrl = value_option("URL", "openai: the server's base URL, e.g. http://127.0.0.1:8000/v1.")
 Model = Annotated[str | None, typer.Option(help="openai: the served model's name.")]
-ApiKeyEnv = Annotated[str | None, typer.Option(
-    metavar="VAR", help="openai: environment variable holding the API key "
-                        "(default OPENAI_API_KEY).")]
-TokenizeWith = Annotated[str | None, typer.Option(
-    metavar="CKPT", help="openai: processor checkpoint for token-exact segments "
-                         "(without it, segments carry text only).")]
+ApiKeyEnv = value_option("VAR", "openai: environment variable holding the API key "
+                                "(default OPENAI_API_KEY).")
+TokenizeWith = value_option("CKPT", "openai: processor checkpoint for token-exact segments "
+                                    "(without it, segments carry text only).")
 Timeout = Annotated[float | None, typer.Option(
     help="openai, server: seconds per request (default 300, 600).")]
 Retries = Annotated[int | None, typer.Option(
@@ -76,22 +79,17 @@ Lockstep = Annotated[bool, typer.Option(
                        "batches continuously (each turn then waits for its slowest tool call).")]
 
 # inputs, tools and search
-Shard = Annotated[str | None, typer.Option(
-    metavar="i/N", help="Only the rows whose id hashes to shard i of N (0-based): the N shards "
-                        "together give one run's ids.")]
-ImageDir = Annotated[str | None, typer.Option(
-    metavar="DIR", help="Folder the rows' image paths are relative to (default: the rows' "
-                        "own folder).")]
-SystemPrompt = Annotated[str | None, typer.Option(
-    metavar="FILE", help="File replacing the system prompt.")]
-ToolsConfig = Annotated[str | None, typer.Option(
-    metavar="FILE", help="Tool schemas (the release's tools_*.yaml or a JSON list of "
-    "OpenAI-style schemas): prompts are rendered by the policy's chat template with tools= "
-    "instead of marscli's own # Tools block.")]
-TextSearch = Annotated[str | None, typer.Option(
-    metavar="SPEC", help="Text search backend: local:INDEX, retriever:URL or serper.")]
-ImageSearch = Annotated[str | None, typer.Option(
-    metavar="SPEC", help="Image search backend: data, local:INDEX or serper-lens.")]
+Shard = value_option("i/N", "Only the rows whose id hashes to shard i of N (0-based): the N shards "
+                            "together give one run's ids.")
+ImageDir = value_option("DIR", "Folder the rows' image paths are relative to (default: the rows' "
+                               "own folder).")
+SystemPrompt = value_option("FILE", "File replacing the system prompt.")
+ToolsConfig = value_option("FILE", "Tool schemas (the release's tools_*.yaml or a JSON list of "
+                                   "OpenAI-style schemas): prompts are rendered by the policy's "
+                                   "chat template with tools= instead of marscli's own # Tools "
+                                   "block.")
+TextSearch = value_option("SPEC", "Text search backend: local:INDEX, retriever:URL or serper.")
+ImageSearch = value_option("SPEC", "Image search backend: data, local:INDEX or serper-lens.")
 SearchTimeout = Annotated[float, typer.Option(
     help="Seconds per search request (text and image backends).")]
 SearchRetries = Annotated[int, typer.Option(
@@ -113,9 +111,9 @@ JudgeTimeout = Annotated[float, typer.Option(help="Seconds per judge request.")]
 JudgeRetries = Annotated[int, typer.Option(
     help="Retries after a failed judge request (0: one attempt).")]
 JudgeConcurrency = Annotated[int, typer.Option(help="Judge requests in flight.")]
-JudgeCache = Annotated[str | None, typer.Option(
-    metavar="PATH", help="SQLite verdict cache (default: $MARSCLI_CACHE_DIR/judge.sqlite or "
-                         "~/.cache/marscli/judge.sqlite).")]
+JudgeCache = value_option("PATH", "SQLite verdict cache (default: "
+                                  "$MARSCLI_CACHE_DIR/judge.sqlite or "
+                                  "~/.cache/marscli/judge.sqlite).")
 
 
 # training (update and sft); each stage gives its own defaults
@@ -130,14 +128,11 @@ FreezeVision = Annotated[bool, typer.Option(
     "--freeze-vision", help="Do not train the vision tower and projector.")]
 GradientCheckpointing = Annotated[bool, typer.Option(
     "--gradient-checkpointing", help="Recompute activations in backward.")]
-DeepSpeed = Annotated[str | None, typer.Option(
-    metavar="CONFIG", help="DeepSpeed JSON config (recipes/ds_zero2.json, ds_zero3.json).")]
-Metrics = Annotated[str | None, typer.Option(
-    metavar="FILE", help="Metrics JSONL, one line per step (default: OUT/metrics.jsonl).")]
+DeepSpeed = value_option("CONFIG", "DeepSpeed JSON config (recipes/ds_zero2.json, ds_zero3.json).")
+Metrics = value_option("FILE", "Metrics JSONL, one line per step (default: OUT/metrics.jsonl).")
 TrainDevice = Annotated[str, typer.Option(help="auto, cpu or cuda.")]
-Track = Annotated[str | None, typer.Option(
-    metavar="SPEC", help="Also send metrics to a tracker: tensorboard:DIR, wandb:PROJECT "
-    "(offline) or jsonl:FILE (default: $MARSCLI_TRACK, else none).")]
+Track = value_option("SPEC", "Also send metrics to a tracker: tensorboard:DIR, wandb:PROJECT "
+                             "(offline) or jsonl:FILE (default: $MARSCLI_TRACK, else none).")
 SaveDtype = Annotated[str, typer.Option(
     help="Of the HF export engines load: auto (bfloat16 on CUDA, float32 on CPU), float32, "
          "bfloat16 or input. The fp32 masters stay in OUT/train_state/.")]

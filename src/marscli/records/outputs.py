@@ -253,6 +253,16 @@ class AtomicFile(_Output):
         self._close_output(failed=exc_type is not None)
 
 
+def write_output(output: str, data: bytes) -> None:
+    """A whole output's bytes (a PNG, a page): to stdout for `-`, else atomically to `output`."""
+    if output == "-":
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return
+    with AtomicFile(output) as fh:
+        fh.write(data)
+
+
 class AtomicJsonl:
     """All-or-nothing JSONL output. `-` buffers in memory and prints on success."""
 

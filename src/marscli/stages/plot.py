@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from marscli.records.outputs import AtomicFile
+from marscli.records.outputs import write_output
 from marscli.records.provenance import stage_inputs
 from marscli.view.plot import panels_for, render_png
 
@@ -15,11 +15,6 @@ def main(path: str, output: str, title: str | None = None) -> int:
     """Write the curves of `path` to `output`; returns the number of panels."""
     name, panels = panels_for(path)
     png = render_png(panels, name if title is None else title)
-    if output == "-":
-        sys.stdout.buffer.write(png)
-        sys.stdout.buffer.flush()
-    else:
-        with AtomicFile(output) as fh:
-            fh.write(png)
+    write_output(output, png)
     print(f"wrote {len(panels)} panels to {output}", file=sys.stderr)
     return len(panels)

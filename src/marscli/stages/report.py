@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from marscli.errors import check_range
-from marscli.records.outputs import AtomicFile
+from marscli.records.outputs import write_output
 from marscli.records.provenance import stage_inputs
 from marscli.view.report import build
 
@@ -21,12 +21,7 @@ def main(path: str, output: str, max_trajectories: int = 200, image_px: int = 51
     check_range("--image-px", image_px, MIN_IMAGE_PX, MAX_IMAGE_PX)
     text, info = build(path, max_trajectories, image_px, page_title)
     data = text.encode("utf-8")
-    if output == "-":
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
-    else:
-        with AtomicFile(output) as fh:
-            fh.write(data)
+    write_output(output, data)
     info["bytes"] = len(data)
     print(f"wrote {output}: {info['shown']:,} of {info['trajectories']:,} trajectories, "
           f"{info['images']:,} images, {info['bytes'] / 1e6:.1f} MB", file=sys.stderr)

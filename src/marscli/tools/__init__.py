@@ -61,6 +61,15 @@ class Tool(Protocol):
     def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult: ...
 
 
+def function_schema(name: str, description: str, properties: dict | None = None,
+                    required: tuple[str, ...] = ()) -> dict:
+    """A tool's OpenAI-style function schema, as the `# Tools` block and chat templates list it."""
+    return {"type": "function", "function": {
+        "name": name, "description": description,
+        "parameters": {"type": "object", "properties": properties or {},
+                       "required": list(required)}}}
+
+
 # The paper's three tools, in the order the system prompt lists them.
 TOOL_NAMES = ("image_zoom_in_tool", "text_search_tool", "image_search_tool")
 TOOLS: Registry[type] = Registry("tool", lazy={

@@ -38,12 +38,32 @@ from marscli.search.cache import cache_key, open_cache, public_spec
 from marscli.search.remote import SearchError
 from marscli.search.summarize import LlmSummarizer, extractive
 from marscli.secrets import redact
-from marscli.tools import TOOLS, ConvImage, NewImage, ToolContext, ToolResult, error
+from marscli.tools import (
+    TOOLS,
+    ConvImage,
+    NewImage,
+    ToolContext,
+    ToolResult,
+    error,
+    function_schema,
+)
 
 FAILED = "search failed:"
 THUMB_MAX_PIXELS = 512 * 512
 TITLE_CHARS = 200
 _SPECIAL = re.compile(r"<\|")
+
+
+TEXT_SCHEMA = function_schema(
+    "text_search_tool",
+    "Search the web for text information related to your query. Use this when you need to find "
+    "facts, news, or information.",
+    {"query": {"type": "string", "description": "The search query to find relevant information"}},
+    required=("query",))
+IMAGE_SCHEMA = function_schema(
+    "image_search_tool",
+    "Perform a reverse image search to find similar images and related information. This can "
+    "help identify objects, places, or find more context about the image.")
 
 
 def failure(e: SearchError) -> ToolResult:
@@ -79,13 +99,7 @@ class _Counts:
 @TOOLS.register("text_search_tool")
 class TextSearchTool:
     name = "text_search_tool"
-    schema: ClassVar[dict] = {"type": "function", "function": {
-        "name": "text_search_tool",
-        "description": "Search the web for text information related to your query. Use this "
-                       "when you need to find facts, news, or information.",
-        "parameters": {"type": "object", "properties": {"query": {
-            "type": "string", "description": "The search query to find relevant information"}},
-            "required": ["query"]}}}
+    schema: ClassVar[dict] = TEXT_SCHEMA
 
     def __init__(self, spec: str, **opts: Any) -> None:
         """`spec`: a text backend (`local:INDEX`, `retriever:URL`, `serper`); `opts`: the
@@ -163,12 +177,7 @@ def _decode(data: bytes, what: str) -> Image.Image:
 @TOOLS.register("image_search_tool")
 class ImageSearchTool:
     name = "image_search_tool"
-    schema: ClassVar[dict] = {"type": "function", "function": {
-        "name": "image_search_tool",
-        "description": "Perform a reverse image search to find similar images and related "
-                       "information. This can help identify objects, places, or find more "
-                       "context about the image.",
-        "parameters": {"type": "object", "properties": {}, "required": []}}}
+    schema: ClassVar[dict] = IMAGE_SCHEMA
 
     def __init__(self, spec: str = "data", **opts: Any) -> None:
         """`spec`: an image backend (`data`, `local:INDEX`, `serper-lens`); `opts`: the fields

@@ -10,30 +10,19 @@ from __future__ import annotations
 from typing import Any
 
 from marscli.qwen.images import resize_crop
-from marscli.tools import TOOLS, NewImage, ToolContext, ToolResult, error
+from marscli.tools import TOOLS, NewImage, ToolContext, ToolResult, error, function_schema
 
-SCHEMA = {
-    "type": "function",
-    "function": {
-        "name": "image_zoom_in_tool",
-        "description": "Zoom in on a region of an image: crop it at full resolution and return "
-                       "it as a new image. Use it for small text, logos, faces and details.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "bbox_2d": {"type": "array", "items": {"type": "number"}, "minItems": 4,
-                            "maxItems": 4,
-                            "description": "[x1, y1, x2, y2], relative coordinates 0-1000"},
-                "label": {"type": "string", "description": "what is in the region"},
-                "img_idx": {"type": "integer",
-                            "description": "which image to crop, 0-based, counting every image "
-                                           "in the conversation (default 0)"},
-            },
-            "required": ["bbox_2d"],
-        },
-    },
-}
-
+SCHEMA = function_schema(
+    "image_zoom_in_tool",
+    "Zoom in on a region of an image: crop it at full resolution and return it as a new image. "
+    "Use it for small text, logos, faces and details.",
+    {"bbox_2d": {"type": "array", "items": {"type": "number"}, "minItems": 4, "maxItems": 4,
+                 "description": "[x1, y1, x2, y2], relative coordinates 0-1000"},
+     "label": {"type": "string", "description": "what is in the region"},
+     "img_idx": {"type": "integer",
+                 "description": "which image to crop, 0-based, counting every image in the "
+                                "conversation (default 0)"}},
+    required=("bbox_2d",))
 
 def _num(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
