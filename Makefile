@@ -60,6 +60,9 @@ ask-demo: setup
 # The default recipe is the demo's (recipes/tiny-sees.mk: the committed tiny VLM that sees);
 # recipes/tiny.mk starts from the random tiny model (CI's iterations, the recipes' common part).
 RECIPE ?= recipes/tiny-sees.mk
+# $(call opt_value,--flag,WORDS): the word after --flag in WORDS, empty when it is absent (make
+# plan reads a recipe's UPDATE_OPTS and ROLLOUT_OPTS with it).
+opt_value = $(patsubst $(1)=%,%,$(filter $(1)=%,$(subst $(1) ,$(1)=,$(strip $(2)))))
 include $(RECIPE)
 ITER ?= 0
 ITERS ?= 3
@@ -264,6 +267,34 @@ ablation: setup
 .PHONY: ablation-run
 ablation-run:
 	$(call seed_runs,$(ABL_RUN),rl-eval SUMMARY=0)
+
+# ---------------------------------------------------------------------------------------------
+# Memory plan, before any GPU hour: `make plan RECIPE=recipes/mars-8b.mk` prints what one GPU
+# holds in the recipe's update (the trainer) and rollout (the vLLM engine), and whether both
+# fit (`marscli plan`: arithmetic on config.json, nothing runs on a GPU). The launch shape and
+# update's options are the recipe's own (GPUS_PER_NODE, NNODES, TP, UPDATE_OPTS' --deepspeed,
+# --micro-batch-tokens, --gradient-checkpointing, --freeze-vision, --ref; ROLLOUT_OPTS'
+# --batch-size); the model and what the recipes leave to the engine's defaults are in
+# recipes/_gpu.mk (MODEL_CONFIG, MAX_MODEL_LEN, MAX_NUM_SEQS, GPU_MEMORY_UTILIZATION,
+# GPU_MEMORY). SERVE=1 without Slurm keeps the server up on the update's machine: --colocate.
+# PLAN_OPTS adds any other option: PLAN_OPTS="--loss-tokens 16384 --json". A variable left
+# empty leaves its option at marscli plan's default.
+PLAN_POLICY ?= $(if $(wildcard $(BASE)/config.json),$(BASE),$(or $(MODEL_CONFIG),$(BASE)))
+PLAN_OPTS ?=
+PLAN_TRAIN = $(or $(addprefix --deepspeed ,$(call opt_value,--deepspeed,$(UPDATE_OPTS))),--zero 0) \
+  $(addprefix --micro-batch-tokens ,$(call opt_value,--micro-batch-tokens,$(UPDATE_OPTS))) \
+  $(filter --gradient-checkpointing --freeze-vision,$(UPDATE_OPTS)) \
+  $(if $(call opt_value,--ref,$(UPDATE_OPTS)),--ref)
+PLAN_ENGINE = $(addprefix --tp ,$(TP)) $(addprefix --max-model-len ,$(MAX_MODEL_LEN)) \
+  $(addprefix --max-num-seqs ,$(MAX_NUM_SEQS)) \
+  $(addprefix --gpu-memory-utilization ,$(GPU_MEMORY_UTILIZATION)) \
+  $(addprefix --gpu-memory ,$(GPU_MEMORY)) \
+  $(if $(filter 1,$(SERVE)),$(if $(filter 1,$(SLURM)),,--colocate))
+
+.PHONY: plan
+plan: setup
+	$(MARSCLI) plan $(PLAN_POLICY) --gpus-per-node $(or $(GPUS_PER_NODE),$(NPROC)) \
+	  --nodes $(NNODES) $(strip $(PLAN_TRAIN) $(PLAN_ENGINE) $(PLAN_OPTS))
 
 clean:
 	rm -rf runs

@@ -18,6 +18,19 @@ SHARDS ?= $(shell echo $$(( $(GPUS_PER_NODE) * $(NNODES) / $(TP) )))
 DEVICE ?= cuda
 ENGINE ?= vllm
 
+# --- make plan (the memory plan per GPU, see the Makefile): what the recipes do not say -------
+# The model's config.json when BASE is not a local folder: Qwen3-VL-8B-Instruct's, shipped
+# (recipes/qwen3-vl-32b.config.json for mars-32b.mk; the README's "Memory plan" cites them).
+MODEL_CONFIG ?= recipes/qwen3-vl-8b.config.json
+# The vllm engine's defaults (engines/vllm.py): context length and GPU share. Sequences at
+# once: rollout's --batch-size (32 unless ROLLOUT_OPTS says), or with SERVE=1 the server's
+# --max-batch (256 unless SERVE_OPTS says). GPU_MEMORY: one GPU's memory.
+MAX_MODEL_LEN ?= 32768
+GPU_MEMORY_UTILIZATION ?= 0.85
+MAX_NUM_SEQS ?= $(if $(filter 1,$(SERVE)),$(or $(call opt_value,--max-batch,$(SERVE_OPTS)),256),$(or \
+  $(call opt_value,--batch-size,$(ROLLOUT_OPTS)),32))
+GPU_MEMORY ?= 80GiB
+
 # --- Slurm (SLURM=1): per-stage sbatch options; SBATCH_OPTS (partition, account, --time) is
 # yours. CPUs: CPUS_PER_GPU per GPU for the GPU stages (marscli's choice: image decoding and the
 # tools run on the CPU); the judge's requests wait on the network.

@@ -15,5 +15,6 @@
 NAME ?= mars-32b
 BASE ?= Qwen/Qwen3-VL-32B-Instruct
 TP ?= 4
+MODEL_CONFIG ?= recipes/qwen3-vl-32b.config.json
 NNODES ?= 2
 include recipes/mars-8b.mk

@@ -189,7 +189,8 @@ def test_a_rerun_that_fails_again_keeps_the_partial_file_and_exits_1(serve, data
     for _ in range(2):
         with pytest.raises(RuntimeFailure, match=r"3 of 4 rows unscored"):
             main(str(path), str(out), srv.spec, judge_options=judge_options(retries=0))
-    kept = [orjson.loads(x) for x in out.with_name("scored.jsonl.partial").read_bytes().splitlines()]
+    partial = out.with_name("scored.jsonl.partial")
+    kept = [orjson.loads(x) for x in partial.read_bytes().splitlines()]
     assert [r["id"] for r in kept] == ["q#2"] and not out.exists()
 
 def test_few_unscored_rows_under_the_threshold_pass(serve, data):

@@ -754,5 +754,68 @@ def sft(
         run_sft(data, policy, out, opt.config(SftConfig, params))
 
 
+@app.command("plan")
+def plan_cmd(
+    policy: Annotated[str, typer.Argument(
+        metavar="POLICY_OR_CONFIG", help="A checkpoint folder (its config.json is read) or a "
+        "config.json file (recipes/qwen3-vl-8b.config.json, recipes/qwen3-vl-32b.config.json).")],
+    gpus_per_node: Annotated[int, typer.Option(
+        help="GPUs a node: the trainer's ranks a node.")] = 8,
+    nodes: Annotated[int, typer.Option(help="Nodes the trainer (update) runs on.")] = 1,
+    zero: Annotated[int | None, typer.Option(
+        help="ZeRO stage: 0 (update without --deepspeed: plain torch), 2 or 3 (the "
+             "default).")] = None,
+    deepspeed: Annotated[str | None, typer.Option(
+        metavar="FILE", help="update's --deepspeed config instead of --zero: its stage, offload "
+        "and bucket sizes.")] = None,
+    offload_optimizer: Annotated[bool, typer.Option(
+        "--offload-optimizer", help="DeepSpeed keeps the fp32 states on the host.")] = False,
+    micro_batch_tokens: Annotated[int, typer.Option(
+        help="update's --micro-batch-tokens (longest row x rows).")] = 32768,
+    gradient_checkpointing: Annotated[bool, typer.Option(
+        "--gradient-checkpointing", help="update's --gradient-checkpointing.")] = False,
+    freeze_vision: Annotated[bool, typer.Option(
+        "--freeze-vision", help="update's --freeze-vision: no grads or optimiser states for "
+        "the vision tower.")] = False,
+    ref: Annotated[bool, typer.Option(
+        "--ref", help="update scores a reference policy (--kl with --ref CKPT).")] = False,
+    loss_tokens: Annotated[int | None, typer.Option(
+        help="Tokens under the loss in a micro-batch, at most (default: the worst case).")] = None,
+    image_tokens: Annotated[int | None, typer.Option(
+        help="Image tokens in a micro-batch, at most (default: the worst case).")] = None,
+    tp: Annotated[int, typer.Option(
+        help="The engine's tensor parallelism (--tensor-parallel).")] = 1,
+    max_model_len: Annotated[int, typer.Option(help="The engine's context length.")] = 32768,
+    max_num_seqs: Annotated[int, typer.Option(
+        help="Sequences the engine runs at once (rollout's --batch-size; serve's "
+             "--max-batch).")] = 32,
+    gpu_memory_utilization: Annotated[float, typer.Option(
+        help="The engine's share of a GPU (marscli's vllm engine: 0.85).")] = 0.85,
+    gpu_memory: Annotated[str, typer.Option(
+        help="Memory of one GPU: 80GiB, 141GB, ...")] = "80GiB",
+    colocate: Annotated[bool, typer.Option(
+        "--colocate", help="The engine stays up on the trainer's GPUs during the update "
+        "(make rl SERVE=1 on the same nodes).")] = False,
+    sleep_level: Annotated[int, typer.Option(
+        help="With --colocate: 0 the engine stays awake (marscli's serve), 1 or 2 it sleeps "
+             "(vLLM's sleep mode) during the update.")] = 0,
+    json_out: Annotated[bool, typer.Option(
+        "--json", help="Print the plan as JSON (bytes).")] = False,
+) -> None:
+    """Memory per GPU of an RL iteration (update's trainer, the vLLM engine) from a
+    config.json, and whether it fits: a table, or --json."""
+    with guard():
+        from marscli.stages.plan import run_plan
+
+        run_plan(policy, zero=zero, deepspeed=deepspeed, gpu_memory=gpu_memory,
+                 as_json=json_out, gpus_per_node=gpus_per_node, nodes=nodes,
+                 offload_optimizer=offload_optimizer, micro_batch_tokens=micro_batch_tokens,
+                 gradient_checkpointing=gradient_checkpointing, freeze_vision=freeze_vision,
+                 ref=ref, loss_tokens=loss_tokens, image_tokens=image_tokens, tp=tp,
+                 max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                 gpu_memory_utilization=gpu_memory_utilization, colocate=colocate,
+                 sleep_level=sleep_level)
+
+
 if __name__ == "__main__":
     main()
