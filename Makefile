@@ -175,6 +175,7 @@ $(IT)/advantages.jsonl.meta.json: $(IT)/scored.jsonl.meta.json
 	$(call single,ADVANTAGES,stages/advantages.sh,$(IT)/scored.jsonl $(IT)/advantages.jsonl $(ADV_OPTS) --seed $(RL_SEED))
 
 $(RUN)/ckpt-$(NEXT)/config.json: $(IT)/advantages.jsonl.meta.json $(RUN)/ckpt-$(ITER)/config.json
+	$(SERVE_SLEEP_CMD)
 	$(call single,UPDATE,stages/update.sh,$(IT)/advantages.jsonl $(RUN)/ckpt-$(ITER) $(RUN)/ckpt-$(NEXT) $(UPDATE_OPTS) --seed $(RL_SEED) --force --metrics $(IT)/metrics.jsonl,$(TRAIN_ENV))
 	$(call prune_state,$(NEXT))
 
@@ -198,6 +199,13 @@ SERVE_OPTS ?=
 SBATCH_SERVE ?= --cpus-per-task=1
 export SERVE_MARSCLI ?= $(abspath $(VLLM_VENV))/bin/marscli
 ROLLOUT_ENGINE = $(if $(filter 1,$(SERVE)),--engine server:$$(cat $(RUN)/serve.url))
+# SERVE_SLEEP=1|2 (with SERVE=1): the server sleeps before each update, its GPU memory the
+# trainer's (level 1: its weights kept in host memory; 2: dropped, the next come from disk);
+# the next rollout's --policy wakes it with the new checkpoint. A server asleep already (an
+# update run again) refuses with 409, which is not the update's failure: `|| true`.
+SERVE_SLEEP ?= 0
+SERVE_SLEEP_CMD = $(if $(and $(filter 1,$(SERVE)),$(filter 1 2,$(SERVE_SLEEP))),\
+  $(MARSCLI) serve-ctl $$(cat $(RUN)/serve.url) sleep --level $(SERVE_SLEEP) --retries 2 || true)
 
 rl: setup
 ifeq ($(SERVE),1)
@@ -289,7 +297,8 @@ PLAN_ENGINE = $(addprefix --tp ,$(TP)) $(addprefix --max-model-len ,$(MAX_MODEL_
   $(addprefix --max-num-seqs ,$(MAX_NUM_SEQS)) \
   $(addprefix --gpu-memory-utilization ,$(GPU_MEMORY_UTILIZATION)) \
   $(addprefix --gpu-memory ,$(GPU_MEMORY)) \
-  $(if $(filter 1,$(SERVE)),$(if $(filter 1,$(SLURM)),,--colocate))
+  $(if $(filter 1,$(SERVE)),$(if $(filter 1,$(SLURM)),,--colocate \
+    $(addprefix --sleep-level ,$(filter 1 2,$(SERVE_SLEEP)))))
 
 .PHONY: plan
 plan: setup

