@@ -833,17 +833,12 @@ def plan_cmd(
 ) -> None:
     """Memory per GPU of an RL iteration (update's trainer, the vLLM engine) from a
     config.json, and whether it fits: a table, or --json."""
+    params = locals()
     with guard():
         from marscli.stages.plan import run_plan
 
-        run_plan(policy, zero=zero, deepspeed=deepspeed, gpu_memory=gpu_memory,
-                 as_json=json_out, gpus_per_node=gpus_per_node, nodes=nodes,
-                 offload_optimizer=offload_optimizer, micro_batch_tokens=micro_batch_tokens,
-                 gradient_checkpointing=gradient_checkpointing, freeze_vision=freeze_vision,
-                 ref=ref, loss_tokens=loss_tokens, image_tokens=image_tokens, tp=tp,
-                 max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                 gpu_memory_utilization=gpu_memory_utilization, colocate=colocate,
-                 sleep_level=sleep_level)
+        run_plan(policy, params, zero=zero, deepspeed=deepspeed, gpu_memory=gpu_memory,
+                 as_json=json_out)
 
 
 if __name__ == "__main__":

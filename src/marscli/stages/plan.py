@@ -13,9 +13,11 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from marscli.configs import from_names
 from marscli.errors import BadInput, check_range
 from marscli.train.memory import (
     QWEN3_VL_MAX_PIXELS,
@@ -192,18 +194,19 @@ def check_options(o: Options) -> None:
                        "colocated engine runs on the trainer's GPUs")
 
 
-def run_plan(policy: str, *, zero: int | None = None, deepspeed: str | None = None,
-             gpu_memory: str = "80GiB", as_json: bool = False, **options: Any) -> dict:
-    """Read the model, resolve the options (`options`: the rest of memory.Options' fields),
-    print the plan on stdout (a table, or JSON); returns it."""
+def run_plan(policy: str, params: Mapping[str, Any], *, zero: int | None = None,
+             deepspeed: str | None = None, gpu_memory: str = "80GiB",
+             as_json: bool = False) -> dict:
+    """Read the model, resolve the options (`params`: a command's parameters, those named as
+    memory.Options' fields taken), print the plan on stdout (a table, or JSON); returns it."""
     from dataclasses import replace
 
     if zero is not None and deepspeed is not None:
         raise BadInput("--zero and --deepspeed: give one (the file says its stage)")
     if zero is not None and zero not in (0, 2, 3):
         raise BadInput(f"--zero: {zero} — use 0 (update without --deepspeed), 2 or 3")
-    o = Options(zero="torch" if zero == 0 else 3 if zero is None else zero,
-                gpu_memory=parse_size(gpu_memory), **options)
+    o = from_names(Options, params, zero="torch" if zero == 0 else 3 if zero is None else zero,
+                   gpu_memory=parse_size(gpu_memory))
     shape, f = load_shape(policy)
     if deepspeed is not None:
         o = replace(o, **zero_from_deepspeed(deepspeed, shape.hidden))
