@@ -93,9 +93,17 @@ export MASTER_PORT
 endif
 TRAIN_ENV = NPROC=$(NPROC) NNODES=$(NNODES)
 
-# sbatch options (SLURM=1). SBATCH_OPTS goes to every job (partition, account, time limit);
-# SBATCH_<STAGE> to that stage's jobs, after SBATCH_OPTS (the later option wins). Recipes set
-# the per-stage ones (GPUs, nodes, CPUs); the environment or the command line replaces any:
+# Where the stages run (SLURM):
+#   0      here, one after another; with SERVE=1, rollout and eval run a shard per server at once
+#   1      each stage a job of its own (sbatch --wait), rollout and eval an array of SHARDS
+#          tasks, then merged
+#   steps  the whole loop inside one allocation (`make rl-job` submits it; or run make inside
+#          salloc): each stage an srun job step with its share of the allocation, rollout and
+#          eval SHARDS steps at once, then merged; nothing waits in the queue between stages
+# SBATCH_OPTS goes to every job (partition, account, time limit); SBATCH_<STAGE> to that
+# stage's jobs (SLURM=1) or steps (SLURM=steps: srun takes the same options), after
+# SBATCH_OPTS (the later option wins). Recipes set the per-stage ones (GPUs, nodes, CPUs); the
+# environment or the command line replaces any:
 #   make rl-iter SLURM=1 SBATCH_OPTS="--partition=gpu --account=proj --time=12:00:00"
 # These defaults are the CPU demo's: one CPU a task; a training job asks for NNODES nodes,
 # one task per node (it starts torchrun on each, see stages/_common.sh) and a CPU per process.
@@ -107,19 +115,79 @@ SBATCH_UPDATE ?= --nodes=$(NNODES) --ntasks-per-node=1 --cpus-per-task=$(NPROC)
 SBATCH_SFT ?= --nodes=$(NNODES) --ntasks-per-node=1 --cpus-per-task=$(NPROC)
 SBATCH_EVAL ?= --cpus-per-task=1
 
-# $(call sharded,STAGE,SCRIPT,OUT,ARGS): the stage over all prompts; under Slurm an array job
-#   over --shard, then merge.
+# SERVE=1: SERVERS `marscli serve` (vLLM, from $(VLLM_VENV)) are started for the whole loop and
+# every rollout and eval uses them: shard i generates through server i mod SERVERS (SERVE_URLS,
+# their URLs), reloading it in place with its iteration's checkpoint instead of starting an
+# engine. Server i takes the i-th group of TP GPUs of its node (stages/serve.sh); the GPU
+# recipes start one per group (GPUS_PER_NODE / TP a node). SLURM=1: the servers are an array
+# job beside the stages' jobs (SBATCH_SERVE each); SLURM=steps: one --overlap job step of the
+# allocation (SRUN_SERVE, a task per server).
+# SERVE_SLEEP=1|2: every server sleeps before each update, its GPU memory the trainer's (level
+# 1: its weights kept in host memory; 2: dropped, the next come from disk); the next rollout's
+# --policy wakes it with the new checkpoint.
+# COLOCATE=1 (SERVE=1, SERVE_SLEEP=2 by default): the update runs on the servers' GPUs while they
+# sleep, as verl, OpenRLHF and TRL colocate; SLURM=0 (one node) or SLURM=steps (its step
+# --overlap), never SLURM=1, where each server is a job holding its own GPUs.
+COLOCATE ?= 0
+SERVE ?= $(COLOCATE)
+SERVERS ?= 1
+SERVE_PORT ?= 8471
+SERVE_OPTS ?=
+SBATCH_SERVE ?= --cpus-per-task=1
+SRUN_SERVE ?= --nodes=1 --cpus-per-task=1
+SERVE_SLEEP ?= $(if $(filter 1,$(COLOCATE)),2,0)
+export SERVE_MARSCLI ?= $(abspath $(VLLM_VENV))/bin/marscli
+ifeq ($(COLOCATE),1)
+ifneq ($(SERVE),1)
+$(error COLOCATE=1 colocates the servers with the update: it needs SERVE=1, not SERVE=$(SERVE))
+endif
+ifeq ($(SLURM),1)
+$(error COLOCATE=1 shares the servers' GPUs with the update: SLURM=0 (one node) or SLURM=steps (one allocation), not SLURM=1, where every server is a job holding its own GPUs)
+endif
+endif
+ifeq ($(SERVE),1)
+# The servers' URLs: rl-served.sh exports them; by hand, the files the servers wrote.
+SERVE_URLS ?= $(shell cat $(foreach i,$(shell seq 0 $$(( $(SERVERS) - 1 ))),$(RUN)/serve/$(i).url) 2>/dev/null)
+export SERVE_URLS
+else
+unexport SERVE_URLS
+endif
+SERVE_SLEEP_CMD = $(if $(and $(filter 1,$(SERVE)),$(filter 1 2,$(SERVE_SLEEP))),\
+  for url in $$SERVE_URLS; do $(MARSCLI) serve-ctl $$url sleep --level $(SERVE_SLEEP) --retries 2 & done; wait)
+
+# $(call sharded,STAGE,SCRIPT,OUT,ARGS): the stage over all prompts (SLURM=1: an array job of
+#   SHARDS tasks; steps: SHARDS steps; 0: SERVERS processes with SERVE=1, else one), merged.
 # $(call single,STAGE,SCRIPT,ARGS[,ENV]): one run of the stage, with ENV (VAR=value ...) set.
 # STAGE names the SBATCH_<STAGE> options. sbatch --wait, so that make sees the job's exit status.
+# $(call at_once,N,LAUNCH,SCRIPT,OUT,ARGS): shards 0..N-1 at once, shard i with MARSCLI_SHARD=i/N
+#   after LAUNCH (an srun, or nothing); a shard whose sidecar exists is done. Every shard runs
+#   to its end before the status counts, so a failed one (its server dead) is all a rerun redoes.
+SHARD_FILES = $(foreach i,$(shell seq 0 $$(( $(2) - 1 ))),$(1).shard-$(i))
+at_once = pids=(); for i in $$(seq 0 $$(( $(1) - 1 ))); do [ -f $(4).shard-$$i.meta.json ] || \
+  { MARSCLI_SHARD=$$i/$(1) $(2) $(3) $(5) & pids+=($$!); }; done; \
+  rc=0; for p in "$${pids[@]}"; do wait $$p || rc=$$?; done; \
+  [ $$rc = 0 ] && $(MARSCLI) merge $(4) $(call SHARD_FILES,$(4),$(1))
 ifeq ($(SLURM),1)
 submit = sbatch --wait --quiet -o $(RUN)/logs/%x-%A_%a.out $(SBATCH_OPTS) $(SBATCH_$(1))
-SHARD_FILES = $(foreach i,$(shell seq 0 $$(( $(SHARDS) - 1 ))),$(1).shard-$(i))
 sharded = mkdir -p $(RUN)/logs && $(call submit,$(1)) --array=0-$$(( $(SHARDS) - 1 )) $(2) $(4) && \
-  $(MARSCLI) merge $(3) $(call SHARD_FILES,$(3))
+  $(MARSCLI) merge $(3) $(call SHARD_FILES,$(3),$(SHARDS))
 single = mkdir -p $(RUN)/logs && $(4) $(call submit,$(1)) $(2) $(3)
-else
-sharded = $(2) $(4)
+else ifeq ($(SLURM),steps)
+# --exact: a step holds what it asks for, not its nodes' every CPU (srun's default), so that
+# shards run side by side; one task on one node unless SBATCH_<STAGE> says --nodes (training);
+# COLOCATE=1: the training steps overlap the servers' GPUs.
+step = $(if $(SLURM_JOB_ID),,$(error SLURM=steps runs inside one allocation: make rl-job ... (one sbatch of the loop), or make inside salloc))srun --exact \
+  --kill-on-bad-exit=1 -J marscli-$(shell echo $(1) | tr A-Z a-z) \
+  $(if $(findstring --nodes,$(SBATCH_$(1))),,--nodes=1 --ntasks=1) $(SBATCH_$(1)) \
+  $(if $(and $(filter 1,$(COLOCATE)),$(filter UPDATE SFT,$(1))),--overlap)
+sharded = $(call at_once,$(SHARDS),$(call step,$(1)),$(2),$(3),$(4))
+single = $(4) $(call step,$(1)) $(2) $(3)
+else ifeq ($(SLURM),0)
+PAR_SHARDS = $(if $(filter 1,$(SERVE)),$(SERVERS),1)
+sharded = $(if $(filter 1,$(PAR_SHARDS)),$(2) $(4),$(call at_once,$(PAR_SHARDS),,$(2),$(3),$(4)))
 single = $(4) $(2) $(3)
+else
+$(error SLURM=$(SLURM): choose 0 (here), 1 (a job per stage) or steps (one allocation))
 endif
 
 .PHONY: rl-iter rl rl-eval demo ablation
@@ -151,12 +219,12 @@ $(IT)/prompts.jsonl: $(PROMPTS) $(RECIPE_INPUTS)
 # FOLLOW=1 (without Slurm): `reward --follow` runs beside the rollout and scores its rows as they
 # are appended, so the judge's latency hides behind generation; the rollout's exit status is the
 # recipe's, and a reward that failed is run again by the scored target. Under Slurm the shards
-# are merged first, so the reward runs after them.
+# are merged first, so the reward runs after them, as it does after shards run at once.
 FOLLOW ?= 1
 ROLLOUT_ARGS = $(IT)/prompts.jsonl $(RUN)/ckpt-$(ITER) $(IT)/rollouts.jsonl $(ROLLOUT_OPTS) \
-  --seed $(RL_SEED) --image-dir $(dir $(PROMPTS)) $(ROLLOUT_ENGINE)
+  --seed $(RL_SEED) --image-dir $(dir $(PROMPTS))
 REWARD_ARGS = $(IT)/rollouts.jsonl $(IT)/scored.jsonl $(REWARD_OPTS)
-ifeq ($(FOLLOW)$(SLURM),10)
+ifeq ($(FOLLOW)$(SLURM)$(PAR_SHARDS),101)
 $(IT)/rollouts.jsonl.meta.json: $(IT)/prompts.jsonl $(RUN)/ckpt-$(ITER)/config.json
 	stages/reward.sh $(REWARD_ARGS) --follow & reward=$$!; \
 	  stages/rollout.sh $(ROLLOUT_ARGS); rc=$$?; wait $$reward; exit $$rc
@@ -189,33 +257,17 @@ prune_state = for d in $(RUN)/ckpt-*/train_state; do k=$${d%/train_state}; k=$${
 
 rl-iter: setup $(RUN)/ckpt-$(NEXT)/config.json
 
-# SERVE=1: one `marscli serve` (vLLM, from $(VLLM_VENV)) is started for the whole loop and every
-# rollout uses it (--engine server:URL); each iteration's rollout reloads it with that
-# iteration's checkpoint in place instead of starting an engine. With SLURM=1 the server is a
-# job of its own (stages/serve.sh, SBATCH_SERVE) beside the iteration jobs, cancelled at the end.
-SERVE ?= 0
-SERVE_PORT ?= 8471
-SERVE_OPTS ?=
-SBATCH_SERVE ?= --cpus-per-task=1
-export SERVE_MARSCLI ?= $(abspath $(VLLM_VENV))/bin/marscli
-ROLLOUT_ENGINE = $(if $(filter 1,$(SERVE)),--engine server:$$(cat $(RUN)/serve.url))
-# SERVE_SLEEP=1|2 (with SERVE=1): the server sleeps before each update, its GPU memory the
-# trainer's (level 1: its weights kept in host memory; 2: dropped, the next come from disk);
-# the next rollout's --policy wakes it with the new checkpoint. A server asleep already (an
-# update run again) refuses with 409, which is not the update's failure: `|| true`.
-SERVE_SLEEP ?= 0
-SERVE_SLEEP_CMD = $(if $(and $(filter 1,$(SERVE)),$(filter 1 2,$(SERVE_SLEEP))),\
-  $(MARSCLI) serve-ctl $$(cat $(RUN)/serve.url) sleep --level $(SERVE_SLEEP) --retries 2 || true)
-
-rl: setup
-ifeq ($(SERVE),1)
+# SERVE=1: rl and rl-eval run inside scripts/rl-served.sh, which starts the servers (on ckpt-0,
+# made first), runs the target with SERVING=1 and SERVE_URLS, and stops them.
+ifeq ($(SERVE)$(SERVING),1)
+rl rl-eval: setup
 	test -x $(SERVE_MARSCLI) || { echo "SERVE=1: $(SERVE_MARSCLI) not found — make vllm-cpu (CPU) or set SERVE_MARSCLI" >&2; exit 2; }
 	$(MAKE) --no-print-directory $(RUN)/ckpt-0/config.json
-	PY=$(PY) SBATCH_OPTS="$(SBATCH_OPTS)" SBATCH_SERVE="$(SBATCH_SERVE)" \
-	  scripts/rl-served.sh $(RUN) $(ITERS) $(SERVE_PORT) $(SLURM) $(SERVE_OPTS)
+	PY=$(PY) SBATCH_OPTS="$(SBATCH_OPTS)" SBATCH_SERVE="$(SBATCH_SERVE)" SRUN_SERVE="$(SRUN_SERVE)" \
+	  scripts/rl-served.sh $(RUN) $(SERVE_PORT) $(SLURM) $(SERVERS) $@ -- $(SERVE_OPTS)
 else
+rl: setup
 	for i in $$(seq 0 $$(( $(ITERS) - 1 ))); do $(MAKE) --no-print-directory rl-iter ITER=$$i || exit $$?; done
-endif
 
 # Test-split evaluation of every checkpoint 0..ITERS, then the per-iteration table. The
 # summary is what eval (or, after a merge, eval summarize) writes last, and not at all when
@@ -232,6 +284,20 @@ EVAL_CKPTS = $(sort $(shell seq 0 $(EVAL_EVERY) $(ITERS)) $(ITERS))
 rl-eval: rl
 	$(MAKE) --no-print-directory $(foreach k,$(EVAL_CKPTS),$(RUN)/eval/ckpt-$(k).summary.json)
 	$(if $(filter 1,$(SUMMARY)),$(PY) scripts/run_summary.py $(RUN) --iters $(ITERS))
+endif
+
+# SLURM=steps, submitted: `make rl-job` is one sbatch of the whole loop (stages/rl-job.sh runs
+# `make RL_JOB SLURM=steps` in the allocation with this command line's variables, which make
+# passes on in MAKEFLAGS and sbatch in the environment), SBATCH_JOB its size; its log is
+# RUN/logs/rl-job-JOBID.out. RL_JOB_WAIT=1 waits for it (sbatch --wait) and takes its status.
+RL_JOB ?= rl-eval
+RL_JOB_WAIT ?= 0
+SBATCH_JOB ?= --nodes=$(NNODES) --exclusive
+.PHONY: rl-job
+rl-job: setup
+	mkdir -p $(RUN)/logs
+	sbatch $(if $(filter 1,$(RL_JOB_WAIT)),--wait) -o $(RUN)/logs/rl-job-%j.out $(SBATCH_OPTS) \
+	  $(SBATCH_JOB) stages/rl-job.sh $(RL_JOB)
 
 # The demo (RECIPE, recipes/tiny-sees.mk by default): toy world → the committed tiny VLM → SFT →
 # DEMO_ITERS RL iterations, the test split every DEMO_EVAL_EVERY → the table and RUN.png; about

@@ -15,6 +15,10 @@ NPROC ?= $(GPUS_PER_NODE)
 # update uses.
 TP ?= 1
 SHARDS ?= $(shell echo $$(( $(GPUS_PER_NODE) * $(NNODES) / $(TP) )))
+# SERVE=1: a server per group of TP GPUs on each node (stages/serve.sh gives server i the
+# node's i-th group), as many as the shards.
+SERVERS ?= $(SHARDS)
+export TP
 DEVICE ?= cuda
 ENGINE ?= vllm
 
@@ -35,14 +39,23 @@ GPU_MEMORY ?= 80GiB
 # yours. CPUs: CPUS_PER_GPU per GPU for the GPU stages (marscli's choice: image decoding and the
 # tools run on the CPU); the judge's requests wait on the network.
 CPUS_PER_GPU ?= 8
-SBATCH_ROLLOUT ?= --gres=gpu:$(TP) --cpus-per-gpu=$(CPUS_PER_GPU)
-SBATCH_EVAL ?= --gres=gpu:$(TP) --cpus-per-gpu=$(CPUS_PER_GPU)
+# With SERVE=1 rollout and eval generate through the servers: CPUs only (the tools, images).
+SBATCH_ROLLOUT ?= $(if $(filter 1,$(SERVE)),--cpus-per-task=$(CPUS_PER_GPU),--gres=gpu:$(TP) \
+  --cpus-per-gpu=$(CPUS_PER_GPU))
+SBATCH_EVAL ?= $(SBATCH_ROLLOUT)
 SBATCH_REWARD ?= --cpus-per-task=4
 SBATCH_ADVANTAGES ?= --cpus-per-task=1
 SBATCH_UPDATE ?= --nodes=$(NNODES) --ntasks-per-node=1 --gres=gpu:$(GPUS_PER_NODE) \
   --cpus-per-gpu=$(CPUS_PER_GPU)
 # SFT asks for what update asks for (so SBATCH_UPDATE=... sets both, unless SBATCH_SFT is set).
 SBATCH_SFT ?= $(SBATCH_UPDATE)
+# The servers (SERVE=1): SLURM=1, an array job of TP GPUs a task; SLURM=steps, one step of a
+# task per GPU group on every node, holding the nodes' GPUs (each task takes its group).
+SBATCH_SERVE ?= --gres=gpu:$(TP) --cpus-per-gpu=$(CPUS_PER_GPU)
+SRUN_SERVE ?= --nodes=$(NNODES) --ntasks-per-node=$$(( $(GPUS_PER_NODE) / $(TP) )) \
+  --gres=gpu:$(GPUS_PER_NODE) --cpus-per-gpu=$(CPUS_PER_GPU)
+# SLURM=steps (make rl-job): the allocation, whole nodes with their GPUs.
+SBATCH_JOB ?= --nodes=$(NNODES) --exclusive --gres=gpu:$(GPUS_PER_NODE)
 
 # --- What you provide: BASE (a local Qwen3-VL folder, BASE=/models/Qwen3-VL-8B-Instruct; the
 # Makefile sets HF_HUB_OFFLINE=1, so a hub id works only if it is in your HF cache), PROMPTS and

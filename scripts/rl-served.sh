@@ -1,30 +1,49 @@
 #!/usr/bin/env bash
-# `make rl SERVE=1`: start one `marscli serve` on RUN/ckpt-0 for the whole loop (with SLURM=1 a
-# job of its own, beside the iteration jobs), wait until it answers, run `make rl-iter ITER=i`
-# for i < ITERS (each rollout reloads it with its checkpoint: ROLLOUT_ENGINE), then stop it.
+# `make rl SERVE=1` (and rl-eval): start SERVERS `marscli serve` on RUN/ckpt-0, wait until every
+# one answers, run `make TARGET... SERVING=1` with their URLs in SERVE_URLS (rollout and eval
+# shard i uses server i mod SERVERS, each reloading or waking it with its checkpoint), then stop
+# them. How the servers start, by SLURM:
+#   0      SERVERS processes here; server i on port PORT+i and the i-th group of TP GPUs
+#   1      an array job of SERVERS tasks (SBATCH_SERVE each: its own GPUs), beside the stages' jobs
+#   steps  one job step of SERVERS tasks (SRUN_SERVE) in this allocation, --overlap: the stages'
+#          steps run beside it, and a colocated update (COLOCATE=1) on the same GPUs
 # A script rather than a recipe line, so that `make -n rl SERVE=1` prints it instead of
-# starting a server (make runs any recipe line that calls $(MAKE), even under -n).
-# usage: scripts/rl-served.sh RUN ITERS PORT SLURM [marscli serve options...]
-#   environment: PY (the venv's python), SBATCH_OPTS, SBATCH_SERVE; make's MAKEFLAGS carries
-#   the command line's variables to the iterations.
+# starting servers (make runs any recipe line that calls $(MAKE), even under -n).
+# usage: scripts/rl-served.sh RUN PORT SLURM SERVERS TARGET... [-- marscli serve options...]
+#   environment: PY (the venv's python), SBATCH_OPTS, SBATCH_SERVE, SRUN_SERVE; make's MAKEFLAGS
+#   carries the command line's variables to the inner make.
 set -euo pipefail
-run=$1 iters=$2 port=$3 slurm=$4; shift 4
-url_file=$run/serve.url
+run=$1 port=$2 slurm=$3 servers=$4; shift 4
+targets=()
+while [ $# -gt 0 ] && [ "$1" != -- ]; do targets+=("$1"); shift; done
+[ $# -eq 0 ] || shift  # the rest: marscli serve's options
+url_dir=$run/serve
 mkdir -p "$run/logs"
-rm -f "$url_file"
-if [ "$slurm" = 1 ]; then
-  # shellcheck disable=SC2086  # the sbatch options are words
-  job=$(sbatch --parsable -o "$run/logs/serve-%j.out" ${SBATCH_OPTS:-} ${SBATCH_SERVE:-} \
-    stages/serve.sh "$run/ckpt-0" "$port" "$url_file" "$@")
-  trap 'scancel "$job"' EXIT
-  alive=(--job "$job")
-else
-  stages/serve.sh "$run/ckpt-0" "$port" "$url_file" "$@" 2> "$run/logs/serve.log" &
-  server=$!
-  trap 'kill "$server" 2>/dev/null; wait "$server" 2>/dev/null || true' EXIT
-  alive=(--pid "$server")
-fi
-"${PY:-python3}" scripts/serve-wait.py "$url_file" "${alive[@]}" > /dev/null
-for i in $(seq 0 $(( iters - 1 ))); do
-  make --no-print-directory rl-iter ITER="$i"
-done
+rm -rf "$url_dir"
+alive=()
+case $slurm in
+  1)
+    # shellcheck disable=SC2086  # the sbatch options are words
+    job=$(sbatch --parsable --array=0-$(( servers - 1 )) -o "$run/logs/serve-%A_%a.out" \
+      ${SBATCH_OPTS:-} ${SBATCH_SERVE:-} stages/serve.sh "$run/ckpt-0" "$port" "$url_dir" "$@")
+    trap 'scancel "$job"' EXIT
+    alive=(--job "${job%%;*}") ;;
+  steps)
+    # shellcheck disable=SC2086  # the srun options are words
+    srun --overlap --ntasks="$servers" ${SRUN_SERVE:-} --kill-on-bad-exit=0 \
+      -o "$run/logs/serve-%j.%s-%t.out" stages/serve.sh "$run/ckpt-0" "$port" "$url_dir" "$@" &
+    step=$!
+    trap 'kill "$step" 2>/dev/null; wait "$step" 2>/dev/null || true' EXIT
+    alive=(--pid "$step") ;;
+  *)
+    pids=()
+    for i in $(seq 0 $(( servers - 1 ))); do
+      SERVE_INDEX=$i stages/serve.sh "$run/ckpt-0" "$port" "$url_dir" "$@" \
+        2> "$run/logs/serve-$i.log" &
+      pids+=($!) alive+=(--pid $!)
+    done
+    trap 'kill "${pids[@]}" 2>/dev/null; wait "${pids[@]}" 2>/dev/null || true' EXIT ;;
+esac
+urls=$("${PY:-python3}" scripts/serve-wait.py "$url_dir" --count "$servers" "${alive[@]}")
+export SERVE_URLS=${urls//$'\n'/ }
+make --no-print-directory "${targets[@]}" SERVING=1

@@ -5,39 +5,58 @@ MARSCLI=${MARSCLI:-marscli}
 if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then
   export OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK MKL_NUM_THREADS=$SLURM_CPUS_PER_TASK
 fi
-# In an array job, task i of N writes OUT.shard-i and works on --shard i/N; `marscli merge`
-# joins the shards afterwards. Outside an array, the stage writes OUT itself.
-shard_args() {  # usage: shard_args OUT  → sets SHARD_OUT and SHARD_OPTS
+# Shard i of N writes OUT.shard-i and works on --shard i/N; `marscli merge` joins the shards
+# afterwards. The shard is task i of a Slurm array, or MARSCLI_SHARD=i/N (the Makefile's
+# shards run at once without a scheduler, or as job steps: SLURM=steps). Neither: the stage
+# writes OUT itself.
+shard_args() {  # usage: shard_args OUT  → sets SHARD_OUT, SHARD_OPTS, SHARD_INDEX
   SHARD_OUT=$1
   SHARD_OPTS=()
+  SHARD_INDEX=0
+  local n
   if [ -n "${SLURM_ARRAY_TASK_ID:-}" ]; then
-    local n=${SLURM_ARRAY_TASK_COUNT:-$(( SLURM_ARRAY_TASK_MAX - SLURM_ARRAY_TASK_MIN + 1 ))}
-    SHARD_OUT="$1.shard-$SLURM_ARRAY_TASK_ID"
-    SHARD_OPTS=(--shard "$SLURM_ARRAY_TASK_ID/$n")
+    n=${SLURM_ARRAY_TASK_COUNT:-$(( SLURM_ARRAY_TASK_MAX - SLURM_ARRAY_TASK_MIN + 1 ))}
+    SHARD_INDEX=$SLURM_ARRAY_TASK_ID
+  elif [ -n "${MARSCLI_SHARD:-}" ]; then
+    n=${MARSCLI_SHARD#*/} SHARD_INDEX=${MARSCLI_SHARD%/*}
+  else
+    return 0
   fi
+  SHARD_OUT="$1.shard-$SHARD_INDEX"
+  SHARD_OPTS=(--shard "$SHARD_INDEX/$n")
+}
+
+# SERVE_URLS (`make rl SERVE=1`: the servers' URLs, space-separated): shard i generates through
+# server i mod their count; nothing when it is empty (the stage's own engine).
+engine_args() {  # usage: engine_args  → sets ENGINE_OPTS (after shard_args)
+  ENGINE_OPTS=()
+  local urls
+  read -ra urls <<< "${SERVE_URLS:-}"
+  [ "${#urls[@]}" -gt 0 ] || return 0
+  ENGINE_OPTS=(--engine "server:${urls[$(( SHARD_INDEX % ${#urls[@]} ))]}")
 }
 
 # Under sbatch $0 is Slurm's copy of the script (slurm_script): name the job instead.
 STAGE_NAME=${SLURM_JOB_NAME:-${0##*/}}
 die() { echo "$STAGE_NAME: $*" >&2; exit 2; }
 
-# The address of the allocation's first node, where node 0's torchrun agent hosts the
-# rendezvous: Slurm's NodeAddr for that node (which is the node name unless slurm.conf says
-# otherwise; the local test cluster names nodes n1, n2 at 127.0.0.1). MASTER_ADDR overrides.
-first_node_addr() {
-  local host addr
-  host=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -1)
-  addr=$(scontrol show node "$host" -o 2>/dev/null | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')
-  echo "${addr:-$host}"
+# A node's address: Slurm's NodeAddr for it (the node name unless slurm.conf says otherwise;
+# the local test cluster names nodes n1, n2 at 127.0.0.1). The allocation's first node hosts
+# the torchrun rendezvous (MASTER_ADDR overrides); a server publishes its own node's.
+node_addr() {  # usage: node_addr NODE
+  local addr
+  addr=$(scontrol show node "$1" -o 2>/dev/null | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')
+  echo "${addr:-$1}"
 }
+first_node_addr() { node_addr "$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -1)"; }
 
 # Training stages (update, sft). What they read from the environment (the Makefile exports it
 # from the recipe):
 #   NPROC        training processes per node (torchrun --nproc_per_node); default
 #                GPUS_PER_NODE, else 1
 #   NNODES       nodes; under Slurm the job's own node count, which NNODES must then match
-#   MASTER_PORT  rendezvous port (default 29511; under Slurm 20000 + job id % 20000, so that two
-#                jobs sharing a node do not collide)
+#   MASTER_PORT  rendezvous port (default 29511; under Slurm 20000 + (job id x 64 + step id) %
+#                20000, so that two jobs, or two steps of a job, sharing a node do not collide)
 #   NODE_RANK, MASTER_ADDR   only for several nodes without Slurm: run the stage once on every
 #                node, as the release's train_multi_node.sh is run
 # Launch shapes:
@@ -58,7 +77,8 @@ run_trainer() {  # usage: run_trainer update|sft ARGS...
     [ -z "${NNODES:-}" ] || [ "$NNODES" -eq "$nodes" ] || die "the Slurm job has $nodes node(s)" \
       "but NNODES=$NNODES: submit with sbatch --nodes=$NNODES (the Makefile's SBATCH_UPDATE and" \
       "SBATCH_SFT do), or set NNODES=$nodes"
-    port=${MASTER_PORT:-$(( 20000 + SLURM_JOB_ID % 20000 ))}
+    # One port per job step: SLURM=steps runs every update of the loop as a step of one job.
+    port=${MASTER_PORT:-$(( 20000 + (SLURM_JOB_ID * 64 + ${SLURM_STEP_ID:-0}) % 20000 ))}
     if [ -n "${SLURM_STEP_ID:-}" ] && [ "${SLURM_STEP_NUM_TASKS:-1}" -gt "$nodes" ]; then
       exec $MARSCLI "$@"  # srun started one task per rank: no torchrun
     fi

@@ -208,11 +208,26 @@ def test_filter_zero_std_drops_flat_groups_before_batch_step():
     rows = _rows(("a", 1), ("b", 1), ("a", 1), ("b", 0), ("c", 0.5))
     # no filter: group step a → 0, 0; b → ±0.7071; c → 0; batch std sqrt(1/5) → ±1.5811
     out, _ = A.run([(n, dict(r)) for n, r in rows], "s", "bn-gspo")
-    assert [r["advantage"] for r in out] == approx([0, 1.5811388, 0, -1.5811388, 0], rel=1e-5)
+    assert [r["id"] for r in out] == ["a#0", "a#2", "b#1", "b#3", "c#4"]  # by prompt, sample
+    assert [r["advantage"] for r in out] == approx([0, 0, 1.5811388, -1.5811388, 0], rel=1e-5)
     out, stats = A.run(rows, "s", "bn-gspo", filter_zero_std=True)
     assert [r["id"] for r in out] == ["b#1", "b#3"]
     assert [r["advantage"] for r in out] == approx([1, -1], rel=1e-5)
     assert (stats["groups"], stats["dropped_groups"], stats["dropped_rows"]) == (1, 2, 3)
+
+
+def test_rows_come_out_by_prompt_and_sample_whatever_order_the_engine_finished_them():
+    """A concurrent engine appends trajectories in completion order, which changes from run
+    to run: the split into minibatches and the rows update reads must not."""
+    rows = [(i + 1, dict(r)) for i, (_, r) in enumerate(
+        _rows(*[(p, float(k % 2)) for p in "abcdef" for k in range(4)]))]
+    for r in (r for _, r in rows):
+        r["sample"] = int(r["id"].split("#")[1]) % 4
+    shuffled = [rows[i] for i in np.random.default_rng(1).permutation(len(rows))]
+    a, _ = A.run([(n, dict(r)) for n, r in rows], "s", "bn-gspo", minibatches=3, seed=7)
+    b, _ = A.run([(n, dict(r)) for n, r in shuffled], "s", "bn-gspo", minibatches=3, seed=7)
+    assert a == b
+    assert [(r["prompt_id"], r["sample"]) for r in a] == [(p, k) for p in "abcdef" for k in range(4)]
 
 
 def test_equal_rewards_are_flat_despite_rounding():

