@@ -227,7 +227,8 @@ def test_rows_come_out_by_prompt_and_sample_whatever_order_the_engine_finished_t
     a, _ = A.run([(n, dict(r)) for n, r in rows], "s", "bn-gspo", minibatches=3, seed=7)
     b, _ = A.run([(n, dict(r)) for n, r in shuffled], "s", "bn-gspo", minibatches=3, seed=7)
     assert a == b
-    assert [(r["prompt_id"], r["sample"]) for r in a] == [(p, k) for p in "abcdef" for k in range(4)]
+    assert [(r["prompt_id"], r["sample"]) for r in a] == [(p, k) for p in "abcdef"
+                                                          for k in range(4)]
 
 
 def test_equal_rewards_are_flat_despite_rounding():

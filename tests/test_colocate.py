@@ -23,8 +23,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from helpers import ROOT
 from test_multinode import idle_nodes
+
+from helpers import ROOT
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 pytestmark = [pytest.mark.vllm, pytest.mark.slow,
