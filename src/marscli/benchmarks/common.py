@@ -143,7 +143,11 @@ def image_files(value: Any, ctx: LoadContext, dirs: list[Path], where: str,
         data = _base64_image(value, where)
         if data is not None:
             return [str(cache_image(data, ctx.cache_dir))]
-        return [str(find_image(value.strip(), dirs, shard))]
+        name = value.strip()
+        if any(len(part) > MAX_NAME for part in Path(name).parts):
+            raise BadInput(f"{where}: a {len(name)}-character value that is neither a file "
+                           "name nor base64 image data")
+        return [str(find_image(name, dirs, shard))]
     raise BadInput(f"{where}: image cell of type {type(value).__name__} — expected bytes, "
                    "base64, a path, or {bytes, path}")
 

@@ -206,4 +206,4 @@ def run_compare(paths: list[str], by: str | None = None, as_json: bool = False) 
 
 def is_results_file(paths: list[str]) -> bool:
     """`eval summarize RESULTS.jsonl` (recompute one summary) rather than a comparison."""
-    return len(paths) == 1 and Path(paths[0]).suffix == ".jsonl"
+    return len(paths) == 1 and not Path(paths[0]).is_dir() and Path(paths[0]).suffix != ".json"
