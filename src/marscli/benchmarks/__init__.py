@@ -2,23 +2,24 @@
 scoring needs it (multiple choice, option letters, its own protocol), is `scoring/protocols.py`'s
 `BENCHMARKS` table.
 
-No hub downloads: the user points `marscli eval BENCH` at files they have. Every loader turns
-its format into marscli prompt rows (`records.Prompt`) with `benchmark` (in the row's extra
+No hub downloads: the user points `marscli eval BENCH` at files they have, in the layout the
+benchmark publishes (docs/evaluation.md, "Where each layout comes from"). Every loader turns
+its layout into marscli prompt rows (`records.Prompt`) with `benchmark` (in the row's extra
 fields, so trajectories carry it), a `category`, and `choices` for multiple choice (the gold
-answer is then the option letter). Formats (`--format`, `auto` detects):
+answer is then the option letter). Any layout may come in any container (`containers.py`:
+JSONL, a JSON array, parquet, TSV, a folder of them; one split of a folder, never mixed).
+Formats (`--format`, `auto` detects):
 
-| format | files | module |
-|---|---|---|
-| mars | the release's `data/eval/NAME/` folders (`data.jsonl` + images; MARS rows with \
-precomputed image-search results), or any marscli/MARS prompt JSONL | `mars.py` |
-| mmsearch, hr-mmsearch, fvqa | parquet (HF `datasets` layout: image columns as \
-`{bytes, path}` structs, raw bytes or paths) | `parquet.py` |
-| simplevqa, livevqa | parquet or JSONL with the generic column names (unverified layouts) \
-| `parquet.py`, `jsonl.py` |
-| vstar, infoseek | JSONL + an image folder | `jsonl.py` |
-| hrbench, mme-realworld | VLMEvalKit TSV with base64 images | `tsv.py` |
+| format | module |
+|---|---|
+| mars: the release's `data/eval/NAME/` folders, any marscli/MARS prompt rows | `mars.py` |
+| mmsearch, hr-mmsearch, fvqa, simplevqa, livevqa, mat-search: one open question per row | \
+`flat.py` |
+| vstar: options in the question text | `vstar.py` |
+| infoseek: InfoSeek rows + OVEN images | `infoseek.py` |
+| hrbench, mme-realworld: lettered option columns or `multi-choice options` | `lettered.py` |
 
-Each module's docstring lists the columns it assumes. Decoded images are written once to a
+Each module's docstring lists the columns it reads. Decoded images are written once to a
 cache folder beside the results (`eval-images/SHA256.EXT`), shared by the shards of a run.
 """
 
