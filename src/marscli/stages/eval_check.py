@@ -62,7 +62,7 @@ def report(loaded: Loaded) -> dict:
     return {"benchmark": loaded.benchmark, "format": loaded.fmt, "split": loaded.split,
             "rows": loaded.rows, "kept": len(prompts), "skipped": dict(loaded.skipped),
             "multiple_choice": sum(bool(p.choices) for p in prompts),
-            "categories": dict(sorted(cats.items()))}
+            "categories": dict(sorted(cats.items())), "notes": list(loaded.notes)}
 
 
 def print_report(rep: dict, err: IO[str]) -> None:
@@ -73,6 +73,8 @@ def print_report(rep: dict, err: IO[str]) -> None:
           f"{skipped}", file=err)
     print(f"check: {rep['multiple_choice']} multiple-choice; categories: {cats or '-'}",
           file=err)
+    for note in rep["notes"]:
+        print(f"note: {note}", file=err)
 
 
 def run_check(bench: str, *, fmt: str = "auto", benchmark: str | None = None,
