@@ -281,9 +281,13 @@ $(RUN)/eval/ckpt-%.summary.json: $(RUN)/ckpt-%/config.json $(TEST)
 SUMMARY ?= 1
 EVAL_EVERY ?= 1
 EVAL_CKPTS = $(sort $(shell seq 0 $(EVAL_EVERY) $(ITERS)) $(ITERS))
+# The last step: which checkpoint to pick (accuracy with 95% intervals per checkpoint and
+# benchmark, the best by EVAL_BY, default the mean over the benchmarks).
+EVAL_BY ?=
 rl-eval: rl
 	$(MAKE) --no-print-directory $(foreach k,$(EVAL_CKPTS),$(RUN)/eval/ckpt-$(k).summary.json)
 	$(if $(filter 1,$(SUMMARY)),$(PY) scripts/run_summary.py $(RUN) --iters $(ITERS))
+	$(if $(filter 1,$(SUMMARY)),$(MARSCLI) eval summarize $(RUN) $(if $(EVAL_BY),--by $(EVAL_BY)))
 endif
 
 # SLURM=steps, submitted: `make rl-job` is one sbatch of the whole loop (stages/rl-job.sh runs

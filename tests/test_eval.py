@@ -364,7 +364,7 @@ def test_unknown_format_exits_2_listing_names(tmp_path):
     assert res.returncode == 2
     assert res.stderr.startswith("error: unknown --format 'nope' — choose one of: auto, fvqa, "
                                  "hr-mmsearch, hrbench, infoseek, livevqa, mars, "
-                                 "mme-realworld, mmsearch, simplevqa, vstar")
+                                 "mat-search, mme-realworld, mmsearch, simplevqa, vstar")
     assert res.stderr.count("\n") == 1 and not (tmp_path / "out").exists()
 
 

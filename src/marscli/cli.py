@@ -587,7 +587,13 @@ def eval_cmd(
         "RESULTS.summary.json beside it.")] = None,
     fmt: Annotated[str, typer.Option(
         "--format", help="auto, mars, mmsearch, hr-mmsearch, fvqa, infoseek, simplevqa, "
-                         "livevqa, vstar, hrbench or mme-realworld.")] = "auto",
+                         "livevqa, mat-search, vstar, hrbench or mme-realworld.")] = "auto",
+    split: Annotated[str | None, typer.Option(
+        help="The split to read when BENCH's files hold several (default: test); never "
+             "mixed.")] = None,
+    check: Annotated[bool, typer.Option(
+        "--check", help="No model: load BENCH, open every image, print the normalised rows "
+                        "as JSONL on stdout and a summary on stderr.")] = False,
     policy: opt.Policy = None,
     mode: Annotated[str, typer.Option(
         help="agent (the tool loop) or direct (no tools, one answer turn).")] = "agent",
@@ -662,6 +668,12 @@ def eval_cmd(
         if bench is None:
             raise BadInput("BENCH: missing — give a benchmark file or folder (or --summarize "
                            "RESULTS.jsonl)")
+        if check:
+            from marscli.stages.eval_check import run_check
+
+            run_check(bench, fmt=fmt, benchmark=benchmark, image_dir=image_dir, split=split,
+                      output=output)
+            return
         if output is None:
             raise BadInput("-o: missing — name the results file, e.g. -o results.jsonl")
         if rescore:
@@ -671,19 +683,36 @@ def eval_cmd(
 
         run_eval(bench, output, gen, fmt=fmt, mode=mode, samples=samples, judge_spec=judge,
                  protocol=protocol or "mars", shard=parse_shard(shard), benchmark=benchmark,
-                 image_dir=image_dir, max_unscored=max_unscored, judge_opts=jopts, force=force,
-                 track=track)
+                 image_dir=image_dir, max_unscored=max_unscored, split=split, judge_opts=jopts,
+                 force=force, track=track)
 
 
 Results = Annotated[str, typer.Argument(metavar="RESULTS.jsonl", help="Results file of eval.")]
 
 
 @eval_app.command("summarize")
-def eval_summarize(results: Results, max_unscored: opt.MaxUnscored = opt.MAX_UNSCORED) -> None:
-    """Recompute RESULTS.summary.json from a results file (after `marscli merge`); no
-    generation."""
+def eval_summarize(
+    results: Annotated[list[str], typer.Argument(
+        metavar="RESULTS.jsonl | RUN | SUMMARY.json...",
+        help="A results file (its summary is recomputed), or a run folder (its "
+             "eval/ckpt-*.summary.json) or summaries to compare.")],
+    by: Annotated[str | None, typer.Option(
+        help="Pick the best checkpoint by this benchmark (default: the mean over the "
+             "benchmarks every checkpoint has).")] = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Comparing checkpoints: the table's numbers as JSON on stdout.")] = False,
+    max_unscored: opt.MaxUnscored = opt.MAX_UNSCORED,
+) -> None:
+    """Recompute RESULTS.summary.json from a results file (after `marscli merge`); or, given a
+    run folder or summaries, compare checkpoints: accuracy with 95% intervals per benchmark
+    and the best checkpoint. No generation."""
     with guard():
-        _summarize(results, max_unscored=max_unscored, command="eval summarize")
+        from marscli.stages.eval_compare import is_results_file, run_compare
+
+        if is_results_file(results):
+            _summarize(results[0], max_unscored=max_unscored, command="eval summarize")
+        else:
+            run_compare(results, by=by, as_json=as_json)
 
 
 @eval_app.command("rescore")

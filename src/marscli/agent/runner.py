@@ -203,10 +203,11 @@ def media_dir(output: str | Path) -> Path:
     return p.with_name(p.name.removesuffix(".jsonl") + ".media")
 
 
-def check_images(src: str, rows: list[tuple[int, Prompt]], unit: str = "line") -> None:
+def check_images(src: str, rows: list[tuple[int, Prompt]], unit: str = "line",
+                 where: dict[str, str] | None = None) -> None:
     """Every image must exist and decode, before any generation; one error line names where
-    the row is (`SRC:LINE`, or `SRC: UNIT N` for rows that are not lines) and the image. Each
-    file is checked once."""
+    the row is (`where[id]`, else `SRC:LINE`, or `SRC: UNIT N` for rows that are not lines)
+    and the image. Each file is checked once."""
     from marscli.qwen.images import open_image
 
     checked: set[Path] = set()
@@ -217,8 +218,9 @@ def check_images(src: str, rows: list[tuple[int, Prompt]], unit: str = "line") -
             try:
                 open_image(path, max_pixels=CHECK_PIXELS)
             except BadInput as e:
-                where = f"{src}:{line}" if unit == "line" else f"{src}: {unit} {line}"
-                raise BadInput(f"{where}: image: {e}") from None
+                at = (where or {}).get(p.id) or (f"{src}:{line}" if unit == "line"
+                                                 else f"{src}: {unit} {line}")
+                raise BadInput(f"{at}: image: {e}") from None
             checked.add(path)
 
 

@@ -2,23 +2,24 @@
 scoring needs it (multiple choice, option letters, its own protocol), is `scoring/protocols.py`'s
 `BENCHMARKS` table.
 
-No hub downloads: the user points `marscli eval BENCH` at files they have. Every loader turns
-its format into marscli prompt rows (`records.Prompt`) with `benchmark` (in the row's extra
+No hub downloads: the user points `marscli eval BENCH` at files they have, in the layout the
+benchmark publishes (docs/evaluation.md, "Where each layout comes from"). Every loader turns
+its layout into marscli prompt rows (`records.Prompt`) with `benchmark` (in the row's extra
 fields, so trajectories carry it), a `category`, and `choices` for multiple choice (the gold
-answer is then the option letter). Formats (`--format`, `auto` detects):
+answer is then the option letter). Any layout may come in any container (`containers.py`:
+JSONL, a JSON array, parquet, TSV, a folder of them; one split of a folder, never mixed).
+Formats (`--format`, `auto` detects):
 
-| format | files | module |
-|---|---|---|
-| mars | the release's `data/eval/NAME/` folders (`data.jsonl` + images; MARS rows with \
-precomputed image-search results), or any marscli/MARS prompt JSONL | `mars.py` |
-| mmsearch, hr-mmsearch, fvqa | parquet (HF `datasets` layout: image columns as \
-`{bytes, path}` structs, raw bytes or paths) | `parquet.py` |
-| simplevqa, livevqa | parquet or JSONL with the generic column names (unverified layouts) \
-| `parquet.py`, `jsonl.py` |
-| vstar, infoseek | JSONL + an image folder | `jsonl.py` |
-| hrbench, mme-realworld | VLMEvalKit TSV with base64 images | `tsv.py` |
+| format | module |
+|---|---|
+| mars: the release's `data/eval/NAME/` folders, any marscli/MARS prompt rows | `mars.py` |
+| mmsearch, hr-mmsearch, fvqa, simplevqa, livevqa, mat-search: one open question per row | \
+`flat.py` |
+| vstar: options in the question text | `vstar.py` |
+| infoseek: InfoSeek rows + OVEN images | `infoseek.py` |
+| hrbench, mme-realworld: lettered option columns or `multi-choice options` | `lettered.py` |
 
-Each module's docstring lists the columns it assumes. Decoded images are written once to a
+Each module's docstring lists the columns it reads. Decoded images are written once to a
 cache folder beside the results (`eval-images/SHA256.EXT`), shared by the shards of a run.
 """
 
@@ -26,8 +27,6 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-
-import orjson
 
 from marscli.benchmarks.common import LoadContext, Loaded
 from marscli.errors import BadInput, unknown_name
@@ -45,8 +44,11 @@ RELEASE_FOLDERS = {
 def guess_name(path: Path) -> str | None:
     """A benchmark name from a file or folder name (`hr_bench_8k.tsv` → hrbench-8k)."""
     stem = path.name if path.is_dir() else path.stem
-    if stem in ("data", "test", "val", "train") or stem.startswith("train-"):
-        stem = path.parent.name if not path.is_dir() else stem
+    generic = ("data", "test", "val", "validation", "train", "qa")
+    while (stem in generic or re.fullmatch(r"(train|test|val|validation)(-\d+-of-\d+)?", stem)) \
+            and path.parent != path:
+        path = path.parent  # a split's file or the `data/` folder: the folder above names it
+        stem = path.name
     if stem in RELEASE_FOLDERS:
         return RELEASE_FOLDERS[stem]
     key = re.sub(r"[^a-z0-9]", "", stem.lower())
@@ -64,12 +66,15 @@ def guess_name(path: Path) -> str | None:
 # One signature: load(path: Path, ctx: LoadContext, fmt: str) -> Loaded.
 FORMATS: Registry = Registry("--format", lazy={
     "mars": "marscli.benchmarks.mars",
-    "mmsearch": "marscli.benchmarks.parquet", "hr-mmsearch": "marscli.benchmarks.parquet",
-    "fvqa": "marscli.benchmarks.parquet",
-    "simplevqa": "marscli.benchmarks.jsonl", "livevqa": "marscli.benchmarks.jsonl",
-    "vstar": "marscli.benchmarks.jsonl", "infoseek": "marscli.benchmarks.jsonl",
-    "hrbench": "marscli.benchmarks.tsv", "mme-realworld": "marscli.benchmarks.tsv",
+    **dict.fromkeys(("mmsearch", "hr-mmsearch", "fvqa", "simplevqa", "livevqa", "mat-search"),
+                    "marscli.benchmarks.flat"),
+    "vstar": "marscli.benchmarks.vstar", "infoseek": "marscli.benchmarks.infoseek",
+    "hrbench": "marscli.benchmarks.lettered", "mme-realworld": "marscli.benchmarks.lettered",
 })
+
+# A folder's own file names that say what it holds (the published layouts).
+_FOLDER_FILES = (("data.jsonl", "mars"), ("MAT-Search.json", "mat-search"),
+                 ("qa.json", "livevqa"), ("test_questions.jsonl", "vstar"))
 
 
 def format_names() -> list[str]:
@@ -85,7 +90,7 @@ def load_benchmark(bench: str, fmt: str, ctx: LoadContext) -> Loaded:
     if not path.exists():
         raise BadInput(f"{bench}: no such file or folder")
     if fmt == "auto":
-        fmt = detect_format(path)
+        fmt = detect_format(path, ctx.split)
     return FORMATS.get(fmt)(path, ctx, fmt)
 
 
@@ -93,76 +98,59 @@ def _hint() -> str:
     return f"pass --format (one of: {', '.join(format_names()[1:])})"
 
 
-def detect_format(path: Path) -> str:
-    """Guess a format from the file's extension, header, columns or first row."""
+def detect_format(path: Path, split: str | None = None) -> str:
+    """Guess a format from a folder's file names, then the first data file's columns (parquet
+    schema, TSV header, first JSON row), then the file or folder name."""
+    from marscli.benchmarks.containers import columns_of, data_files
+
     if path.is_dir():
-        if (path / "data.jsonl").is_file():
-            return "mars"
-        for pattern in ("*.parquet", "data/*.parquet", "*.tsv", "*.jsonl"):
-            files = sorted(path.glob(pattern))
-            if files:
-                return _detect_file(files[0], folder=path)
-        raise BadInput(f"{path}: no data.jsonl, parquet, TSV or JSONL file in this folder — "
-                       f"point at the benchmark's file, or {_hint()}")
-    return _detect_file(path)
+        for name, fmt in _FOLDER_FILES:
+            if (path / name).is_file():
+                return fmt
+    elif path.suffix.lower() not in (".parquet", ".tsv", ".csv", ".jsonl", ".json"):
+        raise BadInput(f"{path}: unknown file type {path.suffix or '(none)'} — expected a "
+                       f"folder, .parquet, .tsv, .jsonl or .json; or {_hint()}")
+    files, _ = data_files(path, split)
+    cols = columns_of(files[0])
+    fmt = by_columns(set(cols), files[0].suffix.lower())
+    if fmt is None:
+        name = guess_name(files[0]) or guess_name(path)
+        fmt = {"hrbench-4k": "hrbench", "hrbench-8k": "hrbench"}.get(name or "", name)
+    if fmt is None and files[0].suffix.lower() in (".jsonl", ".json") and (
+            "question" in cols and "image" in cols):
+        fmt = "mars"  # marscli's own prompt rows
+    if fmt is None:
+        shown = ", ".join(sorted(cols)[:20])
+        shown = shown if len(shown) <= 120 else shown[:117] + "..."
+        raise BadInput(f"{files[0]}: cannot tell which benchmark this file holds (columns: "
+                       f"{shown}) — {_hint()}")
+    return fmt
 
 
-def _detect_file(path: Path, folder: Path | None = None) -> str:
-    where = folder or path
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        from marscli.benchmarks.parquet import parquet_columns
-
-        cols = set(parquet_columns(path))
-        if {"query", "gt_answer"} <= cols:
-            return "mmsearch"
-        if {"query", "ground_truth"} <= cols:
-            return "hr-mmsearch"
-        name = guess_name(where)
-        if name in ("fvqa", "simplevqa", "livevqa", "mmsearch", "hr-mmsearch"):
-            return name
-        raise BadInput(f"{path}: cannot tell which benchmark this parquet holds (columns: "
-                       f"{', '.join(sorted(cols))}) — {_hint()}")
-    if suffix in (".tsv", ".csv"):
-        with path.open(encoding="utf-8", errors="replace") as fh:
-            header = fh.readline(1 << 16).rstrip("\r\n").split("\t")
-        if "cycle_category" in header or guess_name(where) in ("hrbench", "hrbench-4k",
-                                                               "hrbench-8k"):
-            return "hrbench"
-        if "E" in header or guess_name(where) == "mme-realworld":
-            return "mme-realworld"
-        raise BadInput(f"{path}: cannot tell which benchmark this TSV holds (columns: "
-                       f"{', '.join(header[:20])}) — {_hint()}")
-    if suffix in (".jsonl", ".json"):
-        row = _first_row(path)
-        if "prompt" in row or ("question" in row and "image" in row and "label" not in row
-                               and "image_id" not in row):
-            return "mars"
-        if "image_id" in row and ("answer_eval" in row or "data_split" in row):
-            return "infoseek"
-        if "label" in row and "image" in row:
-            return "vstar"
-        name = guess_name(where)
-        if name in ("simplevqa", "livevqa", "vstar", "infoseek"):
-            return name
-        raise BadInput(f"{path}:1: cannot tell which benchmark these rows are (fields: "
-                       f"{', '.join(sorted(row)[:20])}) — {_hint()}")
-    raise BadInput(f"{path}: unknown file type {path.suffix or '(none)'} — expected a folder "
-                   f"with data.jsonl, .parquet, .tsv or .jsonl; or {_hint()}")
-
-
-def _first_row(path: Path) -> dict:
-    with path.open("rb") as fh:
-        for n, raw in enumerate(fh, start=1):
-            if raw.strip():
-                try:
-                    row = orjson.loads(raw)
-                except orjson.JSONDecodeError as e:
-                    raise BadInput(f"{path}:{n}: not valid JSON: {e}") from None
-                if not isinstance(row, dict):
-                    raise BadInput(f"{path}:{n}: expected a JSON object")
-                return row
-    raise BadInput(f"{path}: empty file — expected at least one row")
+def by_columns(cols: set[str], suffix: str) -> str | None:
+    """A format from the columns alone, where they are unambiguous (the published layouts:
+    docs/evaluation.md)."""
+    if suffix in (".jsonl", ".json") and ("prompt" in cols or "v" in cols):
+        return "mars"  # MARS / verl rows, marscli's own rows
+    rules = (
+        ("mme-realworld", {"multi-choice options"}),
+        ("hrbench", {"cycle_category"}),
+        ("mmsearch", {"query", "gt_answer"}),
+        ("hr-mmsearch", {"query", "ground_truth"}),
+        ("vstar", {"text", "label"}),
+    )
+    for fmt, need in rules:
+        if need <= cols:
+            return fmt
+    if "image_id" in cols and cols & {"answer_eval", "data_split"}:
+        return "infoseek"
+    if cols & {"atomic_fact", "atomic_question", "vqa_category"}:
+        return "simplevqa"
+    if "query_image" in cols and "prompt" not in cols:
+        return "livevqa"
+    if suffix in (".tsv", ".csv") and "E" in cols:
+        return "mme-realworld"
+    return None
 
 
 __all__ = [

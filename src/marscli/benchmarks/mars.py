@@ -6,7 +6,8 @@ hr_bench_8k, mat_search, infoseek, fvqa_test, simplevqa_en, livevqa_research_pre
 MARS-style (`prompt` chat messages, `image`, `reward_model.ground_truth`, precomputed
 `image_search_title_list` / `image_search_thumbnail_list`) and `records.parse_prompt` converts
 them; marscli's own rows (`{id, image, question, answer, choices?, category?}`) work too.
-Image paths are relative to the JSONL's folder (`--image-dir` overrides).
+Image paths are relative to the file's folder (`--image-dir` overrides). Any container
+(`containers.py`) holds them: JSONL, a JSON array, parquet.
 
 The benchmark name is, in order: the row's `benchmark` field, `--benchmark`, the release folder
 name (`hr_bench_8k` → hrbench-8k), the file or folder name. Multiple-choice benchmarks whose
@@ -21,34 +22,28 @@ from pathlib import Path
 
 from marscli.benchmarks import FORMATS, guess_name
 from marscli.benchmarks.common import LoadContext, Loaded, split_options
-from marscli.errors import BadInput
-from marscli.records.jsonl import read_rows
+from marscli.benchmarks.containers import data_files, iter_file, unit_of, where
 from marscli.records.schema import parse_prompt
 from marscli.scoring.protocols import benchmark_info
 
 
 @FORMATS.register("mars")
 def load(path: Path, ctx: LoadContext, fmt: str = "mars") -> Loaded:
-    if path.is_dir():
-        if not (path / "data.jsonl").is_file():
-            raise BadInput(f"{path}: no data.jsonl in this folder — a MARS benchmark folder "
-                           "holds data.jsonl and its images")
+    if path.is_dir() and (path / "data.jsonl").is_file():
         path = path / "data.jsonl"
-    name = ctx.benchmark or guess_name(path) or path.parent.name
-    base = ctx.image_dir or path.resolve().parent
-    src = str(path)
-    out, seen, n = [], {}, 0
-    for line, row in read_rows(src):
-        n += 1
-        p = parse_prompt(row, src, line, base)
-        if p.id in seen:
-            raise BadInput(f"{src}:{line}: id: duplicate id {p.id!r} (first on line {seen[p.id]})")
-        seen[p.id] = line
-        bench = row.get("benchmark") if isinstance(row.get("benchmark"), str) else name
-        p.extra["benchmark"] = bench
-        if p.choices is None and benchmark_info(bench).multiple_choice:
-            _, options = split_options(p.question)
-            p.choices = options or None
-        if ctx.keep(p.id):
-            out.append((line, p))
-    return Loaded(name, fmt, out, rows=n)
+    files, split = data_files(path, ctx.split)
+    name = ctx.benchmark or guess_name(files[0]) or files[0].parent.name
+    loaded = Loaded(name, fmt, [], unit=unit_of(files[0]), split=split)
+    for file in files:
+        base = ctx.image_dir.resolve() if ctx.image_dir else file.resolve().parent
+        unit = unit_of(file)
+        for n, row in iter_file(file):
+            loaded.rows += 1
+            p = parse_prompt(row, str(file), n, base)
+            bench = row.get("benchmark") if isinstance(row.get("benchmark"), str) else name
+            p.extra["benchmark"] = bench
+            if p.choices is None and benchmark_info(bench).multiple_choice:
+                _, options = split_options(p.question)
+                p.choices = options or None
+            loaded.add(n, p, where(file, n, unit), ctx.keep)
+    return loaded

@@ -14,6 +14,7 @@ from typing import Any
 
 from marscli.errors import BadInput
 from marscli.records.jsonl import SCHEMA_VERSION, get_field, read_rows
+from marscli.records.mcq import mcq_choices
 
 SEGMENT_ROLES = ("prompt", "model", "tool")
 
@@ -70,12 +71,18 @@ def _from_mars(row: dict, src: str, line: int) -> dict:
     titles = row.get("image_search_title_list") or []
     thumbs = row.get("image_search_thumbnail_list") or []
     extra_info = row.get("extra_info") if isinstance(row.get("extra_info"), dict) else {}
-    rid = row.get("id", extra_info.get("index", f"line{line}"))
+    # the row's own id, else its `index` (the release's training rows), else extra_info's
+    rid = next((row[k] for k in ("id", "index") if _present(row.get(k))),
+               extra_info.get("index", f"line{line}"))
     out = {"id": str(rid), "question": re.sub(r"<image>\s*", "", content).strip(),
            "image": row.get("image", row.get("images", [])), "answer": gt}
     if titles or thumbs:
         out["image_search"] = [{"title": t, "thumbnail": th} for t, th in zip(titles, thumbs)]
     return out
+
+
+def _present(v: object) -> bool:
+    return v is not None and v != "" and not isinstance(v, bool)
 
 
 _PROMPT_KEYS = {"v", "id", "image", "question", "answer", "choices", "category", "image_search"}
@@ -102,6 +109,8 @@ def parse_prompt(row: dict, src: str, line: int, base: Path) -> Prompt:
     if choices is not None and (not isinstance(choices, list)
                                 or not all(isinstance(c, str) for c in choices)):
         raise BadInput(f"{src}:{line}: choices: expected a list of strings")
+    if choices is None and is_mars:  # the release puts a question's options in its text
+        choices = mcq_choices(question, answer)
     category = view.get("category")
     if category is not None and not isinstance(category, str):
         raise BadInput(f"{src}:{line}: category: expected a string")

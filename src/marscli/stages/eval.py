@@ -99,6 +99,7 @@ def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
              judge_spec: str = "exact", protocol: str = "mars",
              shard: tuple[int, int] = (0, 1), benchmark: str | None = None,
              image_dir: str | None = None, max_unscored: float = 0.05,
+             split: str | None = None,
              judge_opts: JudgeOptions | None = None, progress: bool = True,
              force: bool = False, track: str | None = None, **fields: Any) -> dict:
     """Generate and score the missing trajectories of BENCH (this shard) into `output`, then
@@ -125,12 +126,12 @@ def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
     try:
         ctx = LoadContext(source=bench, cache_dir=image_cache(output),
                           image_dir=Path(image_dir) if image_dir else None, benchmark=benchmark,
-                          keep=lambda pid: in_shard(pid, shard))
+                          split=split, keep=lambda pid: in_shard(pid, shard))
         loaded = load_benchmark(bench, fmt, ctx)
         rows = [(line, p) for line, p in loaded.prompts if in_shard(p.id, shard)]
         if not rows and not loaded.rows:
             raise BadInput(f"{bench}: no items")
-        check_images(bench, rows, loaded.unit)
+        check_images(bench, rows, loaded.unit, loaded.where)
         _report_loaded(loaded, len(rows), shard)
         if samples > 1 and gen.temperature == 0:
             print(f"warning: --samples {samples} with --temperature 0: the samples of an item "
@@ -141,10 +142,13 @@ def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
             start_over(output, summary_path(output))
         settings = sample_settings(gen, base_prompt, mode=mode, samples=samples,
                                    protocol=protocol, judge=judge_spec, format=loaded.fmt,
-                                   benchmark=loaded.benchmark, shard=f"{shard[0]}/{shard[1]}")
+                                   benchmark=loaded.benchmark, split=loaded.split,
+                                   shard=f"{shard[0]}/{shard[1]}")
 
         def score(rec: dict) -> None:
             rec["mode"] = mode
+            if loaded.split is not None:
+                rec["split"] = loaded.split
             rec["score"] = proto.score(rec, sctx)
 
         res = generate([(p, k) for _, p in rows for k in range(samples)], gen,
@@ -167,7 +171,8 @@ def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
                              "and re-run")
     _fail_if_unscored(summary, output)
     config = {**gen.sidecar(res.engine), "bench": bench, "format": loaded.fmt,
-              "benchmark": loaded.benchmark, "mode": mode, "protocol": protocol,
+              "benchmark": loaded.benchmark, "split": loaded.split, "mode": mode,
+              "protocol": protocol,
               "judge": judge.config(), "samples": samples, "shard": f"{shard[0]}/{shard[1]}",
               "max_unscored": max_unscored, "weights": settings["weights"]}
     stats = {"items_loaded": len(rows), "rows_read": loaded.rows, "rows_skipped": loaded.skipped,
@@ -199,8 +204,9 @@ def _report_loaded(loaded: Any, n: int, shard: tuple[int, int]) -> None:
     skipped = "".join(f"; skipped {v} {k}" for k, v in loaded.skipped.items())
     names = sorted({str(p.extra.get("benchmark")) for _, p in loaded.prompts}) or \
         [loaded.benchmark]
-    print(f"eval: {', '.join(names)} ({loaded.fmt} format): {loaded.rows} rows{part}{skipped}",
-          file=sys.stderr)
+    split = f", {loaded.split} split" if loaded.split else ""
+    print(f"eval: {', '.join(names)} ({loaded.fmt} format{split}): {loaded.rows} rows{part}"
+          f"{skipped}", file=sys.stderr)
     for note in loaded.notes:
         print(f"note: {note}", file=sys.stderr)
 
@@ -287,7 +293,8 @@ def _bench_summary(results: str, bench: str, rows: list[tuple[int, dict]]) -> di
     tools = {k for t in trajs for k in (t.get("tool_calls") or {})}
     if "agent" in modes:
         tools |= set(TOOL_NAMES[:1])  # zoom-in is always offered to the agent
-    out = {"protocol": proto.name, "mode": "+".join(modes),
+    splits = sorted({str(r["split"]) for r in trajs if r.get("split")})
+    out = {"protocol": proto.name, "mode": "+".join(modes), "split": "+".join(splits) or None,
            **_group_stats(bench, proto, list(items.values()), trajs, tools)}
     ns = [it["n"] for it in items.values()]
     out["samples_per_item"] = {"min": min(ns), "max": max(ns)}

@@ -1,0 +1,167 @@
+"""Multiple choice with lettered option columns: HR-Bench 4K / 8K and MME-RealWorld, in any
+container (`containers.py`): VLMEvalKit's TSV, the Hugging Face parquet files lmms-eval
+reads, JSONL or a JSON array.
+
+Columns:
+- hrbench (DreamMr/HR-Bench `hr_bench_4k.tsv` / `hr_bench_8k.tsv`, and its parquet
+  `hrbench_version_split` config that lmms-eval's `hrbench4k` / `hrbench8k` tasks read):
+  `index`, `question`, `A`..`D`, `answer` (a letter), `category` (single / cross: the FSP /
+  FCP sub-task), `image`, `cycle_category` (the option rotation the row belongs to: each
+  question appears once per rotation with its options cycled, as a separate row with its own
+  `index`; 200 questions x 4 rotations = 800 rows). `cycle_category` rides along: the
+  official protocol averages the per-rotation accuracies (lmms-eval's
+  `hrbench_aggregate_results` does the same). The benchmark is hrbench-4k / hrbench-8k from
+  the file name.
+- mme-realworld: VLMEvalKit's `MME-RealWorld.tsv` (`A`..`E` columns), or the Hugging Face
+  files lmms-eval reads (yifanzhang114/MME-RealWorld-Lmms-eval and -lite-lmms-eval): no
+  letter columns, the options in `multi-choice options` — a list, or a Python list literal
+  in a text cell (read with `ast.literal_eval`, never evaluated) — of "(A) text" strings;
+  the image in `bytes` (base64). `category` ("Perception/Monitoring", ...) and
+  `l2-category` as lmms-eval reads them.
+The image cell is base64 image bytes, an Image struct, or, as VLMEvalKit writes repeated
+images, a short value (at most 64 characters) naming the `index` of the row that holds the
+bytes. An `image_path` column (paths relative to the file or `--image-dir`) may replace it.
+Options left empty are dropped (a question with options A-C has three choices). Decoded
+images go to the cache folder as `SHA256.EXT`, written once however many rows use them.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+from typing import Any
+
+from marscli.benchmarks import FORMATS, guess_name
+from marscli.benchmarks.common import (
+    LETTERS,
+    LoadContext,
+    Loaded,
+    clip,
+    gold_letter,
+    image_dirs,
+    image_files,
+    is_missing,
+    jsonable,
+    mcq_question,
+)
+from marscli.benchmarks.containers import columns_of, data_files, iter_file, unit_of, where
+from marscli.errors import BadInput
+from marscli.records.schema import Prompt
+
+OPTIONS_COL = "multi-choice options"
+IMAGE_COLS = ("image", "bytes", "image_path")
+EXPECTED = {"hrbench": "index, question, A, B, C, D, answer, category, image, cycle_category",
+            "mme-realworld": "index, question, A..E (or multi-choice options), answer, "
+                             "category, image (or bytes)"}
+MAX_REF = 64  # VLMEvalKit: an image cell this short is another row's index
+_LABEL = re.compile(r"^\s*\(?([A-Ea-e])[).:]\s*")
+
+
+def _check_header(file: Path, cols: list[str], fmt: str) -> None:
+    need = ["index", "question", "answer"]
+    if OPTIONS_COL not in cols:
+        need += ["A", "B"]
+    missing = [c for c in need if c not in cols]
+    if not set(IMAGE_COLS) & set(cols):
+        missing.append("image")
+    if missing:
+        at = f"{file}:1: header" if file.suffix.lower() in (".tsv", ".csv") else f"{file}"
+        raise BadInput(f"{at}: missing column {missing[0]!r} (columns: "
+                       f"{clip(', '.join(cols[:20]), 120) or 'none'}) — a {fmt} file has "
+                       f"{EXPECTED.get(fmt, ', '.join(need))}")
+
+
+def load(path: Path, ctx: LoadContext, fmt: str) -> Loaded:
+    files, split = data_files(path, ctx.split)
+    name = ctx.benchmark or (guess_name(files[0]) if fmt == "hrbench" else None) or fmt
+    if name == "hrbench":  # the file name did not say 4K or 8K: the folder may
+        name = guess_name(path) or "hrbench"
+    loaded = Loaded(name, fmt, [], unit=unit_of(files[0]), split=split)
+    for file in files:
+        cols = columns_of(file)
+        _check_header(file, cols, fmt)
+        dirs, unit = image_dirs(ctx, file), unit_of(file)
+        images: dict[str, str] = {}  # index -> cached image path
+        refs: list[tuple[str, Prompt, str]] = []  # rows whose image names another row
+        for n, row in iter_file(file):
+            loaded.rows += 1
+            at = where(file, n, unit)
+            p, ref = _row(row, at, ctx, dirs, name, images)
+            if ref is not None:
+                refs.append((at, p, ref))
+            loaded.add(n, p, at, ctx.keep)
+        for at, p, ref in refs:
+            if ref not in images:
+                raise BadInput(f"{at}: image: {clip(ref)!r} is neither base64 image data nor "
+                               "the index of a row holding an image")
+            p.images = [images[ref]]
+    return loaded
+
+
+def _text(v: Any) -> str:
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    return "" if is_missing(v) else str(v).strip()
+
+
+def _options(row: dict, at: str) -> list[str]:
+    """The option texts, without their labels: A..E columns, or `multi-choice options`."""
+    if OPTIONS_COL in row and not is_missing(row[OPTIONS_COL]):
+        raw = row[OPTIONS_COL]
+        if isinstance(raw, str):
+            try:
+                raw = ast.literal_eval(raw.strip())
+            except (ValueError, SyntaxError):
+                raise BadInput(f"{at}: {OPTIONS_COL}: not a list literal "
+                               f"({clip(raw)!r})") from None
+        if not isinstance(raw, (list, tuple)) or not all(isinstance(o, str) for o in raw):
+            raise BadInput(f"{at}: {OPTIONS_COL}: expected a list of strings")
+        return [_LABEL.sub("", o, count=1).strip() for o in raw if o.strip()]
+    choices = []
+    for col in LETTERS:
+        if is_missing(row.get(col)) or not _text(row.get(col)):
+            break
+        choices.append(_text(row[col]))
+    return choices
+
+
+def _row(row: dict, at: str, ctx: LoadContext, dirs: list[Path], name: str,
+         images: dict[str, str]) -> tuple[Prompt, str | None]:
+    if None in row:  # a TSV row with more cells than header names
+        raise BadInput(f"{at}: row has {len(row) - 1 + len(row[None])} cells, the header "
+                       f"{len(row) - 1} — a stray tab, or a quote left open above?")
+    for col in ("index", "question", "answer"):
+        if row.get(col) is None:
+            raise BadInput(f"{at}: {col}: missing (the row is shorter than the header)")
+    rid = _text(row["index"])
+    if not rid:
+        raise BadInput(f"{at}: index: empty")
+    choices = _options(row, at)
+    if len(choices) < 2:
+        raise BadInput(f"{at}: A: a question needs at least options A and B")
+    letter = gold_letter(row["answer"], len(choices), f"{at}: answer")
+    ref, paths = None, []
+    key = next((c for c in IMAGE_COLS if not is_missing(row.get(c))), None)
+    cell = row.get(key) if key else None
+    if key is None:
+        raise BadInput(f"{at}: image: empty")
+    if key != "image_path" and isinstance(cell, str) and len(cell.strip()) <= MAX_REF:
+        ref = cell.strip()
+    elif ctx.keep(rid) or key != "image_path":
+        paths = image_files(cell, ctx, dirs, f"{at}: {key}")
+        if key != "image_path":
+            images[rid] = paths[0]
+    used = {"index", "question", "answer", OPTIONS_COL, "category", *IMAGE_COLS, *LETTERS}
+    extra = {k: v for k, v in row.items()
+             if k not in used and v != "" and k is not None and jsonable(v)}
+    extra["benchmark"] = name
+    category = row.get("category")
+    p = Prompt(id=rid, question=mcq_question(_text(row["question"]), choices), images=paths,
+               answer=[letter], base=dirs[0], choices=choices,
+               category=None if is_missing(category) else _text(category), extra=extra)
+    return p, ref
+
+
+FORMATS.register("hrbench")(load)
+FORMATS.register("mme-realworld")(load)

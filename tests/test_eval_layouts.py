@@ -1,0 +1,307 @@
+"""The benchmarks in the layouts they are published in (dataset cards, lmms-eval task files,
+the benchmarks' own evaluation code; docs/evaluation.md has the table), each built here with
+small images: found by `--format auto`, read by `--format NAME`, checked by `eval --check`
+(normalised rows on stdout, a summary on stderr), and bad rows refused in one line; then
+`eval summarize RUN` against hand-computed intervals."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import orjson
+import pytest
+
+from marscli.benchmarks import LoadContext, detect_format, load_benchmark
+from marscli.errors import BadInput
+from marscli.records.schema import parse_prompt
+from marscli.stages.eval_compare import compare, wilson
+
+from helpers import invoke, png, write_jsonl, write_parquet
+
+
+@pytest.fixture()
+def pa():
+    return pytest.importorskip("pyarrow")
+
+
+def b64(color=(10, 20, 30)) -> str:
+    return base64.b64encode(png(color)).decode()
+
+
+def load(path: Path, tmp_path: Path, fmt: str = "auto", **kw):
+    ctx = LoadContext(source="t", cache_dir=tmp_path / "cache", **kw)
+    return load_benchmark(str(path), fmt, ctx)
+
+
+def check(path: Path, *args: str) -> tuple[int, list[dict], str]:
+    code, out, err = invoke(["eval", str(path), "--check", *args])
+    return code, [json.loads(line) for line in out.splitlines() if line.strip()], err
+
+
+def one_line_error(code: int, out: str, err: str) -> str:
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert code == 2 and out == "" and len(lines) == 1, (code, out, err)
+    assert lines[0].startswith("error: ") and len(lines[0]) <= 200, lines[0]
+    return lines[0]
+
+
+# ----------------------------------------------------------------------- SimpleVQA
+
+
+def simplevqa_rows(image) -> list[dict]:
+    return [{"data_id": 0, "image": image, "image_description": "", "language": "EN",
+             "question": "Which city is this?", "answer": "Paris",
+             "original_category": "geography", "source": "web", "atomic_question": "x",
+             "atomic_fact": "y", "vqa_category": "place"},
+            {"data_id": 1, "image": image, "image_description": "", "language": "CN",
+             "question": "这是哪里?", "answer": "巴黎", "original_category": "geography",
+             "source": "web", "atomic_question": "x", "atomic_fact": "y",
+             "vqa_category": "place"}]
+
+
+def test_simplevqa_base64_image_column(tmp_path):
+    f = write_jsonl(tmp_path / "simplevqa.jsonl", simplevqa_rows(b64()))
+    assert detect_format(f) == "simplevqa"  # by its columns, not the file name
+    code, rows, err = check(f)
+    assert code == 0, err
+    (row,) = rows
+    assert row["id"] == "0" and row["answer"] == ["Paris"] and row["category"] == "geography"
+    img = Path(row["image"])
+    assert img.is_absolute() and img.read_bytes() == png((10, 20, 30))
+    assert row["benchmark"] == "simplevqa" and row["choices"] is None
+    assert "2 rows, 1 kept, skipped: 1 not English" in err
+
+
+def test_simplevqa_hf_parquet_image_struct(tmp_path, pa):
+    f = write_parquet(tmp_path / "SimpleVQA" / "data" / "test-00000-of-00001.parquet",
+                      simplevqa_rows({"bytes": png((1, 2, 3)), "path": None}))
+    loaded = load(tmp_path / "SimpleVQA", tmp_path)
+    assert loaded.fmt == "simplevqa" and loaded.split == "test" and f.is_file()
+    (_, p), = loaded.prompts
+    assert Path(p.images[0]).read_bytes() == png((1, 2, 3))
+
+
+def test_bad_base64_is_one_short_line_without_the_blob(tmp_path):
+    blob = "QUJD" * 400  # base64 of text, not of an image: 1600 characters
+    rows = simplevqa_rows(b64())
+    rows[0]["image"] = blob + "!"  # not even base64's alphabet at the end
+    f = write_jsonl(tmp_path / "simplevqa.jsonl", rows)
+    line = one_line_error(*invoke(["eval", str(f), "--check"]))
+    assert "simplevqa.jsonl:1: image" in line and "QUJDQUJD" not in line
+
+
+# ----------------------------------------------------------------------- LiveVQA
+
+
+def test_livevqa_qa_json_array_with_authors_absolute_paths(tmp_path):
+    root = tmp_path / "LiveVQA"
+    (root / "image").mkdir(parents=True)
+    (root / "image" / "news_001.jpg").write_bytes(png((5, 5, 5)))
+    (root / "qa.json").write_text(json.dumps([
+        {"id": "lv1", "query": "Who is speaking at this event?", "gt_answer": "Jane Doe",
+         "query_image": "/data/authors/LiveVQA/image/news_001.jpg", "topic": "politics"}]))
+    assert detect_format(root) == "livevqa"
+    code, rows, err = check(root)
+    assert code == 0, err
+    assert rows[0]["image"] == str((root / "image" / "news_001.jpg").resolve())
+    assert rows[0]["category"] == "politics" and rows[0]["answer"] == ["Jane Doe"]
+    # a missing image: the row (the array's first object), the field and the file searched
+    (root / "image" / "news_001.jpg").unlink()
+    line = one_line_error(*invoke(["eval", str(root), "--check"]))
+    assert "qa.json: row 1: image:" in line and "news_001.jpg" in line
+
+
+# ----------------------------------------------------------------------- MAT-Search
+
+
+def test_mat_search_json_array_and_image_folder(tmp_path):
+    root = tmp_path / "MAT-Benchmark"
+    (root / "MAT-Search-image").mkdir(parents=True)
+    (root / "MAT-Search-image" / "1.png").write_bytes(png())
+    (root / "MAT-Search.json").write_text(json.dumps([
+        {"id": 1, "question": "The currency in the picture is the official currency of "
+         "which country?", "answer": "United States", "image_path": "1.png"}]))
+    assert detect_format(root) == "mat-search"
+    assert detect_format(root / "MAT-Search.json") == "mat-search"
+    code, rows, err = check(root / "MAT-Search.json")
+    assert code == 0, err
+    assert rows[0]["id"] == "1" and rows[0]["answer"] == ["United States"]
+    assert rows[0]["image"] == str((root / "MAT-Search-image" / "1.png").resolve())
+    assert rows[0]["benchmark"] == "mat-search"
+
+
+# ----------------------------------------------------------------------- MME-RealWorld
+
+
+def test_mme_realworld_lite_options_as_a_python_list_literal(tmp_path, pa):
+    opts = "['(A) 1', '(B) 2', '(C) 3', '(D) 4', \"(E) The image doesn't show it\"]"
+    f = write_parquet(tmp_path / "MME-RealWorld-lite" / "data" / "train-00000-of-00001.parquet",
+                      [{"index": 7, "question": "How many cars?", "multi-choice options": opts,
+                        "answer": "E", "category": "Perception/Monitoring",
+                        "l2-category": "counting", "bytes": b64()},
+                       {"index": 8, "question": "Colour?",
+                        "multi-choice options": "['(A) red', '(B) blue']", "answer": "B",
+                        "category": "Reasoning/Remote Sensing", "l2-category": "color",
+                        "bytes": b64((9, 9, 9))}])
+    assert detect_format(f) == "mme-realworld"
+    code, rows, err = check(f.parent.parent)
+    assert code == 0, err
+    assert rows[0]["choices"] == ["1", "2", "3", "4", "The image doesn't show it"]
+    assert rows[0]["answer"] == ["E"] and rows[1]["choices"] == ["red", "blue"]
+    assert rows[0]["question"].endswith("E. The image doesn't show it\nAnswer with the "
+                                        "option's letter.")
+    assert "2 multiple-choice" in err and "split train" in err
+
+
+def test_mme_realworld_options_never_evaluated(tmp_path, pa):
+    f = write_parquet(tmp_path / "mme.parquet", [
+        {"index": 1, "question": "Q?", "multi-choice options": "__import__('os').getcwd()",
+         "answer": "A", "category": "c", "bytes": b64()}])
+    with pytest.raises(BadInput, match=r"mme\.parquet: row 1: multi-choice options: not a list "
+                                       r"literal"):
+        load(f, tmp_path, fmt="mme-realworld")
+
+
+# ----------------------------------------------------------------------- InfoSeek / OVEN
+
+
+def test_infoseek_oven_images_sharded_by_id(tmp_path):
+    oven = tmp_path / "oven_images"
+    (oven / "01").mkdir(parents=True)
+    (oven / "01" / "oven_01963180.JPEG").write_bytes(png())
+    (oven / "05").mkdir()
+    (oven / "05" / "oven_05050169.png").write_bytes(png((0, 0, 9)))
+    f = write_jsonl(tmp_path / "infoseek" / "infoseek_val.jsonl", [
+        {"data_id": "val_1", "image_id": "oven_01963180", "question": "Who built it?",
+         "answer": ["Eiffel"], "answer_eval": ["Eiffel"], "data_split": "val_unseen_entity"},
+        {"data_id": "val_2", "image_id": "oven_05050169", "question": "How tall?",
+         "answer": ["300"], "answer_eval": [{"wikidata": 300.0, "range": [270.0, 330.0]}],
+         "data_split": "val_unseen_question"}])
+    code, rows, err = check(f, "--image-dir", str(oven))
+    assert code == 0, err
+    assert rows[0]["image"] == str(oven / "01" / "oven_01963180.JPEG")
+    assert rows[1]["image"] == str(oven / "05" / "oven_05050169.png")
+    line = one_line_error(*invoke(["eval", str(f), "--check"]))  # no --image-dir: not found
+    assert "infoseek_val.jsonl:1: image:" in line
+
+
+# ----------------------------------------------------------------------- FVQA splits
+
+
+def fvqa_row(i: int, split: str) -> dict:
+    return {"data_source": "fvqa", "prompt": [{"role": "user", "content": f"<image>Q{i}?"}],
+            "images": [{"bytes": png((i, i, i)), "path": None}],
+            "reward_model": {"ground_truth": [f"{split}{i}"], "style": "rule"},
+            "extra_info": {"index": f"{split}-{i}"}}
+
+
+def test_fvqa_folder_reads_the_test_split_unless_told(tmp_path, pa):
+    root = tmp_path / "FVQA"
+    write_parquet(root / "fvqa_train.parquet", [fvqa_row(i, "train") for i in range(3)])
+    write_parquet(root / "fvqa_test.parquet", [fvqa_row(i, "test") for i in range(2)])
+    assert detect_format(root) == "fvqa"
+    code, rows, err = check(root)
+    assert code == 0, err
+    assert [r["id"] for r in rows] == ["test-0", "test-1"]  # never mixed with train
+    assert all(r["split"] == "test" for r in rows) and "split test" in err
+    code, rows, err = check(root, "--split", "train")
+    assert [r["id"] for r in rows] == ["train-0", "train-1", "train-2"]
+    line = one_line_error(*invoke(["eval", str(root), "--check", "--split", "dev"]))
+    assert "no dev split here (splits: test, train)" in line
+
+
+# ----------------------------------------------------------------------- lmms-lab parquet
+
+
+def test_vstar_lmms_lab_parquet(tmp_path, pa):
+    root = tmp_path / "vstar-bench"
+    write_parquet(root / "data" / "test-00000-of-00001.parquet", [
+        {"question_id": 0, "image": {"bytes": png(), "path": "sa_1.jpg"},
+         "text": "What is the color of the cup?\n(A) red\n(B) blue\n(C) green\n(D) white",
+         "label": "C", "category": "direct_attributes"},
+        {"question_id": 1, "image": {"bytes": png((1, 1, 1)), "path": "sa_2.jpg"},
+         "text": "Is the cat left of the dog? (A) yes (B) no", "label": "A",
+         "category": "relative_position"}])
+    assert detect_format(root) == "vstar"
+    ps = {p.id: p for _, p in load(root, tmp_path, fmt="vstar").prompts}  # --format vstar
+    assert ps["0"].choices == ["red", "blue", "green", "white"] and ps["0"].answer == ["C"]
+    assert ps["1"].choices == ["yes", "no"] and ps["1"].category == "relative_position"
+    assert Path(ps["1"].images[0]).read_bytes() == png((1, 1, 1))
+
+
+def test_hrbench_parquet_config_splits(tmp_path, pa):
+    root = tmp_path / "HR-Bench" / "hrbench_version_split"
+    row = {"index": 0, "question": "What is on the sign?", "A": "cat", "B": "dog", "C": "cow",
+           "D": "pig", "answer": "B", "category": "single", "image": b64(),
+           "cycle_category": "cycle1"}
+    write_parquet(root / "hrbench_4k-00000-of-00001.parquet", [row])
+    write_parquet(root / "hrbench_8k-00000-of-00001.parquet", [{**row, "index": 1}])
+    assert detect_format(root / "hrbench_4k-00000-of-00001.parquet") == "hrbench"
+    loaded = load(root.parent, tmp_path, split="hrbench_8k")
+    assert loaded.fmt == "hrbench" and loaded.benchmark == "hrbench-8k"
+    assert [p.id for _, p in loaded.prompts] == ["1"] and loaded.split == "hrbench_8k"
+    with pytest.raises(BadInput, match=r"no test split here \(splits: hrbench_4k, hrbench_8k\)"):
+        load(root.parent, tmp_path)
+
+
+# ----------------------------------------------------------------------- MARS training rows
+
+
+def test_mars_rows_take_their_index_and_choices():
+    row = {"prompt": [{"role": "user", "content": "<image>Which animal?\n(A) cat\n(B) dog"}],
+           "image": ["a.png"], "reward_model": {"ground_truth": "B"}, "index": 41,
+           "extra_info": {"index": 3}}
+    p = parse_prompt(row, "train.jsonl", 1, Path("/tmp"))
+    assert p.id == "41" and p.choices == ["cat", "dog"]
+    open_q = {**row, "reward_model": {"ground_truth": "Paris"}}
+    open_q.pop("index")
+    p = parse_prompt(open_q, "train.jsonl", 1, Path("/tmp"))
+    assert p.id == "3" and p.choices is None  # an open question's gold is not a letter
+
+
+# ----------------------------------------------------------------------- which checkpoint
+
+
+def summary(path: Path, benches: dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(orjson.dumps({"v": 1, "benchmarks": {
+        name: {"accuracy": acc, "scored_items": n, "items": n, "metric": "accuracy"}
+        for name, (acc, n) in benches.items()}}))
+    return path
+
+
+def test_wilson_against_hand_computed_values():
+    # p = 0.5, n = 100: centre 0.5, half-width 1.96*sqrt(0.0025 + 3.8416/40000)/1.038416 = 0.096170
+    lo, hi = wilson(0.5, 100)
+    assert lo == pytest.approx(0.403830, abs=1e-6) and hi == pytest.approx(0.596170, abs=1e-6)
+    lo, hi = wilson(0.0, 10)  # 0 of 10: [0, z²/(n+z²)] = [0, 3.8416/13.8416]
+    assert lo == 0 and hi == pytest.approx(0.277540, abs=1e-6)
+
+
+def test_summarize_run_table_and_best_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    summary(run / "eval" / "ckpt-0.summary.json", {"vstar": (50.0, 100), "mmsearch": (0.0, 10)})
+    summary(run / "eval" / "ckpt-2.summary.json", {"vstar": (80.0, 100), "mmsearch": (10.0, 10)})
+    summary(run / "eval" / "ckpt-10.summary.json", {"vstar": (70.0, 100), "mmsearch": (30.0, 10)})
+    doc = compare([run / "eval" / f"ckpt-{k}.summary.json" for k in (0, 2, 10)])
+    c0 = doc["checkpoints"][0]
+    assert c0["benchmarks"]["vstar"]["ci95"] == pytest.approx((40.3830, 59.6170), abs=1e-3)
+    # mean of 50 and 0; half-width 1.96*sqrt(s1² + s2²)/2 with s = Wilson half-width / 1.96
+    s1, s2 = (59.6170 - 40.3830) / 2 / 1.96, 27.7540 / 2 / 1.96
+    half = 1.96 * (s1 ** 2 + s2 ** 2) ** 0.5 / 2
+    assert c0["mean"]["accuracy"] == 25.0
+    assert c0["mean"]["ci95"] == pytest.approx((25 - half, 25 + half), abs=1e-3)
+    # means 25, 45, 50: ckpt-10, whose interval overlaps the runner-up ckpt-2's
+    assert doc["best"] == "ckpt-10" and doc["by"] == "mean" and doc["runner_up"] == "ckpt-2"
+    assert doc["separated"] is False
+    assert compare(sorted((run / "eval").glob("*.json")), by="mmsearch")["best"] == "ckpt-10"
+    code, out, err = invoke(["eval", "summarize", str(run), "--by", "vstar", "--json"])
+    assert code == 0, err
+    got = json.loads(out)
+    assert [c["checkpoint"] for c in got["checkpoints"]] == ["ckpt-0", "ckpt-2", "ckpt-10"]
+    assert got["best"] == "ckpt-2" and "best: ckpt-2 by vstar: 80.00" in err
+    assert "ckpt-2 *" in err and "not separated at 95%" in err
+    code, out, err = invoke(["eval", "summarize", str(run), "--by", "nope"])
+    assert code == 2 and "--by 'nope': no such benchmark" in err
