@@ -10,6 +10,7 @@ import hashlib
 import io
 import os
 import random
+import shutil
 import signal
 import struct
 import subprocess
@@ -534,3 +535,17 @@ def judge_options(timeout: float = 60.0, retries: int = 2, concurrency: int = 8,
 
     return JudgeOptions(timeout_s=timeout, attempts=retries + 1, concurrency=concurrency,
                         cache_path=cache, backoff_s=backoff)
+
+
+def idle_nodes() -> list[str]:
+    """Names of the Slurm nodes that can take a job now ([] when there is no cluster)."""
+    if shutil.which("sinfo") is None:
+        return []
+    try:
+        r = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True,
+                           timeout=8, check=False)  # a dead controller: 10 s+
+    except subprocess.TimeoutExpired:
+        return []
+    up = ("idle", "mixed", "allocated", "completing")
+    return sorted({n for n, s in (line.split()[:2] for line in r.stdout.splitlines()
+                                  if len(line.split()) >= 2) if s.rstrip("*~#") in up})

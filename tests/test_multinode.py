@@ -8,7 +8,6 @@ this machine; CI starts it before `make test`); skips when none is up."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from helpers import ROOT, read_jsonl, varied_rows, weights, write_jsonl
+from helpers import ROOT, idle_nodes, read_jsonl, varied_rows, weights, write_jsonl
 
 pytestmark = [pytest.mark.slurm, pytest.mark.distributed]
 
@@ -27,20 +26,6 @@ pytestmark = [pytest.mark.slurm, pytest.mark.distributed]
 RUN = {"lr": 1.0, "adam_eps": 100.0, "grad_clip": 0.0, "kl": 0.05, "micro_batch_tokens": 215,
        "seed": 3}
 OPTS = [x for k, v in RUN.items() for x in (f"--{k.replace('_', '-')}", str(v))]
-
-
-def idle_nodes() -> list[str]:
-    """Names of the Slurm nodes that can take a job now ([] when there is no cluster)."""
-    if shutil.which("sinfo") is None:
-        return []
-    try:
-        r = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True,
-                           timeout=8, check=False)  # a dead controller: 10 s+
-    except subprocess.TimeoutExpired:
-        return []
-    up = ("idle", "mixed", "allocated", "completing")
-    return sorted({n for n, s in (line.split()[:2] for line in r.stdout.splitlines()
-                                  if len(line.split()) >= 2) if s.rstrip("*~#") in up})
 
 
 @pytest.fixture(scope="module")
