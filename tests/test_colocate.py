@@ -23,9 +23,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from test_multinode import idle_nodes
-
-from helpers import ROOT
+from helpers import ROOT, idle_nodes
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 pytestmark = [pytest.mark.vllm, pytest.mark.slow,

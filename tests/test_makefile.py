@@ -249,17 +249,58 @@ def test_follow_runs_the_reward_beside_the_rollout_and_serve_reloads_in_place(tm
     served = dry_run("rl", "RECIPE=recipes/tiny.mk", f"RUN={tmp_path}/run", "SERVE=1",
                      "ITERS=3", "SERVE_MARSCLI=/bin/true")
     (start,) = [x for x in served if "scripts/rl-served.sh" in x]
-    assert re.search(r"scripts/rl-served.sh \S+/run 3 8471 0\s*$", start), start
-    assert not (tmp_path / "run" / "serve.url").exists()  # printed, not run
-    iteration = dry_run("rl-iter", "RECIPE=recipes/tiny.mk", f"RUN={tmp_path}/run", "SERVE=1")
-    assert any("--engine server:$(cat " in x and "/run/serve.url)" in x for x in iteration)
-    assert not any("serve-ctl" in x for x in iteration)  # SERVE_SLEEP=0: awake throughout
-    # SERVE_SLEEP=2: the server sleeps right before each update (the next rollout wakes it)
-    slept = dry_run("rl-iter", "RECIPE=recipes/tiny.mk", f"RUN={tmp_path}/run", "SERVE=1",
-                    "SERVE_SLEEP=2")
-    (ctl,) = [i for i, x in enumerate(slept) if "serve-ctl" in x]
-    assert re.search(r"serve-ctl \$\(cat \S+/run/serve.url\) sleep --level 2 .*\|\| true$",
-                     slept[ctl]) and "stages/update.sh" in slept[ctl + 1], slept[ctl:ctl + 2]
+    assert re.search(r"scripts/rl-served.sh \S+/run 8471 0 1 rl --\s*$", start), start
+    assert not (tmp_path / "run" / "serve").exists()  # printed, not run
+
+
+def test_servers_per_gpu_group_colocated_and_in_one_allocation(tmp_path):
+    """SERVE=1: the stage scripts take their server from SERVE_URLS (shard i, server i mod
+    SERVERS), and without Slurm SERVERS shards run at once, each skipped once its sidecar
+    exists, then merged. SERVE_SLEEP / COLOCATE: every server sleeps right before each update.
+    SLURM=steps: every stage an srun step (one task on one node unless it asks for nodes),
+    the colocated update --overlap; rl-job: one sbatch of the loop."""
+    run = f"{tmp_path}/run"
+    urls = {"SERVE_URLS": "http://a:1 http://b:2"}
+    iteration = dry_run("rl-iter", "RECIPE=recipes/tiny.mk", f"RUN={run}", "SERVE=1",
+                        "SERVERS=2", env=urls)
+    (shards,) = [x for x in iteration if "stages/rollout.sh" in x and "iter-0" in x]
+    assert re.search(r"for i in \$\(seq 0 \$\(\( 2 - 1 \)\)\); do \[ -f \S+/iter-0/"
+                     r"rollouts.jsonl.shard-\$i.meta.json \] \|\| \{ MARSCLI_SHARD=\$i/2 +"
+                     r"stages/rollout.sh .* & pids\+=", shards), shards
+    assert re.search(r"marscli merge \S+/rollouts.jsonl \S+.shard-0 \S+.shard-1$", shards)
+    assert "--follow" not in shards and not any("serve-ctl" in x for x in iteration)
+    colocated = dry_run("rl-iter", "RECIPE=recipes/tiny.mk", f"RUN={run}", "COLOCATE=1",
+                        "SERVERS=2", env=urls)
+    (ctl,) = [i for i, x in enumerate(colocated) if "serve-ctl" in x]
+    assert re.search(r"for url in \$SERVE_URLS; do \S+ serve-ctl \$url sleep --level 2 "
+                     r"--retries 2 & done; wait$", colocated[ctl])
+    assert "stages/update.sh" in colocated[ctl + 1]
+    steps = dry_run("rl-iter", "RECIPE=recipes/tiny.mk", f"RUN={run}", "SLURM=steps",
+                    "COLOCATE=1", "SERVERS=2", "NNODES=2", "FOLLOW=0",
+                    env={**urls, "SLURM_JOB_ID": "7"})
+    (rollout,) = [x.split(" & ")[0] for x in stage_lines(steps, "rollout") if "iter-0" in x]
+    assert re.search(r"MARSCLI_SHARD=\$i/2 srun --exact --kill-on-bad-exit=1 -J marscli-rollout "
+                     r"--nodes=1 --ntasks=1 --cpus-per-task=1 +stages/rollout.sh", rollout)
+    update = only(steps, "update")
+    assert re.search(r"^NPROC=1 NNODES=2 srun --exact --kill-on-bad-exit=1 -J marscli-update +"
+                     r"--nodes=2 --ntasks-per-node=1 --cpus-per-task=1 +--overlap "
+                     r"stages/update.sh", update), update
+    assert "--nodes=1 --ntasks=1 --cpus-per-task=1" in only(steps, "reward")
+    # outside an allocation SLURM=steps refuses; COLOCATE with SLURM=1 refuses
+    for bad, why in ((["SLURM=steps"], "SLURM=steps runs inside one allocation"),
+                     (["SLURM=1", "COLOCATE=1"], "not SLURM=1")):
+        r = subprocess.run(["make", "-n", "rl-iter", "RECIPE=recipes/tiny.mk", f"RUN={run}",
+                            *bad], cwd=ROOT, text=True, capture_output=True, check=False,
+                           env={k: v for k, v in os.environ.items() if k != "SLURM_JOB_ID"})
+        assert r.returncode != 0 and why in r.stderr, (bad, r.stderr)
+    (job,) = dry_run("rl-job", "RECIPE=recipes/mars-8b.mk", f"RUN={run}", "NNODES=2")[-1:]
+    assert re.search(r"^sbatch +-o \S+/logs/rl-job-%j.out +--nodes=2 --exclusive --gres=gpu:8 "
+                     r"stages/rl-job.sh rl-eval$", job), job
+    gpu = dry_run("rl", "RECIPE=recipes/mars-8b.mk", f"RUN={run}", "SERVE=1", "TP=2",
+                  "SLURM=steps", "SERVE_MARSCLI=/bin/true", env={"SLURM_JOB_ID": "7"})
+    (start,) = [x for x in gpu if "scripts/rl-served.sh" in x]
+    assert 'SRUN_SERVE="--nodes=1 --ntasks-per-node=$(( 8 / 2 )) --gres=gpu:8' in start, start
+    assert re.search(r"rl-served.sh \S+ 8471 steps 4 rl --", start), start
 
 
 def test_tiny_vlm_chains_its_perception_phases_then_the_agents_format(tmp_path):
