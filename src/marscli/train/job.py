@@ -122,7 +122,8 @@ class Job:
         self.dist = Dist()
         self.folder: Path | None = None  # OUT.tmp-PID while output() is open
         self.pid = os.getpid()  # rank 0's pid once output() is open
-        self.io = {"load_seconds": 0.0, "save_seconds": 0.0, "bytes_written": 0}
+        self.io = {"load_seconds": 0.0, "master_load_seconds": 0.0, "save_seconds": 0.0,
+                   "master_save_seconds": 0.0, "bytes_written": 0}
 
     def __enter__(self) -> Self:
         self.dist = init_distributed(deepspeed=self.ds_cfg is not None, device=self.opts.device)
@@ -179,6 +180,7 @@ class Job:
         t0 = time.perf_counter()
         model = build_model(policy, self.dist, ds_config=self.ds_cfg, **kw)
         self.io["load_seconds"] += time.perf_counter() - t0
+        self.io["master_load_seconds"] += model.master_load_seconds
         return model
 
     def load_optimizer(self, model: Any, ckpt: str) -> bool:
@@ -203,13 +205,13 @@ class Job:
 
         io = save_all(model, self.folder, policy, processor, self.export_dtype(policy),
                       optimizer=optimizer, steps=steps, ds_cfg=self.ds_cfg)
-        self.io["save_seconds"] += io["save_seconds"]
-        self.io["bytes_written"] += io["bytes_written"]
+        for k in ("save_seconds", "master_save_seconds", "bytes_written"):
+            self.io[k] += io[k]
 
     def io_stats(self) -> dict:
-        return {"load_seconds": round(self.io["load_seconds"], 3),
-                "save_seconds": round(self.io["save_seconds"], 3),
-                "bytes_written": self.io["bytes_written"]}
+        """Seconds loading and saving checkpoints, and of them the fp32 masters' part
+        (train_state/master.safetensors read and copied in, gathered and written out)."""
+        return {k: v if k == "bytes_written" else round(v, 3) for k, v in self.io.items()}
 
     def sidecar(self, config: dict, stats: dict) -> None:
         if self.dist.main:
@@ -249,8 +251,9 @@ class Job:
                       min={k: min((m[k] for m in ms), default=math.inf) for k in mins},
                       max={k: max((m[k] for m in ms), default=-math.inf) for k in maxs})
         metrics, tokens, extra = self._reduce(mine, tokens, extra)
-        secs = all_reduce([tm.s], d, "max")[0]
-        return StepStats(mb, metrics, extra, grad_norm, tokens, secs)
+        secs, *peak = all_reduce([tm.s, *gpu_peak(d.device)], d, "max")
+        return StepStats(mb, metrics, extra, grad_norm, tokens, secs,
+                         *(int(x) if x >= 0 else None for x in peak))
 
     def _reduce(self, mine: Reduce, tokens: int, extra: Reduce) -> tuple[dict, float, Reduce]:
         """The closure's metrics, the tokens computed and the stage's `extra`, over ranks, in
@@ -315,13 +318,30 @@ class StepStats:
     grad_norm: float
     tokens: float  # real tokens computed, all ranks
     seconds: float  # the slowest rank's
+    gpu_peak_allocated: int | None = None  # bytes, the most any rank's process held so far
+    gpu_peak_reserved: int | None = None  # the same, with the caching allocator's reserve
 
     def counts(self) -> dict:
         """The fields every step's metrics row ends with, in this order."""
         secs = self.seconds
         return {"sequences": self.mb.n_seqs, "model_tokens": self.mb.n_tokens,
                 "tokens": int(self.tokens), "micro_batches": len(self.mb.micros),
-                "seconds": round(secs, 4), "tokens_per_s": self.tokens / secs if secs > 0 else 0.0}
+                "seconds": round(secs, 4), "tokens_per_s": self.tokens / secs if secs > 0 else 0.0,
+                "gpu_peak_allocated": self.gpu_peak_allocated,
+                "gpu_peak_reserved": self.gpu_peak_reserved}
+
+
+def gpu_peak(device: str) -> tuple[int, int]:
+    """(allocated, reserved): the most this process's CUDA caching allocator has held on
+    `device` since it started (torch.cuda.max_memory_allocated / max_memory_reserved), in
+    bytes; -1 for both off CUDA. Since start, not per step: the π_old and reference forwards
+    before the first step count, as `marscli plan`'s peak takes the largest phase. The CUDA
+    context and NCCL's buffers are outside the allocator and not in either."""
+    if not device.startswith("cuda"):
+        return -1, -1
+    import torch
+
+    return torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
 
 
 class MetricsWriter:

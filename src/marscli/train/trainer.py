@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 from pathlib import Path
@@ -109,6 +110,7 @@ class TrainModel:
         self.autocast = autocast
         self.bf16 = bf16  # DeepSpeed's bf16: 16-bit module, fp32 masters in the optimiser
         self.fp32_sources = fp32_sources or []  # the files the fp32 masters were loaded from
+        self.master_load_seconds = 0.0  # reading train_state/master.safetensors in (build_model)
 
     @property
     def lm(self) -> nn.Module:
@@ -245,7 +247,8 @@ def build_model(policy: str, d: Dist, *, optim: OptimConfig | None = None,
     present, else its HF weights). Plain torch keeps them as fp32 weights (autocast to bf16 on
     GPU). DeepSpeed with bf16 loads the 16-bit module copy and, after `deepspeed.initialize`,
     seeds the optimiser's fp32 partitions from the fp32 masters, so no step of an earlier run
-    is rounded away."""
+    is rounded away. The result's `master_load_seconds` is the time the masters file took to
+    read in (0 without one)."""
     from marscli.qwen.policy import load_model
     from marscli.train.trainstate import fp32_sources, master_file, tensor_reader
 
@@ -255,12 +258,14 @@ def build_model(policy: str, d: Dist, *, optim: OptimConfig | None = None,
     master = master_file(policy) if Path(policy).is_dir() else None
     if master:
         check_masters(lm, master)
+    t0 = time.perf_counter()
     if master and not bf16:
         with tensor_reader([master]) as get, torch.no_grad():  # the masters, not the export
             for name, p in lm.named_parameters():
                 v = get(name)
                 if v is not None:
                     p.copy_(v)
+    master_seconds = time.perf_counter() - t0
     stage = zero_stage(ds_config)
     module = PolicyLM(lm, touch_visual=ds_config is not None and d.world > 1)
     if freeze_vision:
@@ -277,9 +282,12 @@ def build_model(policy: str, d: Dist, *, optim: OptimConfig | None = None,
             cfg = {k: v for k, v in ds_config.items() if k != "gradient_clipping"}
             engine, *_ = deepspeed.initialize(model=module, config=cfg)
             engine.eval()
-            return TrainModel(module, d, engine=engine, zero_stage=3)
-        module.to(d.device).eval()
-        return TrainModel(module, d, autocast=amp)
+            model = TrainModel(module, d, engine=engine, zero_stage=3)
+        else:
+            module.to(d.device).eval()
+            model = TrainModel(module, d, autocast=amp)
+        model.master_load_seconds = master_seconds
+        return model
     params = [p for p in module.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=optim.lr, betas=optim.betas, eps=optim.eps,
                             weight_decay=optim.weight_decay)
@@ -288,11 +296,16 @@ def build_model(policy: str, d: Dist, *, optim: OptimConfig | None = None,
 
         engine, *_ = deepspeed.initialize(model=module, optimizer=opt, config=ds_config)
         if bf16:
+            t0 = time.perf_counter()
             _seed_fp32_masters(module, sources, stage)
-        return TrainModel(module, d, engine=engine, optimizer=opt, grad_clip=optim.grad_clip,
-                          zero_stage=stage, bf16=bf16, fp32_sources=sources)
-    module.to(d.device)
-    return TrainModel(module, d, optimizer=opt, grad_clip=optim.grad_clip, autocast=amp)
+            master_seconds += (time.perf_counter() - t0) if master else 0.0
+        model = TrainModel(module, d, engine=engine, optimizer=opt, grad_clip=optim.grad_clip,
+                           zero_stage=stage, bf16=bf16, fp32_sources=sources)
+    else:
+        module.to(d.device)
+        model = TrainModel(module, d, optimizer=opt, grad_clip=optim.grad_clip, autocast=amp)
+    model.master_load_seconds = master_seconds
+    return model
 
 
 def check_masters(lm: nn.Module, master: Path) -> None:

@@ -115,7 +115,9 @@ def check_resumable(ckpt: str, ds_cfg: dict | None, world: int) -> None:
 def save_all(model: Any, folder: Path, policy: str, processor: Any, dtype: str, *,
              optimizer: bool, steps: int, ds_cfg: dict | None) -> dict:
     """Write the HF export (rank 0) and train_state/ (collective: every rank must call it).
-    Returns {"save_seconds", "bytes_written"} (bytes on rank 0: the whole folder)."""
+    Returns {"save_seconds", "master_save_seconds", "bytes_written"} (bytes on rank 0: the
+    whole folder; master_save_seconds: gathering the fp32 masters and writing
+    train_state/master.safetensors, a part of save_seconds)."""
     from marscli.train.checkpoint import save_errors
 
     with save_errors(folder):  # a full disk: one line, whichever writer meets it
@@ -131,6 +133,7 @@ def _save_all(model: Any, folder: Path, policy: str, processor: Any, dtype: str,
     d = model.dist
     t0 = time.perf_counter()
     masters = model.master_state_dict()  # collective under DeepSpeed; None off rank 0
+    master_seconds = time.perf_counter() - t0
     state = folder / STATE_DIR
     if d.main:
         save_checkpoint(model.lm, masters, folder, policy, dtype, processor)
@@ -138,7 +141,9 @@ def _save_all(model: Any, folder: Path, policy: str, processor: Any, dtype: str,
         if dtype != "float32":
             from safetensors.torch import save_file
 
+            t1 = time.perf_counter()
             save_file(masters, str(state / MASTER_FILE), metadata={"format": "pt"})
+            master_seconds += time.perf_counter() - t1
     del masters
     barrier(d)  # the folder exists before other ranks write into it
     if optimizer:
@@ -152,7 +157,8 @@ def _save_all(model: Any, folder: Path, policy: str, processor: Any, dtype: str,
     barrier(d)  # every rank's shard is written
     seconds = time.perf_counter() - t0
     n = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if d.main else 0
-    return {"save_seconds": round(seconds, 3), "bytes_written": n}
+    return {"save_seconds": round(seconds, 3), "master_save_seconds": round(master_seconds, 3),
+            "bytes_written": n}
 
 
 def save_optimizer(model: Any, state: Path) -> None:
