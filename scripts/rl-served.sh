@@ -10,13 +10,17 @@
 # A script rather than a recipe line, so that `make -n rl SERVE=1` prints it instead of
 # starting servers (make runs any recipe line that calls $(MAKE), even under -n).
 # usage: scripts/rl-served.sh RUN PORT SLURM SERVERS TARGET... [-- marscli serve options...]
-#   environment: PY (the venv's python), SBATCH_OPTS, SBATCH_SERVE, SRUN_SERVE; make's MAKEFLAGS
-#   carries the command line's variables to the inner make.
+#   environment: PY (the venv's python), SBATCH_OPTS, SBATCH_SERVE, SRUN_SERVE, SERVE_ALLOW (the
+#   folders the servers may read); make's MAKEFLAGS carries the command line's variables to the
+#   inner make.
 set -euo pipefail
 run=$1 port=$2 slurm=$3 servers=$4; shift 4
 targets=()
 while [ $# -gt 0 ] && [ "$1" != -- ]; do targets+=("$1"); shift; done
 [ $# -eq 0 ] || shift  # the rest: marscli serve's options
+for dir in ${SERVE_ALLOW:-}; do  # the folders whose images the servers may open, as they exist
+  [ ! -d "$dir" ] || set -- "$@" --allow-dir "$dir"
+done
 url_dir=$run/serve
 mkdir -p "$run/logs"
 rm -rf "$url_dir"

@@ -127,7 +127,8 @@ def test_a_dead_server_fails_its_shard_alone_and_the_rerun_resumes(start, tmp_pa
     run = new_run(start, tmp_path / "run")
     port = free_ports(2)
     server = subprocess.Popen([sys.executable, "-m", "marscli", "serve", str(run / "ckpt-0"),
-                               "--port", str(port)], env={**ENV, "HF_HUB_OFFLINE": "1"},
+                               "--port", str(port), "--allow-dir", str(start["run"]),
+                               "--allow-dir", str(run)], env={**ENV, "HF_HUB_OFFLINE": "1"},
                               stderr=subprocess.DEVNULL)
     try:
         wait = [sys.executable, str(ROOT / "scripts" / "serve-wait.py"), str(tmp_path / "urls"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ from marscli.agent.runner import GenerationOptions
 from marscli.engines import GenRequest, SamplingParams, make_engine
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.stages.serve import PolicyServer, make_handler
+from marscli.stages.serve_guard import Folders
 
 from fakes import FakeServer, always, sequence
 from helpers import invoke
@@ -238,7 +240,8 @@ def serving(policy, sleep_mode: bool) -> Iterator[tuple[str, list[str], PolicySe
     """A PolicyServer on a fake engine behind the real HTTP handler: (URL, call log, server)."""
     log: list[str] = []
     server = PolicyServer(None if policy is None else str(policy),
-                          start=lambda path: FakeEngine(path, log, sleep_mode))
+                          start=lambda path: FakeEngine(path, log, sleep_mode),
+                          folders=Folders([tempfile.gettempdir()], None))
     http = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(server))
     http.daemon_threads = True
     threading.Thread(target=http.serve_forever, args=(0.05,), daemon=True).start()

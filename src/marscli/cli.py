@@ -297,6 +297,15 @@ def serve(
         help="vLLM's sleep mode where it has one (CUDA, ROCm): POST /sleep releases the GPU "
              "memory in place. Without it, and on vLLM-CPU, /sleep frees the engine and the "
              "wake builds a new one.")] = True,
+    allow_dir: Annotated[list[str] | None, typer.Option(
+        metavar="DIR", help="A folder whose images and checkpoints requests may name "
+                            "(repeat it; default: the working folder and POLICY's parent).")
+    ] = None,
+    max_request_pixels: Annotated[int, typer.Option(
+        help="Pixels of one request's images at most (413 beyond).")] = 100_000_000,
+    max_inflight_pixels: Annotated[int, typer.Option(
+        help="Pixels being decoded at once, all requests (503 + Retry-After beyond).")
+    ] = 200_000_000,
 ) -> None:
     """Keep a vLLM engine up and serve generation over HTTP, reloading weights in place
     (`POST /reload`) and sleeping between rollouts (`POST /sleep`, `/wake`); rollout and eval
@@ -307,7 +316,9 @@ def serve(
         run_server(policy, host=host, port=port, device=device,
                    tensor_parallel=tensor_parallel or 1, max_batch=max_batch,
                    max_model_len=max_model_len, kv_cache_gib=kv_cache_gib,
-                   sleep_mode=sleep_mode)
+                   sleep_mode=sleep_mode, allow_dir=allow_dir,
+                   max_request_pixels=max_request_pixels,
+                   max_inflight_pixels=max_inflight_pixels)
 
 
 @app.command("serve-ctl")

@@ -70,7 +70,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -79,17 +79,22 @@ import orjson
 from marscli.engines import Generation, GenRequest, SamplingParams
 from marscli.engines.server import ASLEEP
 from marscli.errors import BadInput, MarsError, check_range
+from marscli.stages.serve_guard import (
+    IDLE_S,
+    MAX_INFLIGHT_PIXELS,
+    MAX_REQUEST_PIXELS,
+    NOT_ALLOWED,
+    Folders,
+    HttpFailure,
+    PixelBudget,
+    PooledHTTPServer,
+    header_pixels,
+)
 
 MAX_BATCH = 65536  # --max-batch: sequences vLLM batches at once
 MAX_BODY = 64 << 20  # bytes of one request: a prompt of 100k ids and a few images inline
 POLL_S = 0.2  # how often a waiting handler checks that its client is still there
 RETRY_AFTER_S = 5  # an asleep server's Retry-After: a wake takes seconds (GPU) to ~25 s (CPU)
-
-
-class HttpFailure(Exception):
-    def __init__(self, code: int, reason: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(reason)
-        self.code, self.headers = code, headers or {}
 
 
 @dataclass
@@ -117,8 +122,11 @@ class PolicyServer:
     never starts with a request slipping in behind its in-flight check."""
 
     def __init__(self, policy: str | None, start: Callable[[str], Any] | None = None,
+                 folders: Folders | None = None, budget: PixelBudget | None = None,
                  **engine_opts: Any) -> None:
         self.start = start or functools.partial(start_engine, **engine_opts)
+        self.folders = folders or Folders([], policy)
+        self.budget = budget or PixelBudget()
         self.engine: Any = None
         self.policy: str | None = None
         self.names: dict[str, list[int]] | None = None  # tensor shapes every policy must have
@@ -179,7 +187,6 @@ class PolicyServer:
                 "policy": self.policy}
 
     def parse(self, engine: Any, body: Any) -> tuple[GenRequest, SamplingParams]:
-        from marscli.qwen.images import MAX_SOURCE_PIXELS, open_image
         from marscli.qwen.tokens import model_image
 
         if not isinstance(body, dict):
@@ -193,21 +200,12 @@ class PolicyServer:
         images = body.get("images") or []
         if not isinstance(images, list) or sum(t < 0 for t in tokens) != len(images):
             raise HttpFailure(400, "images: one per negative (placeholder run) id in tokens")
-        pictures = []
-        for i, spec in enumerate(images):
-            try:
-                if isinstance(spec, dict) and isinstance(spec.get("path"), str):
-                    im = open_image(spec["path"], max_pixels=MAX_SOURCE_PIXELS)
-                elif isinstance(spec, dict) and isinstance(spec.get("b64"), str):
-                    with tempfile.NamedTemporaryFile(suffix=".img") as f:  # decoded whole
-                        f.write(base64.b64decode(spec["b64"], validate=True))
-                        f.flush()
-                        im = open_image(f.name, max_pixels=MAX_SOURCE_PIXELS)
-                else:
-                    raise BadInput('expected {"path": FILE} or {"b64": DATA}')
-            except (BadInput, ValueError, binascii.Error) as e:
-                raise HttpFailure(400, f"images[{i}]: {e}") from None
-            pictures.append(_Image(model_image(engine.processor, im)))
+        with tempfile.TemporaryDirectory(prefix="marscli-serve-") as tmp:
+            files = [self._image_file(spec, i, Path(tmp)) for i, spec in enumerate(images)]
+            pixels = sum(header_pixels(f, i) for i, f in enumerate(files))
+            with self.budget.hold(pixels):  # decoded and brought to the model's size in it
+                pictures = [_Image(model_image(engine.processor, self._decode(f, i)))
+                            for i, f in enumerate(files)]
         try:
             params = SamplingParams(
                 temperature=float(body.get("temperature", 1.0)),
@@ -221,6 +219,30 @@ class PolicyServer:
         if params.max_new_tokens < 1 or params.temperature < 0 or not 0 < params.top_p <= 1:
             raise HttpFailure(400, "max_new_tokens >= 1, temperature >= 0, 0 < top_p <= 1")
         return GenRequest(tokens, pictures, params.max_new_tokens, key=key, turn=turn), params
+
+    def _image_file(self, spec: Any, i: int, tmp: Path) -> Path:
+        """The file of `images[i]`: an allowed path, or base64 bytes written under `tmp`."""
+        if isinstance(spec, dict) and isinstance(spec.get("path"), str):
+            return self.folders.image(spec["path"], i)
+        if isinstance(spec, dict) and isinstance(spec.get("b64"), str):
+            try:
+                data = base64.b64decode(spec["b64"], validate=True)
+            except (ValueError, binascii.Error):
+                raise HttpFailure(400, f"images[{i}]: b64: not base64") from None
+            f = tmp / f"{i}.img"
+            f.write_bytes(data)
+            return f
+        raise HttpFailure(400, f'images[{i}]: expected {{"path": FILE}} or {{"b64": DATA}}')
+
+    @staticmethod
+    def _decode(f: Path, i: int) -> Any:
+        from marscli.qwen.images import MAX_SOURCE_PIXELS, open_image
+
+        try:
+            return open_image(f, max_pixels=MAX_SOURCE_PIXELS)
+        except BadInput as e:
+            print(f"serve: refused images[{i}]: {e}", file=sys.stderr)
+            raise HttpFailure(400, f"images[{i}]: {NOT_ALLOWED}") from None
 
     # ------------------------------------------------------------------ reload, sleep, wake
 
@@ -288,7 +310,8 @@ class PolicyServer:
 
     def _check(self, path: str) -> None:
         """HttpFailure 400 unless `path` is a checkpoint this server can hold (before any
-        weight moves: a refused one leaves everything as it was)."""
+        weight moves: a refused one leaves everything as it was), under --allow-dir."""
+        self.folders.checkpoint(path)
         try:
             check_compatible(path, self.names)
         except BadInput as e:
@@ -470,6 +493,7 @@ def _repack_lm_head(worker: Any) -> None:
 def make_handler(server: PolicyServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        timeout = IDLE_S  # an idle connection is closed, and its thread freed
 
         def log_message(self, fmt: str, *args: Any) -> None:  # no line per request
             pass
@@ -561,7 +585,8 @@ def _field(body: Any, key: str, default: Any = None) -> Any:
 
 
 def serve(policy: str | None, host: str = "127.0.0.1", port: int = 8471,
-          **engine_opts: Any) -> None:
+          allow_dir: list[str] | None = None, max_request_pixels: int = MAX_REQUEST_PIXELS,
+          max_inflight_pixels: int = MAX_INFLIGHT_PIXELS, **engine_opts: Any) -> None:
     """Load the policy into vLLM and serve until interrupted; without one, start asleep with
     no engine until a wake or reload names one. The options and the checkpoint are checked,
     then the port is bound, so a port in use fails before a minute of model loading (clients
@@ -571,19 +596,26 @@ def serve(policy: str | None, host: str = "127.0.0.1", port: int = 8471,
 
     check_range("--port", port, 0, 65535)
     check_range("--max-batch", engine_opts.get("max_batch"), 1, MAX_BATCH)
+    check_range("--max-request-pixels", max_request_pixels, 1, 1 << 40)
+    check_range("--max-inflight-pixels", max_inflight_pixels, max_request_pixels, 1 << 40)
+    for d in allow_dir or []:
+        if not Path(d).is_dir():
+            raise BadInput(f"--allow-dir: {d}: not a folder")
     if policy is not None:
         check_checkpoint(policy)
     try:
-        http = ThreadingHTTPServer((host, port), BaseHTTPRequestHandler)
+        http = PooledHTTPServer((host, port), BaseHTTPRequestHandler)
     except OSError as e:
         raise RuntimeFailure(f"--port {port}: cannot listen on {host} ({e.strerror or e})") \
             from None
-    http.daemon_threads = True
-    server = PolicyServer(policy, **engine_opts)
+    folders = Folders(allow_dir or [], policy)
+    server = PolicyServer(policy, folders=folders,
+                          budget=PixelBudget(max_request_pixels, max_inflight_pixels),
+                          **engine_opts)
     http.RequestHandlerClass = make_handler(server)
     held = server.policy or "no policy (asleep until POST /wake {\"policy\": CKPT})"
-    print(f"serve: {held} on http://{host}:{http.server_address[1]}", file=sys.stderr,
-          flush=True)
+    print(f"serve: {held} on http://{host}:{http.server_address[1]}; images and checkpoints "
+          f"under {', '.join(map(str, folders.dirs))}", file=sys.stderr, flush=True)
     try:
         http.serve_forever(poll_interval=0.5)
     except KeyboardInterrupt:
