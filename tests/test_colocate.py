@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -160,8 +161,11 @@ def test_a_dead_server_fails_its_shard_alone_and_the_rerun_resumes(start, tmp_pa
 @pytest.mark.slurm
 @pytest.mark.distributed
 def test_slurm_steps_runs_the_colocated_loop_in_one_allocation(start, tmp_path):
-    if len(idle_nodes()) < 2:
-        pytest.skip("needs a Slurm cluster of 2 nodes: scripts/slurm-local.sh start --nodes 2")
+    gres = subprocess.run(["sinfo", "-h", "-o", "%G"], capture_output=True, text=True,
+                          check=False).stdout if shutil.which("sinfo") else ""
+    if len(idle_nodes()) < 2 or "gpu:2" not in gres:
+        pytest.skip("needs a Slurm cluster of 2 nodes with 2 GPUs each (stand-ins): "
+                    "scripts/slurm-local.sh start --nodes 2 --gpus 2")
     # an sbatch that counts its calls: the loop must need exactly one
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -169,8 +173,13 @@ def test_slurm_steps_runs_the_colocated_loop_in_one_allocation(start, tmp_path):
                                     f'exec {shutil.which("sbatch")} "$@"\n')
     (bin_dir / "sbatch").chmod(0o755)
     run = new_run(start, tmp_path / "run")
+    # a GPU recipe's shape on stand-in GPUs: the allocation 2 nodes of 2 GPUs, the servers one
+    # step of a task per GPU on the first node, the update 2 ranks over both nodes' GPUs
+    shape = ["NNODES=2", "SBATCH_JOB=--nodes=2 --exclusive --gres=gpu:2",
+             "SRUN_SERVE=--nodes=1 --ntasks-per-node=2 --gres=gpu:2 --cpus-per-task=1",
+             "SBATCH_UPDATE=--nodes=2 --ntasks-per-node=1 --gres=gpu:2 --cpus-per-task=1"]
     r = make("rl-job", f"RUN={run}", "RL_JOB=rl", "RL_JOB_WAIT=1", "ITERS=1", "COLOCATE=1",
-             "SERVERS=2", "SHARDS=2", "NNODES=2", f"SERVE_PORT={free_ports(2)}", *SMALL,
+             "SERVERS=2", "SHARDS=2", f"SERVE_PORT={free_ports(2)}", *shape, *SMALL,
              *start["vars"], env={"PATH": f"{bin_dir}:{ENV['PATH']}"}, check=False)
     logs = run / "logs"
     job_logs = sorted(logs.glob("rl-job-*.out"))
@@ -179,11 +188,13 @@ def test_slurm_steps_runs_the_colocated_loop_in_one_allocation(start, tmp_path):
     (job_log,) = job_logs
     job = job_log.stem.removeprefix("rl-job-")
     log = job_log.read_text()
-    # the servers: one step of the job, a task (and a log) per server
-    assert sorted(p.name for p in logs.glob("serve-*.out")) == \
-        [f"serve-{job}.{p.name.split('.')[1].split('-')[0]}-{t}.out"
-         for t, p in enumerate(sorted(logs.glob("serve-*.out")))]
-    assert len(list(logs.glob(f"serve-{job}.*-*.out"))) == 2
+    # the servers: one step of the job (logs/serve-JOB.STEP-TASK.out), a task per server
+    assert {p.name.split("-")[1].split(".")[0] for p in logs.glob("serve-*.out")} == {job}
+    served = sorted(logs.glob(f"serve-{job}.*-*.out"))
+    assert len(served) == 2
+    # each server on its own GPU of the node (its slice of the step's CUDA_VISIBLE_DEVICES)
+    assert [re.search(r"server (\d) on \S+, GPUs (\S+)", p.read_text()).groups()
+            for p in served] == [("0", "0"), ("1", "1")]
     assert log.count('"asleep":true,"level":2') == 2  # both slept before the update
     meta = orjson.loads((run / "ckpt-1" / "marscli.meta.json").read_bytes())
     assert meta["stats"]["ranks"] == 2  # the update: one step over the 2 nodes
