@@ -717,13 +717,18 @@ def _summarize(results: str, **kw: Any) -> None:
 def merge(
     output: Annotated[str, typer.Argument(help="Merged JSONL to write.")],
     shards: Annotated[list[str], typer.Argument(help="Shard files, in order.")],
+    allow_partial: Annotated[bool, typer.Option(
+        "--allow-partial", help="Also merge shards without their sidecar (a killed or failed "
+                                "job), dropping a torn last record; listed in the sidecar.")
+    ] = False,
 ) -> None:
-    """Join the shards of a rollout or eval array job; duplicate ids are refused, sidecars
-    (*.meta.json, *.settings.json, *.summary.json) and media folders a glob matches skipped."""
+    """Join the finished shards of a rollout or eval array job; a shard still being written or
+    without its sidecar is refused, duplicate ids are refused, sidecars (*.meta.json,
+    *.settings.json, *.summary.json) and media folders a glob matches skipped."""
     with guard():
         from marscli.stages.merge import main as merge_main
 
-        merge_main(output, shards)
+        merge_main(output, shards, allow_partial)
 
 
 @app.command()

@@ -418,14 +418,19 @@ def check_settings(output: str, settings: dict, ids: set[str] | frozenset[str]) 
         with AtomicFile(path) as fh:
             fh.write(orjson.dumps({"v": 1, "settings": settings}, option=orjson.OPT_INDENT_2))
         return
+    if path.is_dir():
+        raise BadInput(f"{path}: is a folder, not a settings file — move it away")
     try:
         old = orjson.loads(path.read_bytes())["settings"]
     except FileNotFoundError:
         raise BadInput(f"{output}: holds {len(ids)} records but no {path.name} says what made "
                        "them (an older marscli, or a merged file) — add --force to start over, "
                        "or pick another -o") from None
-    except (orjson.JSONDecodeError, KeyError, TypeError):
-        raise BadInput(f"{path}: not a settings file — add --force to start over") from None
+    except (orjson.JSONDecodeError, KeyError, TypeError, IndexError):
+        old = None
+    if not isinstance(old, dict):
+        raise BadInput(f"{path}: not a settings file (expected {{\"v\": 1, \"settings\": "
+                       "{...}}) — add --force to start over")
     for key in ["weights", *settings, *(k for k in old if k not in settings)]:
         a, b = old.get(key), settings.get(key)
         if a == b or (key == "policy" and a and old.get("weights") and
@@ -446,7 +451,11 @@ def start_over(output: str, *also: Path) -> None:
     holding the output's lock (a writer still at work is not pulled from under)."""
     from marscli.records.outputs import OutputLock
 
+    files = (Path(output), Path(f"{output}.meta.json"), settings_path(output), *also)
     with OutputLock(output):
-        for p in (Path(output), Path(f"{output}.meta.json"), settings_path(output), *also):
+        for p in files:  # all checked before any is removed
+            if p.is_dir() and not p.is_symlink():
+                raise BadInput(f"{p}: is a folder where --force removes a file — move it away")
+        for p in files:
             p.unlink(missing_ok=True)
         shutil.rmtree(media_dir(output), ignore_errors=True)

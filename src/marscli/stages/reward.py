@@ -28,6 +28,7 @@ Nothing here imports torch or transformers (a test checks `marscli reward` in a 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import sys
 import time
@@ -40,7 +41,7 @@ import orjson
 
 from marscli.errors import BadInput, RuntimeFailure, check_range
 from marscli.records.jsonl import follow_rows, get_field, iter_rows, read_rows
-from marscli.records.outputs import AtomicJsonl
+from marscli.records.outputs import AtomicJsonl, hold_lock
 from marscli.records.provenance import stage_inputs, write_sidecar
 from marscli.scoring.answers import LETTERS, format_ok, gold_letters
 from marscli.scoring.judge import Judge, JudgeError, JudgeOptions, make_judge
@@ -198,7 +199,9 @@ def main(input: str, output: str = "-", judge_spec: str = "exact", format_weight
     """`marscli reward`: read, score, write all-or-nothing, write the sidecar. When too many
     rows are unscored: keep the scored ones in `OUT.partial`, write nothing else, and raise
     RuntimeFailure (exit 1). `follow`: score the input's rows as its writer appends them,
-    until its sidecar appears (`jsonl.follow_rows`)."""
+    until its sidecar appears (`jsonl.follow_rows`). OUT's lock is held from the start, so a
+    second reward (or follower) on the same output fails at once instead of paying for every
+    judge call again."""
     check_range("--format-weight", format_weight, 0)
     check_range("--max-unscored", max_unscored, 0, 1)
     opts = judge_options or JudgeOptions()
@@ -206,15 +209,28 @@ def main(input: str, output: str = "-", judge_spec: str = "exact", format_weight
     if follow and input == "-":
         raise BadInput("--follow: needs a file that a stage is writing, not stdin (a pipe "
                        "already streams rows as they come)")
+    if follow and output != "-" and Path(output).resolve() == Path(input).resolve():
+        raise BadInput(f"-o {output}: is the file being followed — pick another output")
     started = time.time()
     reward_protocol(protocol)  # a bad name fails before the judge or the input is touched
     judge = make_judge(judge_spec, opts)  # a bad spec fails before the input is read
-    try:
-        rows = follow_rows(input) if follow else read_rows(input)
-        out, stats = run(rows, input, judge, format_weight, max_unscored, opts.concurrency,
-                         known=load_partial(output), protocol=protocol)
-    finally:
-        judge.close()
+    with contextlib.ExitStack() as stack:
+        if output != "-":  # held from the start: a second reward on OUT fails before any call
+            stack.callback(hold_lock(output).__exit__)
+        try:
+            rows = follow_rows(input) if follow else read_rows(input)
+            out, stats = run(rows, input, judge, format_weight, max_unscored, opts.concurrency,
+                             known=load_partial(output), protocol=protocol)
+        finally:
+            judge.close()
+        return _finish(output, input, out, stats, judge, format_weight, max_unscored, protocol,
+                       started)
+
+
+def _finish(output: str, input: str, out: list[dict], stats: dict, judge: Judge,
+            format_weight: float, max_unscored: float, protocol: str, started: float) -> dict:
+    """Write the scored rows and the sidecar, or (too many unscored) keep the partial file
+    and raise RuntimeFailure."""
     _summary(stats)
     if stats["over_unscored"]:
         kept = save_partial(output, out, judge.config(), format_weight, protocol)

@@ -1,0 +1,289 @@
+"""Nothing silently wrong, round two (issue 33): a follower that notices a file replaced or
+truncated under it, readers that refuse a file still being written, one follower per output,
+settings files that are not settings, merge that refuses unfinished shards, trackers that are
+outputs checked before any work, a fingerprint that covers the processor, and prompts past the
+context refused per row.
+
+Another process "writing" a file is a process holding its lock (`OutputLock`), as rollout does;
+a follower is seen to have the file open through /proc/PID/fd before the file is replaced, so
+that the test replaces the file it is reading, not one it has yet to open."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from marscli.errors import BadInput, RuntimeFailure
+from marscli.records.jsonl import follow_rows, read_rows
+from marscli.records.provenance import stage_inputs, write_sidecar
+
+from helpers import ENV, invoke, read_jsonl, write_jsonl
+
+PY = sys.executable
+
+
+def one_line(err: str) -> str:
+    """The one error line of a stage's stderr, no traceback."""
+    lines = [x for x in err.strip().splitlines() if x.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in err and err.rstrip().endswith(lines[0]), err
+    return lines[0]
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def traj(i: int, answer: str = "Paris") -> dict:
+    return {"v": 1, "id": f"q#{i}", "prompt_id": "q", "question": "Capital of France?",
+            "answer_gt": ["Paris"], "final_answer": answer, "stop": "answer",
+            "segments": [{"role": "prompt"}, {"role": "model",
+                                                 "text": f"<answer>{answer}</answer>"}]}
+
+
+def lines(rows: list[dict]) -> bytes:
+    return b"".join(orjson.dumps(r) + b"\n" for r in rows)
+
+
+HOLD = """
+import sys
+from marscli.records.outputs import OutputLock
+with OutputLock(sys.argv[1]):
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+@contextlib.contextmanager
+def held(out: Path) -> Iterator[subprocess.Popen]:
+    """Another process holding OUT's lock (writing it, as rollout does) until the block ends."""
+    proc = subprocess.Popen([PY, "-c", HOLD, str(out)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=ENV)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        yield proc
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+
+
+def follower(tmp_path: Path, src: str, out: str) -> subprocess.Popen:
+    return subprocess.Popen([PY, "-m", "marscli", "reward", src, "-o", out, "--follow"],
+                            cwd=tmp_path, stderr=subprocess.PIPE, text=True, env=ENV)
+
+
+def wait_open(proc: subprocess.Popen, path: Path, timeout: float = 60) -> None:
+    """Until `proc` has `path` open (its follower read it)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        assert proc.poll() is None, proc.communicate()[1]
+        with contextlib.suppress(OSError):
+            fds = Path(f"/proc/{proc.pid}/fd")
+            if any(os.readlink(fd) == str(path.resolve()) for fd in fds.iterdir()):
+                time.sleep(0.3)  # and read what is there
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never opened by pid {proc.pid}")
+
+
+# ----------------------------------------------------------------------------- 1: follow
+
+
+def test_follow_a_file_replaced_under_it_exits_1_and_writes_nothing(tmp_path):
+    """rollout --force restarted at the same path: the follower had the killed attempt's
+    rows; it used to exit 0 with them (and hash the new file in its sidecar)."""
+    src = tmp_path / "t.jsonl"
+    with held(src):
+        src.write_bytes(lines([traj(0), traj(1, "Lyon")]))
+        p = follower(tmp_path, "t.jsonl", "s.jsonl")
+        wait_open(p, src)
+        src.unlink()  # the new run starts over: a new file, its rows, its sidecar
+        src.write_bytes(lines([traj(0, "Nice"), traj(1), traj(2)]))
+        (tmp_path / "t.jsonl.meta.json").write_text("{}")
+        _, err = p.communicate(timeout=60)
+    assert p.returncode == 1 and "was replaced or removed while being followed" in one_line(err)
+    assert not (tmp_path / "s.jsonl").exists() and not (tmp_path / "s.jsonl.meta.json").exists()
+
+
+def test_follow_a_file_truncated_in_place_exits_1(tmp_path):
+    src = tmp_path / "t.jsonl"
+    with held(src):
+        src.write_bytes(lines([traj(0), traj(1), traj(2)]))
+        p = follower(tmp_path, "t.jsonl", "s.jsonl")
+        wait_open(p, src)
+        with src.open("r+b") as fh:  # rows already scored are gone from the file
+            fh.truncate(len(lines([traj(0)])))
+        (tmp_path / "t.jsonl.meta.json").write_text("{}")
+        _, err = p.communicate(timeout=60)
+    assert p.returncode == 1 and "shrank from" in one_line(err)
+    assert not (tmp_path / "s.jsonl").exists()
+
+
+def test_follow_sidecar_hashes_the_bytes_it_scored(tmp_path):
+    """A finished follow records the hash of exactly what it read, even when the file at the
+    name is another one by the time the sidecar is written."""
+    src = tmp_path / "t.jsonl"
+    data = lines([traj(0), traj(1)]) + b"  "  # a blank tail without its newline is read too
+    src.write_bytes(data)
+    (tmp_path / "t.jsonl.meta.json").write_text("{}")
+    with stage_inputs():
+        assert [r["id"] for _, r in follow_rows(str(src))] == ["q#0", "q#1"]
+        src.unlink()
+        src.write_bytes(lines([traj(5)]))  # replaced after the follow ended
+        write_sidecar(str(tmp_path / "s.jsonl"), stage="t", inputs=[str(src)])
+    meta = orjson.loads((tmp_path / "s.jsonl.meta.json").read_bytes())
+    assert meta["inputs"] == {str(src): sha(data)}
+
+
+def test_a_file_replaced_after_it_was_read_keeps_the_hash_of_what_was_read(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"v": 1, "id": "a"}])
+    before = src.read_bytes()
+    with stage_inputs():
+        read_rows(str(src))
+        (tmp_path / "new.jsonl").write_bytes(b'{"v": 1, "id": "b"}\n')
+        os.replace(tmp_path / "new.jsonl", src)
+        write_sidecar(str(tmp_path / "o.jsonl"), stage="t", inputs=[str(src)])
+    meta = orjson.loads((tmp_path / "o.jsonl.meta.json").read_bytes())
+    assert meta["inputs"] == {str(src): sha(before)}
+
+
+# ----------------------------------------------------------------------------- 9: readers
+
+
+def test_a_reader_without_follow_refuses_a_file_still_being_written(tmp_path):
+    src = write_jsonl(tmp_path / "t.jsonl", [traj(0)])
+    with held(src) as writer:
+        code, _, err = invoke(["reward", str(src), "-o", str(tmp_path / "s.jsonl")])
+        assert code == 1 and f"(pid {writer.pid}) is still writing it" in one_line(err)
+        code, _, err = invoke(["advantages", str(src), "-o", str(tmp_path / "a.jsonl")])
+        assert code == 1 and "still writing it" in one_line(err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.jsonl"]
+    code, _, err = invoke(["reward", str(src), "-o", str(tmp_path / "s.jsonl")])  # done now
+    assert code == 0, err
+
+
+def test_a_stale_lock_of_a_killed_writer_does_not_block_readers(tmp_path):
+    src = write_jsonl(tmp_path / "t.jsonl", [traj(0)])
+    (tmp_path / "t.jsonl.lock").write_text(f"{os.getpid()}\n")  # a live pid, but no lock held
+    code, _, err = invoke(["reward", str(src), "-o", str(tmp_path / "s.jsonl")])
+    assert code == 0, err
+    dead = subprocess.run([PY, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    (tmp_path / "t.jsonl.lock").write_text(f"{dead}\n")
+    code, _, err = invoke(["reward", str(src), "-o", str(tmp_path / "s2.jsonl")])
+    assert code == 0, err
+
+
+def test_a_second_follower_on_one_output_exits_1_at_once(tmp_path):
+    src = tmp_path / "t.jsonl"
+    with held(src):
+        src.write_bytes(lines([traj(0)]))
+        first = follower(tmp_path, "t.jsonl", "s.jsonl")
+        wait_open(first, src)
+        second = subprocess.run([PY, "-m", "marscli", "reward", "t.jsonl", "-o", "s.jsonl",
+                                 "--follow"], cwd=tmp_path, capture_output=True, text=True,
+                                env=ENV, timeout=60)
+        assert second.returncode == 1
+        assert f"another marscli is writing it (pid {first.pid}" in one_line(second.stderr)
+        (tmp_path / "t.jsonl.meta.json").write_text("{}")
+        _, err = first.communicate(timeout=60)
+    assert first.returncode == 0, err
+    assert [r["reward"]["accuracy"] for r in read_jsonl(tmp_path / "s.jsonl")] == [1.0]
+
+
+def test_follow_onto_its_own_input_is_refused(tmp_path):
+    code, _, err = invoke(["reward", str(tmp_path / "t.jsonl"), "-o", str(tmp_path / "t.jsonl"),
+                           "--follow"])
+    assert code == 2 and "is the file being followed" in one_line(err)
+
+
+@pytest.mark.parametrize("content", [b"[1, 2]\n", b'{"v": 1, "settings": [1]}\n', b'"x"', None])
+def test_a_settings_file_that_is_not_settings_is_one_line(tmp_path, content):
+    from marscli.agent.runner import check_settings, start_over
+
+    out = tmp_path / "t.jsonl"
+    out.write_bytes(lines([traj(0)]))
+    settings = tmp_path / "t.jsonl.settings.json"
+    if content is None:
+        settings.mkdir()
+    else:
+        settings.write_bytes(content)
+    with pytest.raises(BadInput, match=r"t\.jsonl\.settings\.json: (not a settings file|is a "
+                                       r"folder)"):
+        check_settings(str(out), {"seed": 0}, {"q#0"})
+    if content is None:  # --force removes nothing when it cannot remove everything
+        with pytest.raises(BadInput, match="is a folder where --force removes a file"):
+            start_over(str(out))
+        assert out.exists()
+
+
+# ----------------------------------------------------------------------------- 4: merge
+
+
+def shard(tmp_path: Path, i: int, ids: list[str], sidecar: bool = True, tail: bytes = b"") -> str:
+    path = write_jsonl(tmp_path / f"o.jsonl.shard-{i}", [{"v": 1, "id": x} for x in ids], tail)
+    if sidecar:
+        Path(f"{path}.meta.json").write_text("{}")
+    return str(path)
+
+
+def test_merge_refuses_a_shard_without_its_sidecar_and_allow_partial_merges_it(tmp_path):
+    out = tmp_path / "o.jsonl"
+    a = shard(tmp_path, 0, ["a#0", "a#1"])
+    b = shard(tmp_path, 1, ["b#0"], sidecar=False, tail=b'{"v": 1, "id": "b#1", "se')  # killed
+    code, _, err = invoke(["merge", str(out), a, b])
+    assert code == 1 and f"{b}: no sidecar o.jsonl.shard-1.meta.json" in one_line(err)
+    assert "--allow-partial" in err and not out.exists()
+    code, _, err = invoke(["merge", str(out), a, b, "--allow-partial"])
+    assert code == 0, err
+    assert "dropped a torn last record" in err and "1 of them unfinished" in err
+    assert [r["id"] for r in read_jsonl(out)] == ["a#0", "a#1", "b#0"]
+    meta = orjson.loads((tmp_path / "o.jsonl.meta.json").read_bytes())
+    assert meta["stats"]["partial"] == [b] and meta["stats"]["torn_dropped"] == 1
+    assert meta["stats"]["shards"] == {
+        a: {"records": 2, "sha256": sha(Path(a).read_bytes()), "complete": True},
+        b: {"records": 1, "sha256": sha(Path(b).read_bytes()), "complete": False}}
+
+
+def test_merge_refuses_a_shard_still_being_written_even_with_allow_partial(tmp_path):
+    out = tmp_path / "o.jsonl"
+    a = shard(tmp_path, 0, ["a#0"])
+    b = shard(tmp_path, 1, ["b#0"], sidecar=False)
+    with held(Path(b)) as writer:
+        for extra in ([], ["--allow-partial"]):
+            code, _, err = invoke(["merge", str(out), a, b, *extra])
+            assert code == 1 and f"{b}: still being written (pid {writer.pid}" in one_line(err)
+    assert not out.exists()
+
+
+def test_merge_of_finished_shards_with_a_torn_line_is_still_bad_input(tmp_path):
+    a = shard(tmp_path, 0, ["a#0"], tail=b'{"v": 1, "id"')
+    code, _, err = invoke(["merge", str(tmp_path / "o.jsonl"), a, "--allow-partial"])
+    assert code == 2 and "not valid JSON (truncated last line?)" in one_line(err)
+
+
+def test_merge_refuses_its_output_as_a_shard_before_the_shard_checks(tmp_path):
+    a = shard(tmp_path, 0, ["a#0"], sidecar=False)
+    code, _, err = invoke(["merge", a, a])
+    assert code == 2 and "is the output being written" in one_line(err)
+
+
+def test_follow_rows_generator_stops_on_replacement(tmp_path):
+    """The check at the library's level: rows already yielded, then the file is another."""
+    src = tmp_path / "t.jsonl"
+    src.write_bytes(lines([traj(0)]))
+    with held(src), stage_inputs():
+        rows = follow_rows(str(src), poll_s=0.01)
+        assert next(rows)[1]["id"] == "q#0"
+        src.unlink()
+        src.write_bytes(lines([traj(0), traj(1)]))
+        with pytest.raises(RuntimeFailure, match="was replaced or removed"):
+            next(rows)
