@@ -287,3 +287,97 @@ def test_follow_rows_generator_stops_on_replacement(tmp_path):
         src.write_bytes(lines([traj(0), traj(1)]))
         with pytest.raises(RuntimeFailure, match="was replaced or removed"):
             next(rows)
+
+
+# ----------------------------------------------------------------------------- 3, 8: trackers
+
+
+def rollout_args(tmp_path: Path, tiny_model: Path, *extra: str) -> list[str]:
+    from helpers import scene, write_prompts
+
+    scene(tmp_path / "scene.png")
+    p = write_prompts(tmp_path / "p.jsonl", ["a"])
+    return ["rollout", str(p), "-o", str(tmp_path / "t.jsonl"), "--policy", str(tiny_model),
+            "--engine", "replay", "-n", "1", *extra]
+
+
+@pytest.mark.parametrize("target", ["p.jsonl", "t.jsonl", "t.jsonl.meta.json"])
+def test_rollout_track_jsonl_onto_its_input_or_output_is_refused_before_work(
+        tmp_path, tiny_model, target):
+    args = rollout_args(tmp_path, tiny_model, "--track", f"jsonl:{tmp_path / target}")
+    before = (tmp_path / "p.jsonl").read_bytes()
+    code, _, err = invoke(args)
+    assert code == 2 and "a tracker would write into the stage's data" in one_line(err)
+    assert f"is an {'input' if target == 'p.jsonl' else 'output'} of this stage" in err
+    assert (tmp_path / "p.jsonl").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.jsonl", "scene.png"]
+
+
+def test_update_track_jsonl_onto_its_advantages_file_is_refused(tmp_path, tiny_model):
+    from marscli.qwen.policy import load_processor
+    from marscli.stages.update import run_update
+
+    from helpers import trajectory
+
+    adv = write_jsonl(tmp_path / "adv.jsonl",
+                      [trajectory(tmp_path, load_processor(str(tiny_model)), 0)])
+    before = adv.read_bytes()
+    with pytest.raises(BadInput, match=r"--track: jsonl:.*adv\.jsonl is an input of this stage"):
+        run_update(str(adv), str(tiny_model), str(tmp_path / "ckpt"), track=f"jsonl:{adv}")
+    assert adv.read_bytes() == before and not (tmp_path / "ckpt").exists()
+
+
+@pytest.mark.parametrize("spec", ["tensorboard:{tmp}/ckpt/tb", "jsonl:{policy}/track.jsonl"])
+def test_sft_tracker_inside_its_output_or_its_policy_is_refused(tmp_path, tiny_model, spec,
+                                                                 monkeypatch):
+    from marscli.qwen.policy import load_processor
+    from marscli.stages.sft import run_sft
+
+    from helpers import trajectory
+
+    data = write_jsonl(tmp_path / "d.jsonl",
+                       [trajectory(tmp_path, load_processor(str(tiny_model)), 0)])
+    monkeypatch.setenv("MARSCLI_TRACK", spec.format(tmp=tmp_path, policy=tiny_model))
+    with pytest.raises(BadInput, match=r"MARSCLI_TRACK: .* of this stage"):
+        run_sft(str(data), str(tiny_model), str(tmp_path / "ckpt"))
+    assert not (tmp_path / "ckpt").exists() and not (tiny_model / "track.jsonl").exists()
+
+
+def test_tensorboard_under_a_regular_file_is_one_line_before_the_rollout(tmp_path, tiny_model):
+    (tmp_path / "afile").write_text("x")
+    code, _, err = invoke(rollout_args(tmp_path, tiny_model, "--track",
+                                       f"tensorboard:{tmp_path / 'afile' / 'tb'}"))
+    assert code == 2 and "cannot write" in one_line(err) and "afile" in err
+    assert not (tmp_path / "t.jsonl").exists() and not (tmp_path / "t.jsonl.meta.json").exists()
+
+
+def test_read_only_tensorboard_folder_is_one_line_before_the_rollout(tmp_path, tiny_model):
+    from test_hardening_outputs import without_dac_override
+
+    ro = tmp_path / "tb"
+    ro.mkdir()
+    args = rollout_args(tmp_path, tiny_model, "--track", f"tensorboard:{ro}")
+    ro.chmod(0o555)
+    try:
+        with without_dac_override():
+            code, _, err = invoke(args)
+    finally:
+        ro.chmod(0o755)
+    assert code == 2 and "cannot write" in one_line(err) and "Permission denied" in err
+    assert not (tmp_path / "t.jsonl").exists() and not (tmp_path / "t.jsonl.meta.json").exists()
+
+
+def test_missing_wandb_is_one_line_before_the_rollout(tmp_path, tiny_model, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb → ImportError
+    code, _, err = invoke(rollout_args(tmp_path, tiny_model, "--track", "wandb:proj"))
+    assert code == 2 and "wandb is not installed" in one_line(err)
+    assert not (tmp_path / "t.jsonl").exists() and not (tmp_path / "t.jsonl.meta.json").exists()
+
+
+def test_a_tracker_beside_the_data_still_works(tmp_path, tiny_model):
+    """Kept: a jsonl tracker in the run folder, not onto any file of the stage."""
+    code, _, err = invoke(rollout_args(tmp_path, tiny_model, "--track",
+                                       f"jsonl:{tmp_path / 'track.jsonl'}"))
+    assert code == 0, err
+    (row,) = read_jsonl(tmp_path / "track.jsonl")
+    assert row["metrics"]["trajectories"] == 1

@@ -55,7 +55,7 @@ from marscli.errors import RuntimeFailure, check_range
 from marscli.records.jsonl import iter_rows
 from marscli.records.provenance import stage_inputs, write_sidecar
 from marscli.records.schema import load_prompts
-from marscli.train.trackers import check_tracker, log_stats
+from marscli.train.trackers import check_tracker, log_stats, stats_tracker
 
 STDOUT_MEDIA = "rollout.media"  # `-o -`: crops go here (in the working directory) by default
 _TALLIED = ("turns", "stop", "final_answer", "tool_calls", "tool_errors", "tool_failures",
@@ -79,6 +79,29 @@ def run_rollout(prompts: str, output: str, gen: GenerationOptions | None = None,
     base_prompt = read_system_prompt(gen.system_prompt)
     rows = [(p.line, p) for p in load_prompts(prompts, image_dir) if in_shard(p.id, shard)]
     check_images(prompts, rows)
+    if output == "-":  # streamed records are no iteration's: nothing to track
+        tracker = None
+    else:  # opened before any work: a tracker that cannot write fails first
+        tracker = stats_tracker(track, stage="rollout", output=output,
+                                inputs=[prompts, *gen.input_files()],
+                                outputs=[media] if media else [])
+    try:
+        stats = _run(prompts, output, gen, rows, n, shard, progress, force, media, base_prompt,
+                     started)
+    except BaseException:
+        if tracker is not None:
+            tracker.close()
+        raise
+    if tracker is not None:
+        log_stats(tracker, output=output, stats=stats)
+    return stats
+
+
+def _run(prompts: str, output: str, gen: GenerationOptions, rows: list, n: int,
+         shard: tuple[int, int], progress: bool, force: bool, media: str | None,
+         base_prompt: str | None, started: float) -> dict:
+    """Generate, tally and write the sidecar (run_rollout's work, once everything is checked
+    and the tracker is open)."""
     tools = gen.tools()
     jobs = [(p, k) for _, p in rows for k in range(n)]
     streamed: list[dict] = []
@@ -104,8 +127,6 @@ def run_rollout(prompts: str, output: str, gen: GenerationOptions | None = None,
               "weights": settings["weights"] if settings else None}
     write_sidecar(output, stage="rollout", seed=gen.seed, config=config,
                   inputs=[prompts, *gen.input_files()], stats=stats, started=started)
-    if output != "-":  # streamed records are no iteration's: nothing to track
-        log_stats(track, stage="rollout", output=output, stats=stats)
     return stats
 
 

@@ -215,7 +215,7 @@ def run_sft(data: str, policy: str, out: str, cfg: SftConfig | None = None,
     if not examples:
         raise BadInput(f"{data}: no row to train on ({len(bad)} skipped as bad)")
     fp = _fingerprint(data, policy, cfg, ds_cfg, base_prompt, examples)
-    with Job("sft", out, cfg, ds_cfg, [data], started) as job:
+    with Job("sft", out, cfg, ds_cfg, [data], started, folders=[policy]) as job:
         return _train(job, policy, cfg, processor, spec, examples, bad, fp)
 
 
