@@ -381,3 +381,66 @@ def test_a_tracker_beside_the_data_still_works(tmp_path, tiny_model):
     assert code == 0, err
     (row,) = read_jsonl(tmp_path / "track.jsonl")
     assert row["metrics"]["trajectories"] == 1
+
+
+# ----------------------------------------------------------------------------- 5: fingerprint
+
+
+@pytest.mark.parametrize("name", ["processor_config.json", "preprocessor_config.json",
+                                  "tokenizer.json", "tokenizer_config.json",
+                                  "chat_template.jinja", "generation_config.json",
+                                  "config.json", "model.safetensors"])
+def test_fingerprint_covers_every_file_that_decides_the_tokens(tmp_path, tiny_model, name):
+    import shutil
+
+    from marscli.agent.runner import weights_fingerprint
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_model, ckpt)
+    before = weights_fingerprint(str(ckpt))
+    with (ckpt / name).open("ab") as fh:  # a new file where the checkpoint had none counts too
+        fh.write(b" ")
+    changed = weights_fingerprint(str(ckpt))
+    assert changed != before
+    (ckpt / "README.md").write_text("notes")  # a file that decides nothing does not count
+    assert weights_fingerprint(str(ckpt)) == changed
+
+
+def test_resume_after_the_processor_changed_is_refused(tmp_path, tiny_model):
+    """Killed, processor_config.json edited (another image resolution), resumed: one file
+    would mix two resolutions; the resume is refused naming the weights."""
+    import json
+    import shutil
+
+    from helpers import scene, write_prompts
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_model, ckpt)
+    scene(tmp_path / "scene.png")
+    args = ["rollout", str(tmp_path / "p.jsonl"), "-o", str(tmp_path / "t.jsonl"), "--policy",
+            str(ckpt), "--engine", "replay", "-n", "1"]
+    write_prompts(tmp_path / "p.jsonl", ["a"])
+    code, _, err = invoke(args)
+    assert code == 0, err
+    cfg = json.loads((ckpt / "processor_config.json").read_text())
+    cfg["image_processor"]["size"]["longest_edge"] //= 2  # max pixels: fewer image tokens
+    (ckpt / "processor_config.json").write_text(json.dumps(cfg))
+    write_prompts(tmp_path / "p.jsonl", ["a", "b"])
+    before = (tmp_path / "t.jsonl").read_bytes()
+    code, _, err = invoke(args)
+    assert code == 2 and "--policy (its weights) differs" in one_line(err)
+    assert (tmp_path / "t.jsonl").read_bytes() == before
+
+
+def test_sft_resume_fingerprint_covers_the_processor(tmp_path, tiny_model):
+    import shutil
+
+    from marscli.stages.sft import SftConfig, _fingerprint
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_model, ckpt)
+    data = write_jsonl(tmp_path / "d.jsonl", [{"v": 1, "id": "a"}])
+    fp = _fingerprint(str(data), str(ckpt), SftConfig(), None, None, [1])
+    with (ckpt / "processor_config.json").open("ab") as fh:
+        fh.write(b" ")
+    assert _fingerprint(str(data), str(ckpt), SftConfig(), None, None, [1]) != fp

@@ -19,10 +19,11 @@
   when the options are checked; the agent then renders prompts through the policy's chat
   template with `tools=` (renderers.py). Their hash is a sample setting.
 - Settings: the stage's `sample_settings` (what decides the samples: policy and a cheap
-  fingerprint of its weights, engine, sampling, limits, tools, system prompt, seed, plus the
-  stage's own) are written to `OUT.settings.json` before the first record; adding to records
-  made with other settings is refused (`check_settings`: BadInput naming the setting, old →
-  new). `start_over` is `--force`.
+  fingerprint of its weights, processor, tokenizer and chat template, engine, sampling,
+  limits, tools, system prompt, seed, plus the stage's own) are written to
+  `OUT.settings.json` before the first record; adding to records made with other settings is
+  refused (`check_settings`: BadInput naming the setting, old → new). `start_over` is
+  `--force`.
 - Output `-` (`StdoutSink`): every job runs (no resume) and each record goes to stdout as one
   flushed line, its image paths absolute.
 - Counts have upper bounds (`MAX_SAMPLES`, `MAX_BATCH`, ...), checked with the options.
@@ -343,12 +344,20 @@ class StdoutSink:
 # record (the sidecar comes only at the end of a complete run, so a killed run has none).
 
 WEIGHT_FILES = ("*.safetensors", "*.bin")
+# Every file besides the weights that decides the tokens a checkpoint samples: the model's
+# config, generation defaults, the processor (image resolution → image tokens), the tokenizer
+# and the chat template (transformers 4 and 5 names alike).
+TOKEN_FILES = ("config.json", "generation_config.json", "preprocessor_config.json",
+               "processor_config.json", "video_preprocessor_config.json", "tokenizer.json",
+               "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
+               "added_tokens.json", "chat_template.json", "chat_template.jinja")
 _WHOLE = 32 << 20  # weight files up to this are hashed whole; larger ones by samples
 _BLOCKS, _BLOCK = 32, 128 << 10  # 32 evenly spaced 128 KiB samples: 4 MiB a file
 
 
 def weights_fingerprint(policy: str | None) -> str | None:
-    """A cheap sha256 of a checkpoint folder's weights: config.json, and each weight file's
+    """A cheap sha256 of everything in a checkpoint folder that decides its tokens: the
+    `TOKEN_FILES` present (config, processor, tokenizer, chat template) and each weight file's
     name, size and content (whole up to 32 MiB, else 32 evenly spaced 128 KiB blocks, so an 8B
     checkpoint costs ~16 MiB of reads: an RL update changes every block of a tensor it
     trains). None for a hub id or a served model (the name is all there is)."""
@@ -357,7 +366,7 @@ def weights_fingerprint(policy: str | None) -> str | None:
     root = Path(policy)
     h = hashlib.sha256()
     files = sorted({f for pat in WEIGHT_FILES for f in root.glob(pat)})
-    for f in [root / "config.json", *files]:
+    for f in [*(root / name for name in TOKEN_FILES), *files]:
         if not f.is_file():
             continue
         size = f.stat().st_size
