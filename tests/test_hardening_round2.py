@@ -444,3 +444,92 @@ def test_sft_resume_fingerprint_covers_the_processor(tmp_path, tiny_model):
     with (ckpt / "processor_config.json").open("ab") as fh:
         fh.write(b" ")
     assert _fingerprint(str(data), str(ckpt), SftConfig(), None, None, [1]) != fp
+
+
+# ----------------------------------------------------------------------------- 6: prompt length
+
+
+def long_and_short(tmp_path: Path) -> Path:
+    """Two prompts: 621 and 1022 tokens on the tiny model (system prompt, image, question)."""
+    from helpers import answer, scene
+
+    scene(tmp_path / "scene.png")
+    rows = [{"v": 1, "id": pid, "image": "scene.png", "question": q, "answer": ["red"],
+             "replies": [answer("red")]}
+            for pid, q in (("short", "What colour?"), ("long", "What colour? " + "red " * 400))]
+    return write_jsonl(tmp_path / "p.jsonl", rows)
+
+
+def test_hf_refuses_a_prompt_past_the_models_context_per_row(tmp_path, tiny_model):
+    """The hf engine used to sample a prompt past `max_position_embeddings` silently."""
+    import json
+    import shutil
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_model, ckpt)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["text_config"]["max_position_embeddings"] = 800
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    p = long_and_short(tmp_path)
+    out = tmp_path / "t.jsonl"
+    code, _, err = invoke(["rollout", str(p), "-o", str(out), "--policy", str(ckpt), "--engine",
+                           "hf", "-n", "2", "--max-turns", "1", "--max-turn-tokens", "4",
+                           "--device", "cpu"])
+    assert code == 0, err
+    assert "2 trajectories refused" in err
+    recs = {r["id"]: r for r in read_jsonl(out)}
+    for k in (0, 1):
+        long, short = recs[f"long#{k}"], recs[f"short#{k}"]
+        assert long["stop"] == "prompt_too_long" and long["turns"] == 0
+        assert long["error"] == "prompt of 1022 tokens, past the model's context of 800"
+        assert [s["role"] for s in long["segments"]] == ["prompt"]
+        assert long["generated_tokens"] == 0 and long["final_answer"] is None
+        assert short["stop"] != "prompt_too_long" and short["turns"] == 1
+        assert 1 <= short["generated_tokens"] <= 4
+    meta = orjson.loads((tmp_path / "t.jsonl.meta.json").read_bytes())
+    assert meta["stats"]["stop"]["prompt_too_long"] == 2
+
+
+def test_max_prompt_tokens_refuses_per_row_and_is_a_setting(tmp_path, tiny_model):
+    p = long_and_short(tmp_path)
+    out = tmp_path / "t.jsonl"
+    args = ["rollout", str(p), "-o", str(out), "--policy", str(tiny_model), "--engine",
+            "replay", "-n", "2"]
+    code, _, err = invoke([*args, "--max-prompt-tokens", "700"])
+    assert code == 0, err
+    stops = {r["id"]: (r["stop"], r.get("error")) for r in read_jsonl(out)}
+    assert stops["long#0"] == ("prompt_too_long",
+                               "prompt of 1022 tokens, over --max-prompt-tokens 700")
+    assert stops["short#1"] == ("answer", None)
+    settings = orjson.loads((tmp_path / "t.jsonl.settings.json").read_bytes())["settings"]
+    assert settings["max_prompt_tokens"] == 700
+    code, _, err = invoke([*args, "--max-prompt-tokens", "2000"])  # resuming with another
+    assert code == 2 and "--max-prompt-tokens differs" in one_line(err)
+    code, _, err = invoke([*args, "--max-prompt-tokens", "0"])
+    assert code == 2 and "--max-prompt-tokens: 0 is out of range" in one_line(err)
+
+
+def test_reward_scores_a_refused_row_0_and_advantages_leave_it_out(tmp_path, tiny_model):
+    p = long_and_short(tmp_path)
+    traj = tmp_path / "t.jsonl"
+    code, _, err = invoke(["rollout", str(p), "-o", str(traj), "--policy", str(tiny_model),
+                           "--engine", "replay", "-n", "2", "--max-prompt-tokens", "700"])
+    assert code == 0, err
+    scored, adv = tmp_path / "s.jsonl", tmp_path / "a.jsonl"
+    code, _, err = invoke(["reward", str(traj), "-o", str(scored)])
+    assert code == 0, err
+    rewards = {r["id"]: r["reward"] for r in read_jsonl(scored)}
+    assert rewards["long#0"] == {"total": 0.0, "accuracy": 0.0, "format": 0.0, "judge": "exact"}
+    assert rewards["short#0"]["total"] == 1.5
+    meta = orjson.loads((tmp_path / "s.jsonl.meta.json").read_bytes())
+    assert meta["stats"]["prompt_too_long"] == 2 and "2 prompt_too_long rows scored 0" in err
+    code, _, err = invoke(["advantages", str(scored), "-o", str(adv)])
+    assert code == 0, err
+    assert "skipped 2 prompt_too_long rows" in err
+    assert sorted(r["id"] for r in read_jsonl(adv)) == ["short#0", "short#1"]
+    meta = orjson.loads((tmp_path / "a.jsonl.meta.json").read_bytes())
+    assert meta["stats"]["prompt_too_long_rows"] == 2 and meta["stats"]["groups"] == 1
+    only_long = write_jsonl(tmp_path / "l.jsonl",
+                            [r for r in read_jsonl(scored) if r["id"].startswith("long")])
+    code, _, err = invoke(["advantages", str(only_long), "-o", str(tmp_path / "b.jsonl")])
+    assert code == 2 and "stop prompt_too_long" in one_line(err)

@@ -82,6 +82,7 @@ class GenerationOptions:
     max_turns: int | None = 10  # None: the stage's default (eval: 10, or 1 with --mode direct)
     max_turn_tokens: int = 2_048  # one reply
     max_response_tokens: int = 16_384  # model + tool tokens after the prompt
+    max_prompt_tokens: int | None = None  # the first prompt (the release's prompt limit)
     batch_size: int = 32  # lock-step loop: trajectories advanced together
     max_inflight: int | None = None  # asynchronous loop: trajectories in flight (None: batch)
     lockstep: bool = False  # the lock-step loop even on an engine with an asynchronous one
@@ -115,6 +116,7 @@ class GenerationOptions:
         check_range("--max-turns", self.max_turns, 1, MAX_TURNS)
         check_range("--max-turn-tokens", self.max_turn_tokens, 1, MAX_TOKENS)
         check_range("--max-response-tokens", self.max_response_tokens, 1, MAX_TOKENS)
+        check_range("--max-prompt-tokens", self.max_prompt_tokens, 1, MAX_TOKENS)
         check_range("--batch-size", self.batch_size, 1, MAX_BATCH)
         check_range("--max-inflight", self.max_inflight, 1, MAX_BATCH)
         check_range("--search-timeout", self.search_timeout, 0, MAX_TIMEOUT, lo_open=True)
@@ -400,6 +402,7 @@ def sample_settings(gen: GenerationOptions, system_prompt: str | None, **stage: 
         "presence_penalty": gen.presence_penalty or None,  # None: as a file written before it
         "seed": gen.seed, "max_turns": gen.max_turns,
         "max_turn_tokens": gen.max_turn_tokens, "max_response_tokens": gen.max_response_tokens,
+        "max_prompt_tokens": gen.max_prompt_tokens,  # None: as a file written before it
         "system_prompt": prompt, "tools_config": tools, "text_search": gen.text_search,
         "image_search": gen.image_search, "search_options": dict(sorted(gen.search_opts.items())),
         **stage})

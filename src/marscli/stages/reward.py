@@ -13,6 +13,10 @@ Rows are checked before they are scored (FILE:LINE: field): `answer_gt`, `choice
 strings that the gold answers name), `segments`; with a judge that asks a model, `question` and
 the first image's file (relative to the input's folder), which the judge is shown.
 
+A row that rollout refused (`stop: "prompt_too_long"`: its prompt did not fit, nothing was
+generated) scores 0 (accuracy 0, format 0) without a judge call, counted as `prompt_too_long`
+in the statistics; `advantages` then leaves it out (there is nothing to train on).
+
 Failures: a judge that gives no verdict after its retries leaves the row
 `{"status": "unscored", "error": ...}` with no `total`, never a silent 0.
 - Up to `max_unscored` of the rows may be unscored: the output and sidecar are written, the
@@ -47,6 +51,8 @@ from marscli.scoring.answers import LETTERS, format_ok, gold_letters
 from marscli.scoring.judge import Judge, JudgeError, JudgeOptions, make_judge
 from marscli.scoring.protocols import Protocol, reward_protocol
 from marscli.secrets import redact
+
+PROMPT_TOO_LONG = "prompt_too_long"  # a row rollout refused: nothing generated, reward 0
 
 
 def _validate(row: dict, src: str, line: int, judge: Judge) -> str | None:
@@ -91,6 +97,8 @@ def _validate(row: dict, src: str, line: int, judge: Judge) -> str | None:
 
 def _score(row: dict, image: str | None, judge: Judge, format_weight: float,
            protocol: Protocol) -> dict:
+    if row.get("stop") == PROMPT_TOO_LONG:  # nothing was generated: 0, and no judge call
+        return {"total": 0.0, "accuracy": 0.0, "format": 0.0, "judge": judge.name}
     fmt = format_weight if format_ok(row) else 0.0
     try:
         acc = protocol.reward(row, image, judge)
@@ -134,6 +142,7 @@ def run(rows: Iterable[tuple[int, dict]], src: str, judge: Judge, format_weight:
         "judge_calls": judge.stats.calls,
         "judge_requests": judge.stats.requests, "judge_retries": judge.stats.retries,
         "cache_hits": judge.stats.cache_hits, "unscored": unscored,
+        "prompt_too_long": sum(row.get("stop") == PROMPT_TOO_LONG for row in out),
         "over_unscored": unscored > max_unscored * len(out),
         "first_error": next((r["error"] for r in rewards if "error" in r), None),
     }
@@ -255,6 +264,8 @@ def _summary(stats: dict) -> None:
     scores = (f"accuracy {stats['accuracy_mean']}, format {stats['format_mean']}"
               if stats["rows"] > stats["unscored"] else "no row scored")
     reused = f", {stats['reused']} from the partial file" if stats["reused"] else ""
+    if stats["prompt_too_long"]:
+        scores += f" ({stats['prompt_too_long']} prompt_too_long rows scored 0)"
     print(f"reward: {stats['rows']} rows ({stats['protocol']} protocol), {scores}, "
           f"judge calls {stats['judge_calls']} "
           f"(cache hits {stats['cache_hits']}{reused}), unscored {stats['unscored']}",

@@ -25,6 +25,9 @@
 - Statistics go to stderr (a progress bar on a terminal, one summary line) and to the sidecar
   `OUT.jsonl.meta.json`, written at the end of a complete run and counted from the whole file,
   so it is right after a resumed run too. Speeds (trajectories/s, tokens/s) are this run's.
+- A prompt longer than the model's context or `--max-prompt-tokens` is refused per row: its
+  trajectories are recorded with `stop: "prompt_too_long"`, nothing generated, counted under
+  `stop` in the statistics (and a warning line); the run goes on.
 - Trajectories whose engine requests kept failing are recorded with `stop: "engine_error"`. A
   run in which every new trajectory failed so exits 1: the server is down or misconfigured.
   To retry them, drop them from the file (`jq -c 'select(.stop != "engine_error")'`) and re-run.
@@ -161,6 +164,10 @@ def _report(stats: dict, output: str) -> None:
             f"{stats['new']} new, {stats['skipped']} already in {output}")
     print(f"rollout: {done}{speed}; {stats['trajectories']} trajectories, stops: {stops}",
           file=sys.stderr)
+    if refused := stats["stop"].get("prompt_too_long"):
+        print(f"warning: {refused} trajectories refused, their prompt too long for the model's "
+              "context or --max-prompt-tokens (stop prompt_too_long, nothing generated)",
+              file=sys.stderr)
     if 0 < stats["new_engine_errors"] < stats["new"]:
         print(f"warning: {stats['new_engine_errors']} trajectories ended in engine_error "
               f"(first: {stats['first_error']})", file=sys.stderr)
