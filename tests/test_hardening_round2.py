@@ -352,7 +352,7 @@ def test_tensorboard_under_a_regular_file_is_one_line_before_the_rollout(tmp_pat
 
 
 def test_read_only_tensorboard_folder_is_one_line_before_the_rollout(tmp_path, tiny_model):
-    from test_hardening_outputs import without_dac_override
+    from helpers import without_dac_override
 
     ro = tmp_path / "tb"
     ro.mkdir()
@@ -435,15 +435,15 @@ def test_resume_after_the_processor_changed_is_refused(tmp_path, tiny_model):
 def test_sft_resume_fingerprint_covers_the_processor(tmp_path, tiny_model):
     import shutil
 
-    from marscli.stages.sft import SftConfig, _fingerprint
+    from marscli.stages.sft import SftConfig, resume_fingerprint
 
     ckpt = tmp_path / "ckpt"
     shutil.copytree(tiny_model, ckpt)
     data = write_jsonl(tmp_path / "d.jsonl", [{"v": 1, "id": "a"}])
-    fp = _fingerprint(str(data), str(ckpt), SftConfig(), None, None, [1])
+    fp = resume_fingerprint(str(data), str(ckpt), SftConfig(), None, None, [1])
     with (ckpt / "processor_config.json").open("ab") as fh:
         fh.write(b" ")
-    assert _fingerprint(str(data), str(ckpt), SftConfig(), None, None, [1]) != fp
+    assert resume_fingerprint(str(data), str(ckpt), SftConfig(), None, None, [1]) != fp
 
 
 # ----------------------------------------------------------------------------- 6: prompt length

@@ -215,12 +215,12 @@ def run_sft(data: str, policy: str, out: str, cfg: SftConfig | None = None,
         print(f"sft: skipped {len(bad)} bad row(s){more} (--skip-bad)", file=sys.stderr)
     if not examples:
         raise BadInput(f"{data}: no row to train on ({len(bad)} skipped as bad)")
-    fp = _fingerprint(data, policy, cfg, ds_cfg, base_prompt, examples)
+    fp = resume_fingerprint(data, policy, cfg, ds_cfg, base_prompt, examples)
     with Job("sft", out, cfg, ds_cfg, [data], started, folders=[policy]) as job:
         return _train(job, policy, cfg, processor, spec, examples, bad, fp)
 
 
-def _fingerprint(data, policy, cfg, ds_cfg, base_prompt, examples) -> dict:
+def resume_fingerprint(data, policy, cfg, ds_cfg, base_prompt, examples) -> dict:
     """What must match for a saved partial state to be resumed (module docstring)."""
     cfg_file = Path(policy) / "config.json"
     if data == "-":  # stdin: the tokens and images of the examples stand for the file
