@@ -6,6 +6,8 @@ comparisons. Test modules import from here (or from conftest's fixtures), never 
 from __future__ import annotations
 
 import base64
+import contextlib
+import ctypes
 import hashlib
 import io
 import os
@@ -17,9 +19,11 @@ import subprocess
 import sys
 import time
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
+import pytest
 from PIL import Image, ImageDraw
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -549,3 +553,32 @@ def idle_nodes() -> list[str]:
     up = ("idle", "mixed", "allocated", "completing")
     return sorted({n for n, s in (line.split()[:2] for line in r.stdout.splitlines()
                                   if len(line.split()) >= 2) if s.rstrip("*~#") in up})
+
+
+@contextlib.contextmanager
+def without_dac_override() -> Iterator[None]:
+    """This thread loses CAP_DAC_OVERRIDE (root's power to write where a mode forbids it)."""
+    if os.geteuid() != 0:
+        yield
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                    ("inheritable", ctypes.c_uint32)]
+
+    hdr, data = Header(0x20080522, 0), (Data * 2)()
+    if libc.capget(ctypes.byref(hdr), data) != 0:
+        pytest.skip("root without capget: cannot make a folder read-only for this test")
+    saved = data[0].effective
+    data[0].effective &= ~(1 << 1)  # CAP_DAC_OVERRIDE
+    if libc.capset(ctypes.byref(hdr), data) != 0:
+        pytest.skip("root without capset: cannot make a folder read-only for this test")
+    try:
+        yield
+    finally:
+        data[0].effective = saved
+        assert libc.capset(ctypes.byref(hdr), data) == 0

@@ -12,7 +12,6 @@ folder, so its mode then holds)."""
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import hashlib
 import io
 import os
@@ -33,7 +32,17 @@ from marscli.records.outputs import AppendJsonl, AtomicDir, AtomicJsonl, OutputL
 from marscli.records.provenance import stage_inputs, write_sidecar
 from marscli.train.checkpoint import check_out
 
-from helpers import ENV, MARSCLI, invoke, prompt, scene, trajectory, write_jsonl, write_prompts
+from helpers import (
+    ENV,
+    MARSCLI,
+    invoke,
+    prompt,
+    scene,
+    trajectory,
+    without_dac_override,
+    write_jsonl,
+    write_prompts,
+)
 
 
 def files(folder: Path) -> list[str]:
@@ -458,35 +467,6 @@ def test_full_disk_checkpoint_stages_one_line_no_leftovers(stage, tmp_path, tiny
     code, err = _full(args, limit)
     assert code == 1 and "file too large" in one_line(err), err
     assert files(tmp_path) == listing
-
-
-@contextlib.contextmanager
-def without_dac_override() -> Iterator[None]:
-    """This thread loses CAP_DAC_OVERRIDE (root's power to write where a mode forbids it)."""
-    if os.geteuid() != 0:
-        yield
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-
-    class Header(ctypes.Structure):
-        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-    class Data(ctypes.Structure):
-        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
-                    ("inheritable", ctypes.c_uint32)]
-
-    hdr, data = Header(0x20080522, 0), (Data * 2)()
-    if libc.capget(ctypes.byref(hdr), data) != 0:
-        pytest.skip("root without capget: cannot make a folder read-only for this test")
-    saved = data[0].effective
-    data[0].effective &= ~(1 << 1)  # CAP_DAC_OVERRIDE
-    if libc.capset(ctypes.byref(hdr), data) != 0:
-        pytest.skip("root without capset: cannot make a folder read-only for this test")
-    try:
-        yield
-    finally:
-        data[0].effective = saved
-        assert libc.capset(ctypes.byref(hdr), data) == 0
 
 
 @pytest.mark.parametrize("stage", [

@@ -339,15 +339,16 @@ def test_merge_glob_skips_sidecars_settings_and_media(tmp_path):
     write_jsonl(tmp_path / "o.jsonl.shard-1", [{"v": 1, "id": "b#0"}])
     for side in ("meta.json", "settings.json", "summary.json", "lock"):
         (tmp_path / f"o.jsonl.shard-0.{side}").write_text("{}")
+    (tmp_path / "o.jsonl.shard-1.meta.json").write_text("{}")
     (tmp_path / "o.jsonl.shard-1.media").mkdir()
     (tmp_path / "o.jsonl.shard-1.tmp-123").write_text("torn")
     shards = sorted(str(p) for p in tmp_path.glob("o.jsonl.shard-*"))  # what the shell expands
     code, _, err = invoke(["merge", str(out), *shards])
     assert code == 0, err
-    assert "from 2 shard(s)" in err and "skipped 6" in err
+    assert "from 2 shard(s)" in err and "skipped 7" in err
     assert [r["id"] for r in read_jsonl(out)] == ["a#0", "b#0"]
     meta = orjson.loads(out.with_name("o.jsonl.meta.json").read_bytes())
-    assert len(meta["stats"]["skipped"]) == 6 and len(meta["inputs"]) == 2
+    assert len(meta["stats"]["skipped"]) == 7 and len(meta["inputs"]) == 2
 
 
 # ----------------------------------------------------------------------------- help, env, bounds

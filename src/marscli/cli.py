@@ -388,6 +388,7 @@ def rollout(
     presence_penalty: opt.PresencePenalty = opt.GEN.presence_penalty,
     max_turns: opt.MaxTurns = opt.GEN.max_turns,
     max_response_tokens: opt.MaxResponseTokens = opt.GEN.max_response_tokens,
+    max_prompt_tokens: opt.MaxPromptTokens = None,
     max_turn_tokens: opt.MaxTurnTokens = opt.GEN.max_turn_tokens,
     batch_size: opt.BatchSize = opt.GEN.batch_size,
     max_inflight: opt.MaxInflight = None,
@@ -623,6 +624,7 @@ def eval_cmd(
     max_turns: opt.MaxTurns = None,
     max_turn_tokens: opt.MaxTurnTokens = opt.GEN.max_turn_tokens,
     max_response_tokens: opt.MaxResponseTokens = opt.GEN.max_response_tokens,
+    max_prompt_tokens: opt.MaxPromptTokens = None,
     temperature: opt.Temperature = 0.0,
     top_p: opt.TopP = opt.GEN.top_p,
     top_k: opt.TopK = opt.GEN.top_k,
@@ -757,13 +759,18 @@ def _summarize(results: str, **kw: Any) -> None:
 def merge(
     output: Annotated[str, typer.Argument(help="Merged JSONL to write.")],
     shards: Annotated[list[str], typer.Argument(help="Shard files, in order.")],
+    allow_partial: Annotated[bool, typer.Option(
+        "--allow-partial", help="Also merge shards without their sidecar (a killed or failed "
+                                "job), dropping a torn last record; listed in the sidecar.")
+    ] = False,
 ) -> None:
-    """Join the shards of a rollout or eval array job; duplicate ids are refused, sidecars
-    (*.meta.json, *.settings.json, *.summary.json) and media folders a glob matches skipped."""
+    """Join the finished shards of a rollout or eval array job; a shard still being written or
+    without its sidecar is refused, duplicate ids are refused, sidecars (*.meta.json,
+    *.settings.json, *.summary.json) and media folders a glob matches skipped."""
     with guard():
         from marscli.stages.merge import main as merge_main
 
-        merge_main(output, shards)
+        merge_main(output, shards, allow_partial)
 
 
 @app.command()

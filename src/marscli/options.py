@@ -69,6 +69,10 @@ MaxTurns = Annotated[int | None, typer.Option(
 MaxTurnTokens = Annotated[int, typer.Option(help="Tokens per reply at most.")]
 MaxResponseTokens = Annotated[int, typer.Option(
     help="Model + tool tokens after the prompt, at most.")]
+MaxPromptTokens = Annotated[int | None, typer.Option(
+    help="Refuse a row whose first prompt (system, question, images) is longer than this "
+         "(recorded with stop prompt_too_long, nothing generated); the model's context "
+         "bounds it always.")]
 BatchSize = Annotated[int, typer.Option(
     help="Trajectories advanced together (the lock-step loop: the hf engine, --lockstep).")]
 MaxInflight = Annotated[int | None, typer.Option(

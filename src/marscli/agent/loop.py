@@ -17,7 +17,11 @@ Two loops, one set of steps (`_request`, `_take`, `_tool`, `_observe`, `_end_tur
 
 Model mistakes (bad JSON, unknown tool, bad arguments, unclosed tags) become error observations
 and are counted; the trajectory goes on until it answers or a limit (turns, response tokens)
-stops it.
+stops it. A first prompt longer than `max_prompt_tokens` (the release's prompt-length limit) or
+than the engine's context (`max_context`, where the engine knows it: hf, vllm) is refused per
+row: the trajectory is recorded with `stop: "prompt_too_long"` (the reason in `error`), no
+model segment and no request; the others go on. Each reply is capped to the room left in the
+context, and a trajectory whose context is full stops with `max_tokens`.
 
 Prompt rendering has three modes, one renderer each (renderers.py), chosen once when the Agent
 is built: marscli's own layout; the checkpoint's chat template with `tools=` (`--tools-config`,
@@ -76,6 +80,7 @@ from marscli.tools import ConvImage, NewImage, Tool, ToolContext, ToolResult
 class AgentConfig:
     max_turns: int = 10
     max_response_tokens: int = 16_384  # model + tool tokens after the prompt
+    max_prompt_tokens: int | None = None  # the first prompt at most (None: the context only)
     max_turn_tokens: int = 2_048  # one reply
     max_tool_chars: int = 8_192
     system_prompt: str | None = None  # None: protocol.SYSTEM_PROMPT
@@ -109,7 +114,7 @@ class Traj:
     # Kept by the renderer of its mode (renderers.py), and by nothing else:
     messages: list[dict] | None = None  # message-level engines: the conversation so far
     rendered: TemplateTurns | None = None  # --tools-config: the chat template's rendering
-    error: str | None = None  # stop == "engine_error": why
+    error: str | None = None  # stop == "engine_error" or "prompt_too_long": why
     response_tokens: int = 0
     turns: int = 0
     stop: str | None = None
@@ -151,6 +156,7 @@ class Agent:
         self.processor = engine.processor  # None: a message-level engine without a tokenizer
         self.tok = self.processor.tokenizer if self.processor is not None else None
         self.ids = special_ids(self.tok) if self.tok is not None else None
+        self.context: int | None = getattr(engine, "max_context", None)  # tokens, if known
         self.media_dir, self.rel_to = Path(media_dir), Path(rel_to)
         self.policy_name = policy_name
         self.on_event = on_event or (lambda kind, traj, data: None)
@@ -270,7 +276,23 @@ class Agent:
         toks = self.renderer.prompt(t)
         t.segments.append(Segment("prompt", toks, images=list(range(len(images)))))
         t.context += toks or []
+        if (why := self._too_long(t)) is not None:  # refused: recorded, nothing generated
+            t.stop, t.error = "prompt_too_long", why
+            self.on_event("stop", t, {"stop": t.stop, "answer": None})
         return t
+
+    def _too_long(self, t: Traj) -> str | None:
+        """Why the first prompt may not be sampled from: longer than `max_prompt_tokens`, or
+        leaving no room in the engine's context (`max_context`); None when it fits or its
+        length is not known (a message-level engine without a tokenizer)."""
+        if self.tok is None:
+            return None
+        n = _length(t.context)
+        if self.cfg.max_prompt_tokens is not None and n > self.cfg.max_prompt_tokens:
+            return f"prompt of {n} tokens, over --max-prompt-tokens {self.cfg.max_prompt_tokens}"
+        if self.context is not None and n >= self.context:
+            return f"prompt of {n} tokens, past the model's context of {self.context}"
+        return None
 
     def _prompt_images(self, prompt: Prompt) -> tuple[list, list, list, list]:
         """A prompt's images, decoded once: (images, features, refs, files)."""
@@ -301,6 +323,8 @@ class Agent:
 
     def _request(self, t: Traj) -> GenRequest:
         budget = self.cfg.max_response_tokens - t.response_tokens
+        if self.context is not None and self.tok is not None:  # never sample past the context
+            budget = min(budget, self.context - _length(t.context))
         return GenRequest(t.context, t.feats, min(self.cfg.max_turn_tokens, budget),
                           row=t.prompt.extra, turn=t.turns, messages=t.messages,
                           image_files=t.files, key=t.id)
@@ -338,6 +362,9 @@ class Agent:
     def _end_turn(self, t: Traj) -> None:
         if t.stop is None and t.turns >= self.cfg.max_turns:
             t.stop = "max_turns"
+        if (t.stop is None and self.context is not None and self.tok is not None
+                and _length(t.context) >= self.context):  # the context is full: a token budget
+            t.stop = "max_tokens"
         if t.stop:
             self.on_event("stop", t, {"stop": t.stop, "answer": t.final_answer})
 
@@ -468,6 +495,11 @@ class Agent:
 
 
 _DONE = object()  # the asynchronous loop's end-of-records marker
+
+
+def _length(context: list[int]) -> int:
+    """Tokens as the model sees them (a compact placeholder -n is n image tokens)."""
+    return sum(-x if x < 0 else 1 for x in context)
 
 
 async def _wait_for(event: threading.Event) -> None:

@@ -19,10 +19,11 @@
   when the options are checked; the agent then renders prompts through the policy's chat
   template with `tools=` (renderers.py). Their hash is a sample setting.
 - Settings: the stage's `sample_settings` (what decides the samples: policy and a cheap
-  fingerprint of its weights, engine, sampling, limits, tools, system prompt, seed, plus the
-  stage's own) are written to `OUT.settings.json` before the first record; adding to records
-  made with other settings is refused (`check_settings`: BadInput naming the setting, old →
-  new). `start_over` is `--force`.
+  fingerprint of its weights, processor, tokenizer and chat template, engine, sampling,
+  limits, tools, system prompt, seed, plus the stage's own) are written to
+  `OUT.settings.json` before the first record; adding to records made with other settings is
+  refused (`check_settings`: BadInput naming the setting, old → new). `start_over` is
+  `--force`.
 - Output `-` (`StdoutSink`): every job runs (no resume) and each record goes to stdout as one
   flushed line, its image paths absolute.
 - Counts have upper bounds (`MAX_SAMPLES`, `MAX_BATCH`, ...), checked with the options.
@@ -81,6 +82,7 @@ class GenerationOptions:
     max_turns: int | None = 10  # None: the stage's default (eval: 10, or 1 with --mode direct)
     max_turn_tokens: int = 2_048  # one reply
     max_response_tokens: int = 16_384  # model + tool tokens after the prompt
+    max_prompt_tokens: int | None = None  # the first prompt (the release's prompt limit)
     batch_size: int = 32  # lock-step loop: trajectories advanced together
     max_inflight: int | None = None  # asynchronous loop: trajectories in flight (None: batch)
     lockstep: bool = False  # the lock-step loop even on an engine with an asynchronous one
@@ -114,6 +116,7 @@ class GenerationOptions:
         check_range("--max-turns", self.max_turns, 1, MAX_TURNS)
         check_range("--max-turn-tokens", self.max_turn_tokens, 1, MAX_TOKENS)
         check_range("--max-response-tokens", self.max_response_tokens, 1, MAX_TOKENS)
+        check_range("--max-prompt-tokens", self.max_prompt_tokens, 1, MAX_TOKENS)
         check_range("--batch-size", self.batch_size, 1, MAX_BATCH)
         check_range("--max-inflight", self.max_inflight, 1, MAX_BATCH)
         check_range("--search-timeout", self.search_timeout, 0, MAX_TIMEOUT, lo_open=True)
@@ -345,12 +348,20 @@ class StdoutSink:
 # record (the sidecar comes only at the end of a complete run, so a killed run has none).
 
 WEIGHT_FILES = ("*.safetensors", "*.bin")
+# Every file besides the weights that decides the tokens a checkpoint samples: the model's
+# config, generation defaults, the processor (image resolution → image tokens), the tokenizer
+# and the chat template (transformers 4 and 5 names alike).
+TOKEN_FILES = ("config.json", "generation_config.json", "preprocessor_config.json",
+               "processor_config.json", "video_preprocessor_config.json", "tokenizer.json",
+               "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
+               "added_tokens.json", "chat_template.json", "chat_template.jinja")
 _WHOLE = 32 << 20  # weight files up to this are hashed whole; larger ones by samples
 _BLOCKS, _BLOCK = 32, 128 << 10  # 32 evenly spaced 128 KiB samples: 4 MiB a file
 
 
 def weights_fingerprint(policy: str | None) -> str | None:
-    """A cheap sha256 of a checkpoint folder's weights: config.json, and each weight file's
+    """A cheap sha256 of everything in a checkpoint folder that decides its tokens: the
+    `TOKEN_FILES` present (config, processor, tokenizer, chat template) and each weight file's
     name, size and content (whole up to 32 MiB, else 32 evenly spaced 128 KiB blocks, so an 8B
     checkpoint costs ~16 MiB of reads: an RL update changes every block of a tensor it
     trains). None for a hub id or a served model (the name is all there is)."""
@@ -359,7 +370,7 @@ def weights_fingerprint(policy: str | None) -> str | None:
     root = Path(policy)
     h = hashlib.sha256()
     files = sorted({f for pat in WEIGHT_FILES for f in root.glob(pat)})
-    for f in [root / "config.json", *files]:
+    for f in [*(root / name for name in TOKEN_FILES), *files]:
         if not f.is_file():
             continue
         size = f.stat().st_size
@@ -393,6 +404,7 @@ def sample_settings(gen: GenerationOptions, system_prompt: str | None, **stage: 
         "presence_penalty": gen.presence_penalty or None,  # None: as a file written before it
         "seed": gen.seed, "max_turns": gen.max_turns,
         "max_turn_tokens": gen.max_turn_tokens, "max_response_tokens": gen.max_response_tokens,
+        "max_prompt_tokens": gen.max_prompt_tokens,  # None: as a file written before it
         "system_prompt": prompt, "tools_config": tools, "text_search": gen.text_search,
         "image_search": gen.image_search, "search_options": dict(sorted(gen.search_opts.items())),
         **stage})
@@ -420,14 +432,19 @@ def check_settings(output: str, settings: dict, ids: set[str] | frozenset[str]) 
         with AtomicFile(path) as fh:
             fh.write(orjson.dumps({"v": 1, "settings": settings}, option=orjson.OPT_INDENT_2))
         return
+    if path.is_dir():
+        raise BadInput(f"{path}: is a folder, not a settings file — move it away")
     try:
         old = orjson.loads(path.read_bytes())["settings"]
     except FileNotFoundError:
         raise BadInput(f"{output}: holds {len(ids)} records but no {path.name} says what made "
                        "them (an older marscli, or a merged file) — add --force to start over, "
                        "or pick another -o") from None
-    except (orjson.JSONDecodeError, KeyError, TypeError):
-        raise BadInput(f"{path}: not a settings file — add --force to start over") from None
+    except (orjson.JSONDecodeError, KeyError, TypeError, IndexError):
+        old = None
+    if not isinstance(old, dict):
+        raise BadInput(f"{path}: not a settings file (expected {{\"v\": 1, \"settings\": "
+                       "{...}}) — add --force to start over")
     for key in ["weights", *settings, *(k for k in old if k not in settings)]:
         a, b = old.get(key), settings.get(key)
         if a == b or (key == "policy" and a and old.get("weights") and
@@ -448,7 +465,11 @@ def start_over(output: str, *also: Path) -> None:
     holding the output's lock (a writer still at work is not pulled from under)."""
     from marscli.records.outputs import OutputLock
 
+    files = (Path(output), Path(f"{output}.meta.json"), settings_path(output), *also)
     with OutputLock(output):
-        for p in (Path(output), Path(f"{output}.meta.json"), settings_path(output), *also):
+        for p in files:  # all checked before any is removed
+            if p.is_dir() and not p.is_symlink():
+                raise BadInput(f"{p}: is a folder where --force removes a file — move it away")
+        for p in files:
             p.unlink(missing_ok=True)
         shutil.rmtree(media_dir(output), ignore_errors=True)

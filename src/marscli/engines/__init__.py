@@ -87,6 +87,9 @@ class Engine(Protocol):
     def check_options(engine: str, policy: str | None, opts: dict) -> None: ...
 
     def generate(self, requests: list[GenRequest], params: SamplingParams) -> list[Generation]: ...
+    # `max_context` (optional: hf, vllm): the tokens the model takes, prompt and reply; the
+    # agent refuses a first prompt that leaves no room (stop "prompt_too_long") and caps each
+    # reply to the room left.
     # An engine with `streams = True` (hf) also takes `on_tokens=f`: f(i, ids) with each new
     # token of request i as it is sampled (the agent's "text" events come from it).
     # An engine that batches continuously (vllm, server, openai) also has

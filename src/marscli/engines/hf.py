@@ -61,6 +61,10 @@ class HFEngine:
         self.banned = never_sampled(self.ids, len(self.processor.tokenizer),
                                     self.model.config.get_text_config().vocab_size)
         self.max_batch = max_batch
+        # the longest sequence the model takes: a prompt past it is refused (agent), never
+        # sampled from silently
+        self.max_context = getattr(self.model.config.get_text_config(),
+                                   "max_position_embeddings", None)
         self._calls = 0
 
     def config(self) -> dict:

@@ -130,6 +130,7 @@ class VLLMEngine:
         model_max = _config_int(path, "max_position_embeddings")
         self.max_model_len = max_model_len or min(DEFAULT_MAX_MODEL_LEN,
                                                   model_max or DEFAULT_MAX_MODEL_LEN)
+        self.max_context = self.max_model_len  # the agent refuses a first prompt past it
         self._calls = 0
         self._stats = {"requests": 0, "generated_tokens": 0, "out_of_context": 0}
         self._ban = dict.fromkeys(self.banned, -math.inf)

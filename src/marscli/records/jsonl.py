@@ -8,7 +8,9 @@
   the bytes read, stdin's included: the sidecar records those hashes, and no output of the
   stage may be one of those files. A bad input ends the stage's memory.
 - `follow_rows(path)` reads a file as another stage appends to it, until that stage's sidecar
-  appears (`reward --follow`).
+  appears (`reward --follow`), watching that the file stays the one it opened (same inode,
+  never shorter than what was read). `iter_rows` refuses a file another process is still
+  writing (it holds the file's lock: `outputs.live_writer`).
 - `dumps(row)`: one record as one line; `get_field(row, "a.b", type, ...)`: a field, checked,
   its errors naming FILE:LINE. Writing whole files is `records.outputs`.
 """
@@ -18,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,11 +77,18 @@ def _lines(fh: Any, path: str, limit: int) -> Iterator[bytes]:
         yield raw
 
 
-def iter_rows(path: str) -> Iterator[tuple[int, dict]]:
+def iter_rows(path: str, on_torn: Callable[[int, bytes], None] | None = None
+              ) -> Iterator[tuple[int, dict]]:
     """Yield `(line_number, row)` for each non-blank line of a JSONL file (`-`: stdin),
-    hashing the bytes as they are read (module docstring)."""
+    hashing the bytes as they are read (module docstring). `on_torn(line, raw)`: what to do
+    with a last line that has no newline and is not valid JSON (a killed writer's torn
+    record) instead of refusing the file (`merge --allow-partial` drops it)."""
     path = str(path)
     limit = max_row_bytes()
+    if path != "-":
+        from marscli.records.outputs import refuse_live_writer  # outputs imports this module
+
+        refuse_live_writer(path)
     fh = _open_in(path)
     inputs = current_inputs()
     entry = inputs.remember(path, fh) if fh is not sys.stdin.buffer else None
@@ -88,8 +97,15 @@ def iter_rows(path: str) -> Iterator[tuple[int, dict]]:
         for n, raw in enumerate(_lines(fh, path, limit), start=1):
             h.update(raw)
             size += len(raw)
-            if raw.strip():
-                yield n, _parse(raw, path, n)
+            if not raw.strip():
+                continue
+            if on_torn is not None and not raw.endswith(b"\n"):
+                try:
+                    orjson.loads(raw)
+                except orjson.JSONDecodeError:
+                    on_torn(n, raw)
+                    continue
+            yield n, _parse(raw, path, n)
         if entry is not None:
             entry.sha256 = h.hexdigest()
         else:
@@ -110,7 +126,9 @@ def follow_rows(path: str, *, grace_s: float = 10.0, poll_s: float = 0.1
     an input, like `iter_rows`. The writer is watched through its lock file (`OUT.lock`, its
     pid: this machine only): when no live process has held it for `grace_s` seconds and no
     sidecar has come, the writer died, and RuntimeFailure says so rather than waiting forever.
-    A torn last line that a resumed writer cuts off (AppendJsonl does) is dropped unread."""
+    A torn last line that a resumed writer cuts off (AppendJsonl does) is dropped unread. A
+    file replaced under its name (a new inode, or none) or truncated below what was read ends
+    it with RuntimeFailure (`_same_file`): what was read is no longer that file."""
     from time import monotonic, sleep
 
     from marscli.records.outputs import writer_alive  # outputs imports this module (dumps)
@@ -139,6 +157,7 @@ def follow_rows(path: str, *, grace_s: float = 10.0, poll_s: float = 0.1
     try:
         while True:
             finished = sidecar.exists()  # before the read: all it covers is read below
+            _same_file(path, fh, done)  # after it: a sidecar seen is this file's
             fh.seek(done)  # an unfinished last line is read again: a resumed writer may cut it
             data = fh.read()
             *lines, tail = data.split(b"\n")
@@ -153,8 +172,8 @@ def follow_rows(path: str, *, grace_s: float = 10.0, poll_s: float = 0.1
             if lines:
                 continue
             if finished:
+                h.update(tail)  # the hash covers every byte read, a blank tail included
                 if tail.strip():  # a last line without its newline: whole, or BadInput
-                    h.update(tail)
                     yield n + 1, _parse(tail, path, n + 1)
                 break
             if writer_gone():
@@ -168,6 +187,26 @@ def follow_rows(path: str, *, grace_s: float = 10.0, poll_s: float = 0.1
         raise
     finally:
         fh.close()
+
+
+def _same_file(path: str, fh: Any, done: int) -> None:
+    """RuntimeFailure when the file being followed is no longer the one read: its name leads
+    to another file (replaced, e.g. by `rollout --force`) or to none, or it shrank below what
+    was read (truncated in place). A torn tail cut by a resumed writer shrinks it to `done`
+    at least, which is fine."""
+    mine = os.fstat(fh.fileno())
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        now = None
+    if now is None or (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino):
+        raise RuntimeFailure(f"{path}: was replaced or removed while being followed (another "
+                             "run started over?) — the rows read are not that file's; re-run "
+                             "reward once its writer has finished")
+    if mine.st_size < done:
+        raise RuntimeFailure(f"{path}: shrank from {done} to {mine.st_size} bytes while being "
+                             "followed (truncated in place) — rows already read are gone from "
+                             "it; re-run reward once its writer has finished")
 
 
 def _parse(raw: bytes, path: str, n: int) -> dict:

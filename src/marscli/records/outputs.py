@@ -3,8 +3,10 @@
 - One writer per output: `AtomicFile`, `AtomicJsonl`, `AppendJsonl` and `AtomicDir` hold
   `OutputLock(OUT)`, `flock(LOCK_EX | LOCK_NB)` on `OUT.lock` (`OUT.meta.json` shares its data
   file's lock) with the holder's pid in it; a second writer fails at once (`RuntimeFailure`,
-  exit 1) naming that pid. `writer_alive(OUT)`: whether a live process holds it. See
-  `OutputLock` for why removing the lock file is safe.
+  exit 1) naming that pid. `writer_alive(OUT)`: whether a live process holds it;
+  `live_writer(OUT)`: its pid, confirmed on the lock itself, which readers use to refuse a
+  file still being written (`refuse_live_writer`). See `OutputLock` for why removing the lock
+  file is safe.
 - Every writer first refuses an output that is an input of the stage (`provenance.Inputs`),
   and while open stands as an output no input of the stage may be; a writer that fails ends
   the stage's memory of its inputs.
@@ -67,6 +69,44 @@ def writer_alive(out: str | Path) -> bool:
     except (OSError, ValueError):
         return False
     return pid > 0 and _running(pid)
+
+
+def live_writer(out: str | Path) -> int | None:
+    """The pid of another process that holds `out`'s lock now; None when none does (no lock
+    file, a killed holder's stale one, or this process's own lock). The pid in the file is
+    confirmed by trying a shared lock, so a stale file whose pid was reused does not count."""
+    import fcntl
+
+    path = lock_path(out)
+    try:
+        pid = int(path.read_text().strip() or 0)
+    except (OSError, ValueError):
+        return None
+    if pid <= 0 or pid == os.getpid() or not _running(pid):
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None  # released (and removed) just now
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return pid
+    except OSError:  # no file locks here: the live pid is all there is to go by
+        return pid
+    finally:
+        os.close(fd)  # drops the shared lock, if taken
+    return None
+
+
+def refuse_live_writer(path: str | Path) -> None:
+    """RuntimeFailure (exit 1) when another process is still writing `path` (it holds its
+    lock): a reader without `--follow` would take a half-written file for the whole."""
+    pid = live_writer(path)
+    if pid is not None:
+        raise RuntimeFailure(f"{path}: another process (pid {pid}) is still writing it — wait "
+                             "for it to finish (its sidecar comes last), or score it as it "
+                             "comes with reward --follow")
 
 
 # lock file → [fd, holders]. The process's, not a stage's: flock belongs to the open file, so
@@ -148,6 +188,18 @@ class OutputLock:
         os.close(fd)
 
 
+def hold_lock(out: str | Path) -> OutputLock:
+    """OUT's lock, taken (its folder made first); BadInput when the folder cannot be written.
+    A stage that must own OUT before it starts work (reward) takes it early with this; the
+    writers take it again (re-entrant) when they open OUT. Release with `__exit__()`."""
+    out = Path(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return OutputLock(out).__enter__()
+    except OSError as e:
+        raise BadInput(f"{out}: cannot write here ({e.strerror or e})") from None
+
+
 def tmp_path(path: str | Path, pid: int | None = None) -> Path:
     """`PATH.tmp-PID` (this process's pid unless `pid` is given: one every rank can compute),
     where an output is written before it is renamed onto PATH."""
@@ -204,11 +256,7 @@ class _Output:
             self._inputs.drop(path)
         check_writable(path)
         self._inputs.check_not_input(path)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._lock = OutputLock(path).__enter__()
-        except OSError as e:
-            raise BadInput(f"{path}: cannot write here ({e.strerror or e})") from None
+        self._lock = hold_lock(path)
         self._keys = self._inputs.open_output(path)
 
     def _close_output(self, failed: bool) -> None:

@@ -66,6 +66,7 @@ class Inputs:
 
     def __init__(self) -> None:
         self.files: dict[tuple[int, int], Input] = {}
+        self.paths: dict[str, Input] = {}  # the same entries by absolute name (Inputs.sha256)
         self.stdin_sha256: str | None = None
         self.writing: dict[Key, str] = {}
 
@@ -73,6 +74,7 @@ class Inputs:
         """The stage is over (its sidecar is written, or it failed): what it read no longer
         binds what comes after. Its open outputs stay open until they close."""
         self.files.clear()
+        self.paths.clear()
         self.stdin_sha256 = None
 
     def remember(self, path: str, fh: Any) -> Input:
@@ -87,6 +89,7 @@ class Inputs:
                                "output cannot be one of the inputs: pick another output")
         entry = Input(path)
         self.files[inode(st)] = entry
+        self.paths[os.path.abspath(path)] = entry
         return entry
 
     def remember_stdin(self, sha256: str, size: int) -> None:
@@ -98,13 +101,18 @@ class Inputs:
         """`path` is no longer an input: the stage replaces it in place (eval --rescore)."""
         if Path(path).is_file():
             self.files.pop(inode(os.stat(path)), None)
+        self.paths.pop(os.path.abspath(path), None)
 
     def sha256(self, path: str) -> str | None:
         """sha256 of the bytes of an input as it was read (`-`: stdin) — what the output was
         made from, even if the file changed since — or of the file now when it was not read
-        that way (a system prompt, a text file); None when there is nothing to hash."""
+        that way (a system prompt, a text file); None when there is nothing to hash. A file
+        replaced at its name after it was read is still the file read: its name finds it."""
         if path == "-":
             return self.stdin_sha256
+        read = self.paths.get(os.path.abspath(path))
+        if read is not None and read.sha256:
+            return read.sha256
         try:
             st = os.stat(path)
         except OSError:

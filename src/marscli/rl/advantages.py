@@ -8,7 +8,10 @@ BN-GSPO (the paper's estimator) normalises twice. Group step, within the G sampl
 
 Rows that `reward` left unscored (a judge failure it tolerated under `--max-unscored`) are
 left out: they are not in the output, their groups are the scored rows only, and the sidecar
-and the stderr line count them (`unscored_rows`). Every row unscored is bad input.
+and the stderr line count them (`unscored_rows`). Every row unscored is bad input. Rows that
+rollout refused (`stop: "prompt_too_long"`: no generation; `reward` scored them 0) are left out
+the same way (`prompt_too_long_rows`): they have no token to train on, and as every sample of
+a prompt shares its prompt, their whole group goes.
 
 `--mask-truncated` (off by default, as Mini-o3's over-turn masking): a trajectory that the turn
 limit or the response-token budget stopped (`stop` "max_turns" or "max_tokens", agent.py) was cut
@@ -57,6 +60,7 @@ from marscli.registry import Registry
 Estimator = Callable[[np.ndarray, np.ndarray, int, float, float, np.ndarray], np.ndarray]
 ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
 TRUNCATED_STOPS = ("max_turns", "max_tokens")  # agent.py: the turn limit, the token budget
+PROMPT_TOO_LONG = "prompt_too_long"  # a row rollout refused: no tokens generated, left out
 MAX_MINIBATCHES = 1 << 20  # --minibatches
 EPS_GROUP, EPS_BATCH = 1e-6, 1e-9  # the group step's and the batch step's std epsilon
 
@@ -233,6 +237,12 @@ def run(rows: list[tuple[int, dict]], src: str, estimator: str = "bn-gspo", mini
         raise BadInput(f"{src}: all {len(rows)} rows are unscored — re-run `marscli reward` "
                        "once the judge works")
     rows = [(line, row) for line, row in rows if not is_unscored(row)]
+    too_long = sum(row.get("stop") == PROMPT_TOO_LONG for _, row in rows)
+    if too_long == len(rows):
+        raise BadInput(f"{src}: all {len(rows)} scored rows are stop {PROMPT_TOO_LONG} (rollout "
+                       "refused their prompts) — nothing to train on: raise --max-prompt-tokens "
+                       "or shorten the prompts")
+    rows = [(line, row) for line, row in rows if row.get("stop") != PROMPT_TOO_LONG]
     pids, r, stop = _validate(rows, src, stops=mask_truncated)
     rows, pids, r, stop = _canonical(rows, pids, r, stop)
     cut = np.array([s in TRUNCATED_STOPS for s in stop], bool)  # [N] all False without the flag
@@ -271,6 +281,7 @@ def run(rows: list[tuple[int, dict]], src: str, estimator: str = "bn-gspo", mini
         "groups": n_kept,
         "rows": len(out),
         "unscored_rows": unscored,
+        "prompt_too_long_rows": too_long,
         "dropped_groups": n - n_kept,
         "dropped_rows": len(r) - len(out),
         "zero_std_groups": int(flat.sum()),

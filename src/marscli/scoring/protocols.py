@@ -46,8 +46,9 @@ of each benchmark is the `BENCHMARKS` table below.
    record unscored: excluded from accuracy, counted, and the stage exits 1 over
    `--max-unscored`; never a silent 0.
 4. Items add up as a plain mean.
-Eval only: a record whose engine failed (`stop` "engine_error") is unscored; a reward row is
-scored whatever its stop (its format reward is 0).
+Eval only: a record whose engine failed (`stop` "engine_error") is unscored (one whose prompt
+was refused, `stop` "prompt_too_long", scores 0 without a judge call, as in `reward`); a
+reward row is scored whatever its stop (its format reward is 0).
 
 `official` (eval only) — each benchmark's own protocol where it has one, `mars` elsewhere:
 - MMSearch: token-level F1 (SQuAD tokens, best over the gold answer and its alternatives)
@@ -224,6 +225,8 @@ def harmonic_mean(values: list[float]) -> float:
 def _no_answer(rec: dict) -> dict | None:
     if rec.get("stop") == "engine_error":
         return {"status": "unscored", "error": f"engine_error: {rec.get('error') or 'unknown'}"}
+    if rec.get("stop") == "prompt_too_long":  # refused, nothing generated: wrong, no judge
+        return {"accuracy": 0.0, "method": "prompt_too_long"}
     answer = response_answer(rec)
     if answer is None or not answer.strip():
         return {"accuracy": 0.0, "method": "no_answer"}
@@ -285,8 +288,9 @@ def eval_mars(rec: dict, ctx: ScoreContext) -> dict:
 
 def eval_release(rec: dict, ctx: ScoreContext, allow_no_tag: bool = False) -> dict:
     """A record as the release's evaluators score it (the `release` protocol's points 1-2)."""
-    if rec.get("stop") == "engine_error":
-        return {"status": "unscored", "error": f"engine_error: {rec.get('error') or 'unknown'}"}
+    early = _no_answer(rec) if rec.get("stop") in ("engine_error", "prompt_too_long") else None
+    if early is not None:
+        return early
     mcq = bool(rec.get("choices")) or benchmark_info(rec.get("benchmark")).multiple_choice
     try:
         acc, method = release_accuracy(model_text(rec), _gold(rec), mcq,

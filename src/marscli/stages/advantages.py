@@ -36,6 +36,8 @@ def main(input: str, output: str = "-", estimator: str = "bn-gspo", minibatches:
         dropped += f", masked {stats['masked_truncated']} truncated"
     if stats["unscored_rows"]:
         dropped += f", skipped {stats['unscored_rows']} unscored rows"
+    if stats["prompt_too_long_rows"]:
+        dropped += f", skipped {stats['prompt_too_long_rows']} prompt_too_long rows"
     print(f"advantages ({estimator}): {stats['rows']} rows in {stats['groups']} groups{dropped}, "
           f"zero-std groups {stats['zero_std_groups']}, "
           f"wrote {'stdout' if output == '-' else output}",

@@ -44,6 +44,7 @@ system prompts are its own (`--system-prompt FILE` replaces them).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
@@ -73,7 +74,7 @@ from marscli.records.provenance import stage_inputs, write_sidecar
 from marscli.scoring.judge import JudgeOptions, make_judge
 from marscli.scoring.protocols import ScoreContext, make_protocol
 from marscli.tools import TOOL_NAMES
-from marscli.train.trackers import check_tracker, log_stats
+from marscli.train.trackers import check_tracker, log_stats, stats_tracker
 
 MODES = ("agent", "direct")
 DIRECT_PROMPT = """You answer questions about images. Look at the image carefully, reason \
@@ -123,6 +124,7 @@ def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
     base_prompt = read_system_prompt(gen.system_prompt) or (DIRECT_PROMPT if mode == "direct"
                                                             else None)
     judge = make_judge(judge_spec, judge_opts)  # a bad spec fails before anything is read
+    stack = contextlib.ExitStack()
     try:
         ctx = LoadContext(source=bench, cache_dir=image_cache(output),
                           image_dir=Path(image_dir) if image_dir else None, benchmark=benchmark,
@@ -132,6 +134,11 @@ def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
         if not rows and not loaded.rows:
             raise BadInput(f"{bench}: no items")
         check_images(bench, rows, loaded.unit, loaded.where)
+        # opened before any work: a tracker that cannot write fails first
+        tracker = stats_tracker(track, stage="eval", output=output,
+                                inputs=[bench, *gen.input_files()],
+                                outputs=[summary_path(output), image_cache(output)])
+        stack.callback(tracker.close)  # on a failure; on success log_stats closes it
         _report_loaded(loaded, len(rows), shard)
         if samples > 1 and gen.temperature == 0:
             print(f"warning: --samples {samples} with --temperature 0: the samples of an item "
@@ -155,8 +162,23 @@ def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
                        gen.tools() if mode == "agent" else [], output=output,
                        system_prompt=base_prompt, label=f"eval ({mode})", on_record=score,
                        progress=progress, settings=settings)
+    except BaseException:
+        stack.close()
+        raise
     finally:
         judge.close()
+    with stack:  # the tracker, closed on a failure below
+        summary = _finish(output, gen, res, settings, loaded, rows, mode, protocol, judge,
+                          samples, shard, max_unscored, bench, started)
+        stack.pop_all()
+    log_stats(tracker, output=output, stats=summary)
+    return summary
+
+
+def _finish(output: str, gen: GenerationOptions, res: Any, settings: dict, loaded: Any,
+            rows: list, mode: str, protocol: str, judge: Any, samples: int,
+            shard: tuple[int, int], max_unscored: float, bench: str, started: float) -> dict:
+    """Summarise, refuse a failed run, write the sidecar and the summary (last)."""
     run = res.stats
     speed = f" in {run['generate_s']:.1f} s" if run["new"] else ""
     print(f"eval: {run['new']} new, {run['skipped']} already in {output}{speed}",
@@ -181,7 +203,6 @@ def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
     write_sidecar(output, stage="eval", seed=gen.seed, config=config,
                   inputs=inputs + gen.input_files(), stats=stats, started=started)
     write_summary(summary, output)  # last: make takes it for done
-    log_stats(track, stage="eval", output=output, stats=summary)
     return summary
 
 

@@ -13,6 +13,10 @@ Rows are checked before they are scored (FILE:LINE: field): `answer_gt`, `choice
 strings that the gold answers name), `segments`; with a judge that asks a model, `question` and
 the first image's file (relative to the input's folder), which the judge is shown.
 
+A row that rollout refused (`stop: "prompt_too_long"`: its prompt did not fit, nothing was
+generated) scores 0 (accuracy 0, format 0) without a judge call, counted as `prompt_too_long`
+in the statistics; `advantages` then leaves it out (there is nothing to train on).
+
 Failures: a judge that gives no verdict after its retries leaves the row
 `{"status": "unscored", "error": ...}` with no `total`, never a silent 0.
 - Up to `max_unscored` of the rows may be unscored: the output and sidecar are written, the
@@ -28,6 +32,7 @@ Nothing here imports torch or transformers (a test checks `marscli reward` in a 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import sys
 import time
@@ -40,12 +45,14 @@ import orjson
 
 from marscli.errors import BadInput, RuntimeFailure, check_range
 from marscli.records.jsonl import follow_rows, get_field, iter_rows, read_rows
-from marscli.records.outputs import AtomicJsonl
+from marscli.records.outputs import AtomicJsonl, hold_lock
 from marscli.records.provenance import stage_inputs, write_sidecar
 from marscli.scoring.answers import LETTERS, format_ok, gold_letters
 from marscli.scoring.judge import Judge, JudgeError, JudgeOptions, make_judge
 from marscli.scoring.protocols import Protocol, reward_protocol
 from marscli.secrets import redact
+
+PROMPT_TOO_LONG = "prompt_too_long"  # a row rollout refused: nothing generated, reward 0
 
 
 def _validate(row: dict, src: str, line: int, judge: Judge) -> str | None:
@@ -90,6 +97,8 @@ def _validate(row: dict, src: str, line: int, judge: Judge) -> str | None:
 
 def _score(row: dict, image: str | None, judge: Judge, format_weight: float,
            protocol: Protocol) -> dict:
+    if row.get("stop") == PROMPT_TOO_LONG:  # nothing was generated: 0, and no judge call
+        return {"total": 0.0, "accuracy": 0.0, "format": 0.0, "judge": judge.name}
     fmt = format_weight if format_ok(row) else 0.0
     try:
         acc = protocol.reward(row, image, judge)
@@ -133,6 +142,7 @@ def run(rows: Iterable[tuple[int, dict]], src: str, judge: Judge, format_weight:
         "judge_calls": judge.stats.calls,
         "judge_requests": judge.stats.requests, "judge_retries": judge.stats.retries,
         "cache_hits": judge.stats.cache_hits, "unscored": unscored,
+        "prompt_too_long": sum(row.get("stop") == PROMPT_TOO_LONG for row in out),
         "over_unscored": unscored > max_unscored * len(out),
         "first_error": next((r["error"] for r in rewards if "error" in r), None),
     }
@@ -198,7 +208,9 @@ def main(input: str, output: str = "-", judge_spec: str = "exact", format_weight
     """`marscli reward`: read, score, write all-or-nothing, write the sidecar. When too many
     rows are unscored: keep the scored ones in `OUT.partial`, write nothing else, and raise
     RuntimeFailure (exit 1). `follow`: score the input's rows as its writer appends them,
-    until its sidecar appears (`jsonl.follow_rows`)."""
+    until its sidecar appears (`jsonl.follow_rows`). OUT's lock is held from the start, so a
+    second reward (or follower) on the same output fails at once instead of paying for every
+    judge call again."""
     check_range("--format-weight", format_weight, 0)
     check_range("--max-unscored", max_unscored, 0, 1)
     opts = judge_options or JudgeOptions()
@@ -206,15 +218,28 @@ def main(input: str, output: str = "-", judge_spec: str = "exact", format_weight
     if follow and input == "-":
         raise BadInput("--follow: needs a file that a stage is writing, not stdin (a pipe "
                        "already streams rows as they come)")
+    if follow and output != "-" and Path(output).resolve() == Path(input).resolve():
+        raise BadInput(f"-o {output}: is the file being followed — pick another output")
     started = time.time()
     reward_protocol(protocol)  # a bad name fails before the judge or the input is touched
     judge = make_judge(judge_spec, opts)  # a bad spec fails before the input is read
-    try:
-        rows = follow_rows(input) if follow else read_rows(input)
-        out, stats = run(rows, input, judge, format_weight, max_unscored, opts.concurrency,
-                         known=load_partial(output), protocol=protocol)
-    finally:
-        judge.close()
+    with contextlib.ExitStack() as stack:
+        if output != "-":  # held from the start: a second reward on OUT fails before any call
+            stack.callback(hold_lock(output).__exit__)
+        try:
+            rows = follow_rows(input) if follow else read_rows(input)
+            out, stats = run(rows, input, judge, format_weight, max_unscored, opts.concurrency,
+                             known=load_partial(output), protocol=protocol)
+        finally:
+            judge.close()
+        return _finish(output, input, out, stats, judge, format_weight, max_unscored, protocol,
+                       started)
+
+
+def _finish(output: str, input: str, out: list[dict], stats: dict, judge: Judge,
+            format_weight: float, max_unscored: float, protocol: str, started: float) -> dict:
+    """Write the scored rows and the sidecar, or (too many unscored) keep the partial file
+    and raise RuntimeFailure."""
     _summary(stats)
     if stats["over_unscored"]:
         kept = save_partial(output, out, judge.config(), format_weight, protocol)
@@ -239,6 +264,8 @@ def _summary(stats: dict) -> None:
     scores = (f"accuracy {stats['accuracy_mean']}, format {stats['format_mean']}"
               if stats["rows"] > stats["unscored"] else "no row scored")
     reused = f", {stats['reused']} from the partial file" if stats["reused"] else ""
+    if stats["prompt_too_long"]:
+        scores += f" ({stats['prompt_too_long']} prompt_too_long rows scored 0)"
     print(f"reward: {stats['rows']} rows ({stats['protocol']} protocol), {scores}, "
           f"judge calls {stats['judge_calls']} "
           f"(cache hits {stats['cache_hits']}{reused}), unscored {stats['unscored']}",

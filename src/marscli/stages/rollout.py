@@ -25,6 +25,9 @@
 - Statistics go to stderr (a progress bar on a terminal, one summary line) and to the sidecar
   `OUT.jsonl.meta.json`, written at the end of a complete run and counted from the whole file,
   so it is right after a resumed run too. Speeds (trajectories/s, tokens/s) are this run's.
+- A prompt longer than the model's context or `--max-prompt-tokens` is refused per row: its
+  trajectories are recorded with `stop: "prompt_too_long"`, nothing generated, counted under
+  `stop` in the statistics (and a warning line); the run goes on.
 - Trajectories whose engine requests kept failing are recorded with `stop: "engine_error"`. A
   run in which every new trajectory failed so exits 1: the server is down or misconfigured.
   To retry them, drop them from the file (`jq -c 'select(.stop != "engine_error")'`) and re-run.
@@ -55,7 +58,7 @@ from marscli.errors import RuntimeFailure, check_range
 from marscli.records.jsonl import iter_rows
 from marscli.records.provenance import stage_inputs, write_sidecar
 from marscli.records.schema import load_prompts
-from marscli.train.trackers import check_tracker, log_stats
+from marscli.train.trackers import check_tracker, log_stats, stats_tracker
 
 STDOUT_MEDIA = "rollout.media"  # `-o -`: crops go here (in the working directory) by default
 _TALLIED = ("turns", "stop", "final_answer", "tool_calls", "tool_errors", "tool_failures",
@@ -79,6 +82,29 @@ def run_rollout(prompts: str, output: str, gen: GenerationOptions | None = None,
     base_prompt = read_system_prompt(gen.system_prompt)
     rows = [(p.line, p) for p in load_prompts(prompts, image_dir) if in_shard(p.id, shard)]
     check_images(prompts, rows)
+    if output == "-":  # streamed records are no iteration's: nothing to track
+        tracker = None
+    else:  # opened before any work: a tracker that cannot write fails first
+        tracker = stats_tracker(track, stage="rollout", output=output,
+                                inputs=[prompts, *gen.input_files()],
+                                outputs=[media] if media else [])
+    try:
+        stats = _run(prompts, output, gen, rows, n, shard, progress, force, media, base_prompt,
+                     started)
+    except BaseException:
+        if tracker is not None:
+            tracker.close()
+        raise
+    if tracker is not None:
+        log_stats(tracker, output=output, stats=stats)
+    return stats
+
+
+def _run(prompts: str, output: str, gen: GenerationOptions, rows: list, n: int,
+         shard: tuple[int, int], progress: bool, force: bool, media: str | None,
+         base_prompt: str | None, started: float) -> dict:
+    """Generate, tally and write the sidecar (run_rollout's work, once everything is checked
+    and the tracker is open)."""
     tools = gen.tools()
     jobs = [(p, k) for _, p in rows for k in range(n)]
     streamed: list[dict] = []
@@ -104,8 +130,6 @@ def run_rollout(prompts: str, output: str, gen: GenerationOptions | None = None,
               "weights": settings["weights"] if settings else None}
     write_sidecar(output, stage="rollout", seed=gen.seed, config=config,
                   inputs=[prompts, *gen.input_files()], stats=stats, started=started)
-    if output != "-":  # streamed records are no iteration's: nothing to track
-        log_stats(track, stage="rollout", output=output, stats=stats)
     return stats
 
 
@@ -140,6 +164,10 @@ def _report(stats: dict, output: str) -> None:
             f"{stats['new']} new, {stats['skipped']} already in {output}")
     print(f"rollout: {done}{speed}; {stats['trajectories']} trajectories, stops: {stops}",
           file=sys.stderr)
+    if refused := stats["stop"].get("prompt_too_long"):
+        print(f"warning: {refused} trajectories refused, their prompt too long for the model's "
+              "context or --max-prompt-tokens (stop prompt_too_long, nothing generated)",
+              file=sys.stderr)
     if 0 < stats["new_engine_errors"] < stats["new"]:
         print(f"warning: {stats['new_engine_errors']} trajectories ended in engine_error "
               f"(first: {stats['first_error']})", file=sys.stderr)

@@ -79,6 +79,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from marscli.agent.runner import weights_fingerprint
 from marscli.errors import BadInput, check_range
 from marscli.records.jsonl import dumps, read_rows
 from marscli.records.outputs import AtomicDir, tmp_path
@@ -214,12 +215,12 @@ def run_sft(data: str, policy: str, out: str, cfg: SftConfig | None = None,
         print(f"sft: skipped {len(bad)} bad row(s){more} (--skip-bad)", file=sys.stderr)
     if not examples:
         raise BadInput(f"{data}: no row to train on ({len(bad)} skipped as bad)")
-    fp = _fingerprint(data, policy, cfg, ds_cfg, base_prompt, examples)
-    with Job("sft", out, cfg, ds_cfg, [data], started) as job:
+    fp = resume_fingerprint(data, policy, cfg, ds_cfg, base_prompt, examples)
+    with Job("sft", out, cfg, ds_cfg, [data], started, folders=[policy]) as job:
         return _train(job, policy, cfg, processor, spec, examples, bad, fp)
 
 
-def _fingerprint(data, policy, cfg, ds_cfg, base_prompt, examples) -> dict:
+def resume_fingerprint(data, policy, cfg, ds_cfg, base_prompt, examples) -> dict:
     """What must match for a saved partial state to be resumed (module docstring)."""
     cfg_file = Path(policy) / "config.json"
     if data == "-":  # stdin: the tokens and images of the examples stand for the file
@@ -233,6 +234,7 @@ def _fingerprint(data, policy, cfg, ds_cfg, base_prompt, examples) -> dict:
     fp = {"data": digest,
           "policy": str(Path(policy).resolve()) if Path(policy).exists() else policy,
           "policy_config": sha256_file(cfg_file) if cfg_file.is_file() else None,
+          "policy_files": weights_fingerprint(policy),  # weights, processor, tokenizer, template
           "system_prompt": hashlib.sha256((base_prompt or "").encode()).hexdigest(),
           "examples": n, "engine": "deepspeed" if ds_cfg else "torch",
           "zero_stage": ds_cfg["zero_optimization"].get("stage", 0) if ds_cfg else None}

@@ -198,7 +198,7 @@ def run_update(adv: str, policy: str, out: str, cfg: UpdateConfig | None = None,
     processor = load_processor(policy)
     spec = Spec.of(processor, policy)
     examples, masked = load_rows(adv, spec, cfg.micro_batch_tokens, cfg.old_logp == "engine")
-    with Job("update", out, cfg, ds_cfg, [adv], started) as job:
+    with Job("update", out, cfg, ds_cfg, [adv], started, folders=[policy, ref]) as job:
         return _train(job, policy, ref, cfg, agg, loss, processor, spec, examples, masked)
 
 

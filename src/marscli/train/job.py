@@ -116,9 +116,11 @@ class Job:
     checkpoint and `sidecar` the meta file (rank 0 only)."""
 
     def __init__(self, stage: str, out: str, opts: TrainOptions, ds_cfg: dict | None,
-                 inputs: list[str], started: float) -> None:
+                 inputs: list[str], started: float, folders: Sequence[str | None] = ()) -> None:
         self.stage, self.out, self.opts, self.ds_cfg = stage, out, opts, ds_cfg
         self.inputs, self.started = inputs, started
+        self.folders = folders  # the checkpoints it reads: no tracker writes into them
+        self.tracker: Any = None  # rank 0's, opened on entry (`_tracker`)
         self.dist = Dist()
         self.folder: Path | None = None  # OUT.tmp-PID while output() is open
         self.pid = os.getpid()  # rank 0's pid once output() is open
@@ -129,13 +131,20 @@ class Job:
         self.dist = init_distributed(deepspeed=self.ds_cfg is not None, device=self.opts.device)
         try:
             seed_everything(self.opts.seed)
+            if self.dist.main:  # before any work: a tracker that cannot write fails first
+                self.tracker = self._tracker()
         except BaseException:
             close_distributed(self.dist)
             raise
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        close_distributed(self.dist)
+        try:
+            if self.tracker is not None:
+                self.tracker.close()
+                self.tracker = None
+        finally:
+            close_distributed(self.dist)
 
     def log(self, msg: str) -> None:
         log(self.dist, msg)
@@ -152,7 +161,7 @@ class Job:
             self.folder = od.tmp
             mpath = self.opts.metrics or od.tmp / "metrics.jsonl"
             writer = MetricsWriter(mpath if d.main else None, atomic=self.opts.metrics is not None,
-                                   tracker=self._tracker() if d.main else None)
+                                   tracker=self.tracker)
             try:
                 yield writer
                 writer.close(ok=True)
@@ -164,14 +173,17 @@ class Job:
 
     def _tracker(self) -> Any:
         """The experiment tracker each optimiser step's metrics also go to (rank 0), named
-        RUN/OUT (e.g. demo/ckpt-3)."""
+        RUN/OUT (e.g. demo/ckpt-3), opened on entry, before any model loads, and never onto
+        the job's inputs, the checkpoints it reads, OUT or --metrics (`open_tracker`)."""
         from dataclasses import asdict
 
         from marscli.train.trackers import open_tracker
 
         out = Path(self.out)
         return open_tracker(self.opts.track, run=f"{out.parent.name}/{out.name}",
-                            config={"stage": self.stage, **asdict(self.opts)})
+                            config={"stage": self.stage, **asdict(self.opts)},
+                            inputs=[*self.inputs, *self.folders],
+                            outputs=[self.out, self.opts.metrics])
 
     def build(self, policy: str, **kw: Any) -> Any:
         """`trainer.build_model` for this job, timed into the sidecar's load_seconds."""
@@ -372,9 +384,7 @@ class MetricsWriter:
             self.tracker.log(row, step=int(row.get("step", 0)))
 
     def close(self, ok: bool) -> None:
-        if self.tracker is not None:
-            self.tracker.close()
-            self.tracker = None
+        self.tracker = None  # its owner (Job) closes it
         if self.fh is None:
             return
         try:

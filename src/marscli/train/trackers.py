@@ -16,6 +16,11 @@
 - `jsonl:FILE`: one line `{"v": 1, "run", "step", "metrics"}` a step, appended.
 - `iteration_of(path)`: the RL iteration a stage's output belongs to (`iter-k`, `ckpt-k`), the
   step for per-stage summaries (rollout, eval) so that they line up across iterations.
+- Opened before the stage works (`open_tracker`, `stats_tracker`), so that a tracker that
+  cannot write (a read-only folder, a path under a regular file, wandb missing) fails first,
+  one line, exit 2, with nothing written; and never onto the stage's data: a path a tracker
+  writes that is an input or an output of the stage, inside one of their folders or beside an
+  output as its companion (`OUT.meta.json`, ...), is refused (`check_clash`).
 - Metrics: nested dicts flattened to `a/b`; only numbers are logged (bools, strings and None
   are skipped), so a stage can pass its metrics rows as they are.
 """
@@ -29,7 +34,7 @@ import re
 import socket
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -53,17 +58,58 @@ EXAMPLES = {"tensorboard": "tensorboard:runs/tb", "wandb": "wandb:marscli",
             "jsonl": "jsonl:runs/track.jsonl"}
 
 
-def open_tracker(spec: str | None, *, run: str, config: dict) -> Tracker:
-    """The tracker `spec` names (None: `$MARSCLI_TRACK`, then none). BadInput, one line
-    naming the option, for an unknown kind, a missing argument or a missing package."""
+def open_tracker(spec: str | None, *, run: str, config: dict,
+                 inputs: Iterable[str | Path | None] = (),
+                 outputs: Iterable[str | Path | None] = ()) -> Tracker:
+    """The tracker `spec` names (None: `$MARSCLI_TRACK`, then none), opened: a stage opens it
+    before any work, so that a tracker that cannot write fails first. BadInput, one line
+    naming the option, for an unknown kind, a missing argument or a missing package, a path
+    it cannot write (a read-only folder, a folder under a regular file), or one that is an
+    input or an output of the stage (`inputs`, `outputs`: `check_clash`)."""
     parsed = _parse(spec)
     if parsed is None:
         return NullTracker()
     kind, arg, option = parsed
+    opener = TRACKERS.get(kind)
+    check_clash(f"{option}: {kind}:{arg}", _writes(opener, arg, run), inputs, outputs)
     try:
-        return TRACKERS.get(kind)(arg, run, config)
+        return opener(arg, run, config)
     except BadInput as e:
         raise BadInput(f"{option}: {e}") from None
+    except OSError as e:
+        where = e.filename or arg
+        raise BadInput(f"{option}: {kind}:{arg}: cannot write {where} ({e.strerror or e}) — "
+                       "pick a folder you can write to") from None
+
+
+def _writes(opener: Any, arg: str, run: str) -> list[Path]:
+    """The paths a tracker writes (an entry's `writes(arg, run)`; none for a service)."""
+    writes = getattr(opener, "writes", None)
+    return list(writes(arg, run)) if writes is not None else []
+
+
+def check_clash(what: str, writes: Iterable[Path], inputs: Iterable[str | Path | None],
+                outputs: Iterable[str | Path | None]) -> None:
+    """BadInput when a path a tracker writes is an input or an output of the stage: the same
+    file (a link to it included), inside one of its folders (a checkpoint), or one of an
+    output's companions (`OUT.meta.json`, `OUT.settings.json`, `OUT.lock`, ...). Trackers
+    write beside the data, never onto it."""
+    named = [("an input", Path(x)) for x in inputs if x and str(x) != "-"]
+    named += [("an output", Path(x)) for x in outputs if x and str(x) != "-"]
+    for w in writes:
+        for kind, x in named:
+            companion = kind == "an output" and w.parent.resolve() == x.parent.resolve() \
+                and w.name.startswith(f"{x.name}.")
+            if _same(w, x) or x.resolve() in w.resolve().parents or companion:
+                raise BadInput(f"{what}: {w} is {kind} of this stage ({x}) or beside it — a "
+                               "tracker would write into the stage's data: pick another path")
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return a.resolve() == b.resolve()
 
 
 def check_tracker(spec: str | None) -> None:
@@ -87,12 +133,19 @@ def _parse(spec: str | None) -> tuple[str, str, str] | None:
     return kind, arg, option
 
 
-def log_stats(spec: str | None, *, stage: str, output: str | Path, stats: dict) -> None:
-    """A stage's summary statistics (rollout, eval) as one tracker step of run `RUN/STAGE`
-    (`runs/demo/iter-3/rollouts.jsonl` → `demo/rollout`), at the iteration k of the output's
-    `iter-k`/`ckpt-k` path (0 when there is none)."""
+def stats_tracker(spec: str | None, *, stage: str, output: str | Path,
+                  inputs: Iterable[str | Path | None] = (),
+                  outputs: Iterable[str | Path | None] = ()) -> Tracker:
+    """The tracker a stage's summary statistics (rollout, eval) go to, opened before the stage
+    works (`open_tracker`; `output` is among the outputs checked): run `RUN/STAGE`
+    (`runs/demo/iter-3/rollouts.jsonl` → `demo/rollout`). Log with `log_stats`."""
     run = f"{Path(output).resolve().parent.parent.name}/{stage}"
-    tracker = open_tracker(spec, run=run, config={})
+    return open_tracker(spec, run=run, config={}, inputs=inputs, outputs=[output, *outputs])
+
+
+def log_stats(tracker: Tracker, *, output: str | Path, stats: dict) -> None:
+    """The statistics as one step at the iteration k of the output's `iter-k`/`ckpt-k` path
+    (0 when there is none); the tracker is closed after."""
     try:
         tracker.log(stats, step=iteration_of(output))
     finally:
@@ -145,7 +198,14 @@ class JsonlTracker:
 
     def __init__(self, path: str, run: str, config: dict) -> None:
         self.path, self.run = Path(path), run
+        if self.path.is_dir():
+            raise BadInput(f"jsonl:{path}: is a folder — name a file to append to")
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.open("ab").close()  # can it be written: found now, not after the work
+
+    @staticmethod
+    def writes(arg: str, run: str) -> list[Path]:
+        return [Path(arg)]
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         row = {"v": 1, "run": self.run, "step": step, "metrics": flatten(metrics)}
@@ -169,6 +229,10 @@ class TensorBoardTracker:
         if builtin is None:
             builtin = not _has_tensorboard()
         self.writer: Any = EventWriter(self.dir) if builtin else _summary_writer(self.dir)
+
+    @staticmethod
+    def writes(arg: str, run: str) -> list[Path]:
+        return [_run_dir(arg, run)]
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         for tag, value in flatten(metrics).items():
