@@ -393,7 +393,7 @@ def test_a_tracker_beside_the_data_still_works(tmp_path, tiny_model):
 def test_fingerprint_covers_every_file_that_decides_the_tokens(tmp_path, tiny_model, name):
     import shutil
 
-    from marscli.agent.runner import weights_fingerprint
+    from marscli.records.provenance import weights_fingerprint
 
     ckpt = tmp_path / "ckpt"
     shutil.copytree(tiny_model, ckpt)

@@ -17,8 +17,9 @@ import time
 import orjson
 import pytest
 
-from marscli.agent.runner import media_dir, settings_path, weights_fingerprint
+from marscli.agent.runner import media_dir, settings_path
 from marscli.errors import BadInput, RuntimeFailure
+from marscli.records.provenance import weights_fingerprint
 from marscli.stages.eval import run_eval
 from marscli.stages.rollout import run_rollout
 

@@ -26,6 +26,7 @@ import requests
 from marscli.agent.runner import GenerationOptions
 from marscli.engines import GenRequest, SamplingParams, make_engine
 from marscli.errors import BadInput, RuntimeFailure
+from marscli.records.provenance import weights_fingerprint
 from marscli.stages.serve import PolicyServer, make_handler
 from marscli.stages.serve_guard import Folders
 
@@ -290,11 +291,34 @@ def test_sleep_and_wake_in_place_in_vllms_order(checkpoints):
         assert log[1:] == ["sleep 2", "wake weights", "load other", "wake kv_cache", "prefix",
                            "mm", "encoder"]
         assert gen(url).json() == {"tokens": [len("other")], "logprobs": [-1.0],
-                                   "finish": "length", "policy": str(checkpoints.other)}
+                                   "finish": "length", "policy": str(checkpoints.other),
+                                   "fingerprint": weights_fingerprint(checkpoints.other)}
         del log[:]
         assert post(url, "/sleep").json()["level"] == 1  # the default level
         assert post(url, "/wake").json()["policy"] == str(checkpoints.other)
         assert log == ["sleep 1", "wake weights", "wake kv_cache", "prefix", "mm", "encoder"]
+
+
+def test_a_folder_rewritten_in_place_is_another_policy(checkpoints, tmp_path):
+    """`update --out CKPT --force` rewrites the folder a server holds: the server knows its
+    policy by the files' fingerprint, not the path, so the next rollout with --policy CKPT
+    reloads it, and a client that started before the rewrite fails instead of mixing two."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(checkpoints.tiny, ckpt)
+    with serving(ckpt, sleep_mode=True) as (url, log, _):
+        before = make_engine("server", str(ckpt), base_url=url, retries=0)
+        assert not [x for x in log if x.startswith("load")]  # the same files: nothing to do
+        config = ckpt / "config.json"
+        config.write_text(config.read_text() + "\n")  # rewritten: other bytes, same name
+        h = requests.get(url + "/health", timeout=10).json()
+        assert h["policy"] == str(ckpt) and h["fingerprint"] != weights_fingerprint(ckpt)
+        after = make_engine("server", str(ckpt), base_url=url, retries=0)
+        assert "load ckpt" in log and after.fingerprint == weights_fingerprint(ckpt)
+        assert requests.get(url + "/health", timeout=10).json()["fingerprint"] == \
+            after.fingerprint
+        assert after.generate([REQ], SamplingParams())[0].finish == "length"
+        with pytest.raises(RuntimeFailure, match="reloaded during this run"):
+            before.generate([REQ], SamplingParams())
 
 
 def test_without_sleep_mode_the_engine_is_freed_and_rebuilt(checkpoints):
@@ -307,8 +331,9 @@ def test_without_sleep_mode_the_engine_is_freed_and_rebuilt(checkpoints):
         r = post(url, "/reload", {"policy": str(checkpoints.other)})
         assert r.status_code == 200 and r.json()["woke"] and r.json()["reloaded"]
         assert log[-1] == "start other" and gen(url).json()["tokens"] == [len("other")]
-        assert post(url, "/wake").json() == {"policy": str(checkpoints.other), "asleep": False,
-                                             "level": None, "woke": False, "reloaded": False}
+        assert post(url, "/wake").json() == {
+            "policy": str(checkpoints.other), "fingerprint": weights_fingerprint(checkpoints.other),
+            "asleep": False, "level": None, "woke": False, "reloaded": False}
 
 
 def test_bad_sleeps_and_wakes_are_refused_and_change_nothing(checkpoints):

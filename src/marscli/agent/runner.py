@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 from marscli.configs import from_names
 from marscli.engines import ENGINES, SamplingParams, check_engine, make_engine, split_engine
 from marscli.errors import BadInput, check_range
+from marscli.records.provenance import weights_fingerprint
 
 if TYPE_CHECKING:  # the CLI imports this module for the defaults: the rest loads when used
     from marscli.agent.loop import AgentConfig, Event
@@ -346,44 +347,6 @@ class StdoutSink:
 # A resumed output must not mix runs: the records already there and the ones this run adds
 # must come from the same settings. They are written to OUT.settings.json before the first
 # record (the sidecar comes only at the end of a complete run, so a killed run has none).
-
-WEIGHT_FILES = ("*.safetensors", "*.bin")
-# Every file besides the weights that decides the tokens a checkpoint samples: the model's
-# config, generation defaults, the processor (image resolution → image tokens), the tokenizer
-# and the chat template (transformers 4 and 5 names alike).
-TOKEN_FILES = ("config.json", "generation_config.json", "preprocessor_config.json",
-               "processor_config.json", "video_preprocessor_config.json", "tokenizer.json",
-               "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
-               "added_tokens.json", "chat_template.json", "chat_template.jinja")
-_WHOLE = 32 << 20  # weight files up to this are hashed whole; larger ones by samples
-_BLOCKS, _BLOCK = 32, 128 << 10  # 32 evenly spaced 128 KiB samples: 4 MiB a file
-
-
-def weights_fingerprint(policy: str | None) -> str | None:
-    """A cheap sha256 of everything in a checkpoint folder that decides its tokens: the
-    `TOKEN_FILES` present (config, processor, tokenizer, chat template) and each weight file's
-    name, size and content (whole up to 32 MiB, else 32 evenly spaced 128 KiB blocks, so an 8B
-    checkpoint costs ~16 MiB of reads: an RL update changes every block of a tensor it
-    trains). None for a hub id or a served model (the name is all there is)."""
-    if not policy or not Path(policy).is_dir():
-        return None
-    root = Path(policy)
-    h = hashlib.sha256()
-    files = sorted({f for pat in WEIGHT_FILES for f in root.glob(pat)})
-    for f in [*(root / name for name in TOKEN_FILES), *files]:
-        if not f.is_file():
-            continue
-        size = f.stat().st_size
-        h.update(f"{f.name}\0{size}\0".encode())
-        with f.open("rb") as fh:
-            if size <= _WHOLE:
-                h.update(fh.read())
-                continue
-            for i in range(_BLOCKS):
-                fh.seek((size - _BLOCK) * i // (_BLOCKS - 1))
-                h.update(fh.read(_BLOCK))
-    return h.hexdigest()
-
 
 def sample_settings(gen: GenerationOptions, system_prompt: str | None, **stage: Any) -> dict:
     """What decides the samples of a run, flat, named like the options (`stage`: the stage's

@@ -44,6 +44,7 @@ import orjson
 from marscli.engines import ENGINES, Generation, GenRequest, SamplingParams
 from marscli.errors import BadInput, RuntimeFailure, check_range
 from marscli.http import HttpClient, HttpError
+from marscli.records.provenance import weights_fingerprint
 from marscli.secrets import redact
 
 ASLEEP = "asleep (level"  # how a sleeping server's 503 starts its reason (stages/serve.py)
@@ -125,23 +126,26 @@ class ServerEngine(ServeClient):
                          concurrency=concurrency)
         self.concurrency = concurrency
         self._pool: ThreadPoolExecutor | None = None
-        self.held = self._hold(policy)  # every reply must come from this policy
+        # every reply must come from this policy, as its folder was when the server loaded it
+        self.held, self.fingerprint = self._hold(policy)
         self.policy_name = policy if policy is not None else self.held
         self.processor = load_processor(self.held)
         self._config = {"base_url": redact(self.url), "timeout": timeout, "retries": retries,
                         "concurrency": concurrency, "server_policy": self.held}
 
-    def _hold(self, policy: str | None) -> str:
-        """The policy the server generates with: `policy`, which it is made to hold (a
-        sleeping server wakes with it), else whatever it holds."""
+    def _hold(self, policy: str | None) -> tuple[str, str | None]:
+        """The policy the server generates with and its fingerprint: `policy`, which it is
+        made to hold (a sleeping server wakes with it; one holding this folder as it was before
+        it was rewritten reloads it), else whatever it holds."""
         state = self.health()
-        if policy is not None and (state.get("asleep") or not same_policy(policy,
-                                                                          state["policy"])):
+        if policy is not None and (state.get("asleep")
+                                   or not same_policy(policy, state["policy"])
+                                   or state.get("fingerprint") != weights_fingerprint(policy)):
             state = self.reload(policy)
         if state["policy"] is None:
             raise RuntimeFailure(f"marscli serve at {redact(self.url)} holds no policy yet: "
                                  "name one with --policy CKPT")
-        return state["policy"]
+        return state["policy"], state.get("fingerprint")
 
     def config(self) -> dict:
         return dict(self._config)
@@ -183,7 +187,8 @@ class ServerEngine(ServeClient):
                 raise RuntimeFailure(f"marscli serve at {redact(self.url)}: {e.reason} — "
                                      f"{todo} and re-run: the rollout resumes") from None
             return Generation([], None, "error", error=str(e))
-        if not same_policy(reply["policy"], self.held):
+        if not same_policy(reply["policy"], self.held) or \
+                reply.get("fingerprint") != self.fingerprint:
             raise RuntimeFailure(
                 f"marscli serve at {redact(self.url)} now holds {reply['policy']}, not "
                 f"{self.held}: it was reloaded during this run, so its trajectories would mix "

@@ -79,6 +79,7 @@ import orjson
 from marscli.engines import Generation, GenRequest, SamplingParams
 from marscli.engines.server import ASLEEP
 from marscli.errors import BadInput, MarsError, check_range
+from marscli.records.provenance import weights_fingerprint
 from marscli.stages.serve_guard import (
     IDLE_S,
     MAX_INFLIGHT_PIXELS,
@@ -129,6 +130,9 @@ class PolicyServer:
         self.budget = budget or PixelBudget()
         self.engine: Any = None
         self.policy: str | None = None
+        # what the held policy's folder held when it was loaded (records.provenance): a folder
+        # rewritten in place (`update --out CKPT --force`) is another policy under one name
+        self.fingerprint: str | None = None
         self.names: dict[str, list[int]] | None = None  # tensor shapes every policy must have
         self.level: int | None = 2
         self.info: dict = {}  # the last engine's config (vLLM version, max_model_len, ...)
@@ -138,10 +142,12 @@ class PolicyServer:
         if policy is not None:
             self._start(str(Path(policy).resolve()))
             self.policy, self.level = str(Path(policy).resolve()), None
+            self.fingerprint = weights_fingerprint(self.policy)
 
     def health(self) -> dict:
         engine = self.engine
-        return {"ok": True, "policy": self.policy, "asleep": self.level is not None,
+        return {"ok": True, "policy": self.policy, "fingerprint": self.fingerprint,
+                "asleep": self.level is not None,
                 "level": self.level, "sleep_mode": self._sleep_mode(),
                 "inflight": engine.loop.inflight if engine is not None else 0,
                 "requests": self.requests, "reloads": self.reloads, "sleeps": self.sleeps,
@@ -156,7 +162,8 @@ class PolicyServer:
         return "vllm" if self.info.get("sleep_mode") else "rebuild"
 
     def _state(self, **extra: Any) -> dict:
-        return {"policy": self.policy, "asleep": self.level is not None, "level": self.level,
+        return {"policy": self.policy, "fingerprint": self.fingerprint,
+                "asleep": self.level is not None, "level": self.level,
                 **extra}
 
     def asleep_failure(self) -> HttpFailure:
@@ -184,7 +191,7 @@ class PolicyServer:
     def reply(self, engine: Any, r: GenRequest, result: Any) -> dict:
         g = result if isinstance(result, Generation) else engine.finish(r, result)
         return {"tokens": g.tokens, "logprobs": g.logprobs, "finish": g.finish,
-                "policy": self.policy}
+                "policy": self.policy, "fingerprint": self.fingerprint}
 
     def parse(self, engine: Any, body: Any) -> tuple[GenRequest, SamplingParams]:
         from marscli.qwen.tokens import model_image
@@ -328,7 +335,8 @@ class PolicyServer:
         `path` loaded when they are not already its, then the KV cache), else a new engine."""
         self._check(path)
         t0 = time.perf_counter()
-        changed = path != self.policy
+        fingerprint = weights_fingerprint(path)
+        changed = path != self.policy or fingerprint != self.fingerprint
         if self.engine is None:
             try:
                 self._start(path)
@@ -338,7 +346,7 @@ class PolicyServer:
         else:
             self._wake_in_place(path, reload=changed or self.level == 2)
         with self._gate:
-            self.policy, self.level = path, None
+            self.policy, self.level, self.fingerprint = path, None, fingerprint
         self.wakes += 1
         self.reloads += changed
         dt = time.perf_counter() - t0
@@ -357,9 +365,10 @@ class PolicyServer:
     def _reload(self, path: str) -> dict:
         """New weights into the running engine; HttpFailure 400 (bad checkpoint: nothing
         moved) or 409 (requests in flight)."""
-        if path == self.policy:
+        if path == self.policy and weights_fingerprint(path) == self.fingerprint:
             return self._state(load_s=0.0, reloaded=False)
         self._check(path)
+        fingerprint = weights_fingerprint(path)
         loop = self.engine.loop
         if loop.inflight:
             raise HttpFailure(409, f"{loop.inflight} requests in flight: reload between "
@@ -374,7 +383,7 @@ class PolicyServer:
             self._restore(e, lambda llm: load_weights(llm, old))
             raise HttpFailure(400, f"{path}: loading failed ({_why(e)}); still serving "
                                    f"{old}") from None
-        self.policy, self.reloads = path, self.reloads + 1
+        self.policy, self.fingerprint, self.reloads = path, fingerprint, self.reloads + 1
         dt = time.perf_counter() - t0
         print(f"serve: reloaded {path} in {dt:.2f} s", file=sys.stderr)
         return self._state(load_s=round(dt, 4), reloaded=True)

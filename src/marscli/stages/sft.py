@@ -79,11 +79,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from marscli.agent.runner import weights_fingerprint
 from marscli.errors import BadInput, check_range
 from marscli.records.jsonl import dumps, read_rows
 from marscli.records.outputs import AtomicDir, tmp_path
-from marscli.records.provenance import sha256_file, stage_inputs
+from marscli.records.provenance import sha256_file, stage_inputs, weights_fingerprint
 from marscli.train.batch import Example, Spec, load_example
 from marscli.train.distributed import barrier, is_main_process
 from marscli.train.job import Job, Minibatch, TrainOptions, check_paths, deepspeed_config
