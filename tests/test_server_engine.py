@@ -314,6 +314,7 @@ def test_a_folder_rewritten_in_place_is_another_policy(checkpoints, tmp_path):
         assert h["policy"] == str(ckpt) and h["fingerprint"] != weights_fingerprint(ckpt)
         after = make_engine("server", str(ckpt), base_url=url, retries=0)
         assert "load ckpt" in log and after.fingerprint == weights_fingerprint(ckpt)
+        assert after.max_context == 64  # the server's max_model_len: prompts past it refused
         assert requests.get(url + "/health", timeout=10).json()["fingerprint"] == \
             after.fingerprint
         assert after.generate([REQ], SamplingParams())[0].finish == "length"

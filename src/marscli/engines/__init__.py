@@ -87,7 +87,7 @@ class Engine(Protocol):
     def check_options(engine: str, policy: str | None, opts: dict) -> None: ...
 
     def generate(self, requests: list[GenRequest], params: SamplingParams) -> list[Generation]: ...
-    # `max_context` (optional: hf, vllm): the tokens the model takes, prompt and reply; the
+    # `max_context` (optional: hf, vllm, server): the tokens the model takes, prompt and reply; the
     # agent refuses a first prompt that leaves no room (stop "prompt_too_long") and caps each
     # reply to the room left.
     # An engine with `streams = True` (hf) also takes `on_tokens=f`: f(i, ids) with each new

@@ -128,6 +128,8 @@ class ServerEngine(ServeClient):
         self._pool: ThreadPoolExecutor | None = None
         # every reply must come from this policy, as its folder was when the server loaded it
         self.held, self.fingerprint = self._hold(policy)
+        # the server's vLLM context: the agent refuses a first prompt past it (prompt_too_long)
+        self.max_context: int | None = self.health().get("max_model_len")
         self.policy_name = policy if policy is not None else self.held
         self.processor = load_processor(self.held)
         self._config = {"base_url": redact(self.url), "timeout": timeout, "retries": retries,
