@@ -18,8 +18,8 @@ Two loops, one set of steps (`_request`, `_take`, `_tool`, `_observe`, `_end_tur
 Model mistakes (bad JSON, unknown tool, bad arguments, unclosed tags) become error observations
 and are counted; the trajectory goes on until it answers or a limit (turns, response tokens)
 stops it. A first prompt longer than `max_prompt_tokens` (the release's prompt-length limit) or
-than the engine's context (`max_context`, where the engine knows it: hf, vllm, server) is refused per
-row: the trajectory is recorded with `stop: "prompt_too_long"` (the reason in `error`), no
+than the engine's context (`max_context`, where the engine knows it: hf, vllm, server) is
+refused per row: the trajectory is recorded with `stop: "prompt_too_long"` (the reason in `error`), no
 model segment and no request; the others go on. Each reply is capped to the room left in the
 context, and a trajectory whose context is full stops with `max_tokens`.
 
