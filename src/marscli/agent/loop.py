@@ -19,8 +19,8 @@ Model mistakes (bad JSON, unknown tool, bad arguments, unclosed tags) become err
 and are counted; the trajectory goes on until it answers or a limit (turns, response tokens)
 stops it. A first prompt longer than `max_prompt_tokens` (the release's prompt-length limit) or
 than the engine's context (`max_context`, where the engine knows it: hf, vllm, server) is
-refused per row: the trajectory is recorded with `stop: "prompt_too_long"` (the reason in `error`), no
-model segment and no request; the others go on. Each reply is capped to the room left in the
+refused per row: the trajectory is recorded with `stop: "prompt_too_long"` (the reason in
+`error`), no model segment and no request; the others go on. Each reply is capped to the room left in the
 context, and a trajectory whose context is full stops with `max_tokens`.
 
 Prompt rendering has three modes, one renderer each (renderers.py), chosen once when the Agent
