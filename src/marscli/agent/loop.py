@@ -20,8 +20,8 @@ and are counted; the trajectory goes on until it answers or a limit (turns, resp
 stops it. A first prompt longer than `max_prompt_tokens` (the release's prompt-length limit) or
 than the engine's context (`max_context`, where the engine knows it: hf, vllm, server) is
 refused per row: the trajectory is recorded with `stop: "prompt_too_long"` (the reason in
-`error`), no model segment and no request; the others go on. Each reply is capped to the room left in the
-context, and a trajectory whose context is full stops with `max_tokens`.
+`error`), no model segment and no request; the others go on. Each reply is capped to the
+room left in the context, and a trajectory whose context is full stops with `max_tokens`.
 
 Prompt rendering has three modes, one renderer each (renderers.py), chosen once when the Agent
 is built: marscli's own layout; the checkpoint's chat template with `tools=` (`--tools-config`,
