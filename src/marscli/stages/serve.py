@@ -9,7 +9,7 @@ Endpoints (JSON in and out; errors as `{"error": reason}`):
 - `POST /generate` `{"tokens": compact ids (-n: an image's run of n placeholders), "images":
   [{"path": file} | {"b64": PNG/JPEG bytes}], "max_new_tokens", "temperature", "top_p",
   "top_k", "presence_penalty", "seed", "key", "turn"}` → `{"tokens", "logprobs", "finish",
-  "policy"}`, the request seeded from (seed, key, turn) as every engine seeds it (a request
+  "policy", "fingerprint"}`, the request seeded from (seed, key, turn) as every engine seeds it (a request
   without a key by a counter):
   the vllm engine's generation (engines/vllm.py: raw log-probs, the stop token kept, vision
   placeholders never sampled, the prompt vLLM built checked against the client's placeholder
@@ -24,7 +24,9 @@ Endpoints (JSON in and out; errors as `{"error": reason}`):
   requests are in flight (a rollout's replies would mix two policies; the client also checks
   every reply's `policy`). A bad checkpoint (no folder, unreadable or truncated weights,
   other tensor names or shapes) is refused with 400 and the reason before any weight moves,
-  so the old weights stay. Reloading the policy already held is a no-op.
+  so the old weights stay. Reloading the policy already held is a no-op, unless its folder's
+  files changed (`update --out CKPT --force`): the server knows a policy by its fingerprint
+  (records.provenance.weights_fingerprint, the one rollout records), not by its path.
 - `POST /sleep` `{"level": 1|2}` (default 1) → `{"policy", "asleep", "level", "sleep_s"}`:
   the engine's memory given back between rollouts (the trainer's turn on the same GPUs). With
   vLLM's sleep mode (CUDA, ROCm: `enable_sleep_mode`, unless `--no-sleep-mode`) in place:
@@ -43,11 +45,16 @@ Endpoints (JSON in and out; errors as `{"error": reason}`):
   with what it had.
 - While asleep, `POST /generate` answers 503 with `Retry-After` before reading its body; the
   client waits (engines/server.py, bounded by its retries) rather than failing.
-- `GET /health` → `{"ok", "policy", "asleep", "level", "sleep_mode" ("vllm" | "rebuild"),
+- `GET /health` → `{"ok", "policy", "fingerprint", "asleep", "level", "sleep_mode" ("vllm" | "rebuild"),
   "inflight", "requests", "reloads", "sleeps", "wakes", "vllm", "max_model_len"}`.
 
 `marscli serve` without a policy starts asleep (level 2, no engine, no memory) until a wake or
 reload names one. `marscli serve-ctl URL sleep|wake|health` is the command-line client.
+
+What it reads (serve_guard.py): images and checkpoints only under `--allow-dir` (default: the
+working folder and the first policy's parent), one reply for anything else; images within a
+pixel budget read from their headers (`--max-request-pixels`, `--max-inflight-pixels`); a
+bounded pool of handler threads, a listen queue of 1,024 and a 5 s idle timeout.
 
 Faults: a malformed request gets a 4xx and the server stays up; a client that disconnects
 mid-request has its request aborted in the engine (the handler polls its socket while it
