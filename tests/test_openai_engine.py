@@ -139,6 +139,39 @@ def test_permanent_failure_ends_only_that_trajectory(server, tmp_path):
     assert [question(r["body"]) for r in server.log].count("What colour? broken") == 3
 
 
+# vLLM 0.32's refusal of a conversation longer than --max-model-len (tests/test_openai_vllm.py)
+CONTEXT_400 = {"error": {"message": "This model's maximum context length is 4096 tokens. However, "
+                         "your prompt contains at least 4097 input tokens, which exceeds this "
+                         "limit even without any output tokens.", "type": "BadRequestError",
+                         "param": "input_tokens", "code": 400}}
+
+
+def test_context_overflow_stops_at_the_limit_not_as_an_engine_error(fake_server, tmp_path):
+    """The second turn no longer fits the server's context: the trajectory stops at its token
+    limit, asked once (a 400 is not retried), and is no engine failure; another 400 still is."""
+    def refuse(path, body, attempt):
+        if question(body).endswith("bad max_tokens"):
+            return 400, {"error": {"message": "max_tokens=10000 cannot be greater than "
+                                              "max_model_len=4096."}}
+        if any(m["role"] == "assistant" for m in body["messages"]):
+            return 400, CONTEXT_400
+        return 200, chat_reply(ZOOM, "stop", (100, 9))
+
+    srv = fake_server(refuse)
+    prompts = write_prompts(tmp_path, ["What colour?", "What colour? bad max_tokens"])
+    out = tmp_path / "t.jsonl"
+    stats = run_rollout(str(prompts), str(out), engine="openai", n=1,
+                        engine_opts=opts(srv, retries=2), progress=False)
+    by_id = {r["id"]: r for r in read(out)}
+    full = by_id["p0#0"]
+    assert full["stop"] == "max_tokens" and "error" not in full and full["turns"] == 1
+    assert full["tool_calls"] == {"image_zoom_in_tool": 1}
+    assert by_id["p1#0"]["stop"] == "engine_error"
+    assert "cannot be greater than max_model_len" in by_id["p1#0"]["error"]
+    assert stats["stop"] == {"engine_error": 1, "max_tokens": 1}
+    assert srv.max_attempts() == 1
+
+
 def test_all_failed_is_a_runtime_failure(server, tmp_path):
     prompts = write_prompts(tmp_path, ["broken"])
     out = tmp_path / "t.jsonl"

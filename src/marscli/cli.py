@@ -640,6 +640,7 @@ def eval_cmd(
     tools_config: opt.ToolsConfig = None,
     device: opt.Device = opt.GEN.device,
     max_unscored: opt.MaxUnscored = opt.MAX_UNSCORED,
+    max_tool_failure_rate: opt.MaxToolFailureRate = opt.MAX_TOOL_FAILURE_RATE,
     summarize: Annotated[str | None, typer.Option(
         "--summarize", "--summary-only", metavar="RESULTS.jsonl", hidden=True,
         help="Old form of `eval summarize RESULTS.jsonl`.")] = None,
@@ -676,7 +677,8 @@ def eval_cmd(
             if bench is not None:
                 raise BadInput("--summarize: give the results file only, not BENCH too")
             _summarize(summarize, rescore=rescore, protocol=protocol, judge_spec=judge,
-                       judge_opts=jopts, max_unscored=max_unscored)
+                       judge_opts=jopts, max_unscored=max_unscored,
+                       max_tool_failure_rate=max_tool_failure_rate)
             return
         if bench is None:
             raise BadInput("BENCH: missing — give a benchmark file or folder (or --summarize "
@@ -697,7 +699,7 @@ def eval_cmd(
         run_eval(bench, output, gen, fmt=fmt, mode=mode, samples=samples, judge_spec=judge,
                  protocol=protocol or "mars", shard=parse_shard(shard), benchmark=benchmark,
                  image_dir=image_dir, max_unscored=max_unscored, split=split, judge_opts=jopts,
-                 force=force, track=track)
+                 max_tool_failure_rate=max_tool_failure_rate, force=force, track=track)
 
 
 Results = Annotated[str, typer.Argument(metavar="RESULTS.jsonl", help="Results file of eval.")]
@@ -715,6 +717,7 @@ def eval_summarize(
     as_json: Annotated[bool, typer.Option(
         "--json", help="Comparing checkpoints: the table's numbers as JSON on stdout.")] = False,
     max_unscored: opt.MaxUnscored = opt.MAX_UNSCORED,
+    max_tool_failure_rate: opt.MaxToolFailureRate = opt.MAX_TOOL_FAILURE_RATE,
 ) -> None:
     """Recompute RESULTS.summary.json from a results file (after `marscli merge`); or, given a
     run folder or summaries, compare checkpoints: accuracy with 95% intervals per benchmark
@@ -723,9 +726,11 @@ def eval_summarize(
         from marscli.stages.eval_compare import is_results_file, run_compare
 
         if is_results_file(results):
-            _summarize(results[0], max_unscored=max_unscored, command="eval summarize")
+            _summarize(results[0], max_unscored=max_unscored, command="eval summarize",
+                       max_tool_failure_rate=max_tool_failure_rate)
         else:
-            run_compare(results, by=by, as_json=as_json)
+            run_compare(results, by=by, as_json=as_json,
+                        max_tool_failure_rate=max_tool_failure_rate)
 
 
 @eval_app.command("rescore")
@@ -735,6 +740,7 @@ def eval_rescore(
         help="Score every record under this protocol (default: each record's own).")] = None,
     judge: opt.Judge = opt.JUDGE,
     max_unscored: opt.MaxUnscored = opt.MAX_UNSCORED,
+    max_tool_failure_rate: opt.MaxToolFailureRate = opt.MAX_TOOL_FAILURE_RATE,
     judge_timeout: opt.JudgeTimeout = opt.JUDGE_TIMEOUT,
     judge_retries: opt.JudgeRetries = opt.JUDGE_RETRIES,
     judge_concurrency: opt.JudgeConcurrency = opt.JUDGE_CONCURRENCY,
@@ -745,7 +751,7 @@ def eval_rescore(
     with guard():
         _summarize(results, rescore=True, protocol=protocol, judge_spec=judge,
                    judge_opts=opt.judge_options(locals()), max_unscored=max_unscored,
-                   command="eval rescore")
+                   max_tool_failure_rate=max_tool_failure_rate, command="eval rescore")
 
 
 def _summarize(results: str, **kw: Any) -> None:

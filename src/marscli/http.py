@@ -22,15 +22,18 @@ It owns, so that no caller repeats them:
   min(30 s, backoff * 2^(k-1)) * (floor + U[0, 1)) — full jitter at floor 0 — drawn from a
   private generator, so that no stage's seeded `random` is consumed;
 - typed failures: the caller's `error` class (an `HttpError`), whose message is
-  `METHOD URL: reason (after N attempts)`, with `reason`, `attempts` and `transient` (the
-  attempts ran out, rather than a request that retrying cannot fix) for callers that say it
-  their own way;
+  `METHOD URL: reason (after N attempts)`, with `reason`, `attempts`, `transient` (the
+  attempts ran out, rather than a request that retrying cannot fix) and `timed_out` (the last
+  attempt ran out of time: the health counts tell timeouts from other backend errors) for
+  callers that say it their own way;
 - secrets: a URL's userinfo (`http://user:PW@host/`) is sent as Basic auth and never kept in
   the URL; every message goes through `redact` (URL userinfo, secret query parameters, known
   keys) and loses the credentials this client sent (the token of an Authorization or X-API-KEY
   header, the password and Basic token of a userinfo), so that a server echoing them back
   never puts them in a record;
-- counts for the sidecars: `attempts` (requests sent) and `failures` (calls that gave up).
+- counts for the sidecars: `attempts` (requests sent) and `failures` (calls that gave up);
+  and per thread, `last_attempts()`: the requests the thread's last call sent (the judge
+  records its retries per verdict).
 
 A small loop rather than urllib3's `Retry` on a requests adapter: `Retry` cannot retry a 200
 whose body does not parse (the judge's and the engine's commonest fault), its schedule is not
@@ -75,17 +78,20 @@ class HttpError(RuntimeFailure):
     `transient`)."""
 
     def __init__(self, message: str, reason: str = "", attempts: int = 0,
-                 transient: bool = False) -> None:
+                 transient: bool = False, timed_out: bool = False) -> None:
         super().__init__(message)
         self.reason, self.attempts, self.transient = reason or message, attempts, transient
+        self.timed_out = timed_out
 
 
 class _Failed(Exception):
-    """One attempt failed; `transient`: another may succeed; `wait`: the server's Retry-After."""
+    """One attempt failed; `transient`: another may succeed; `wait`: the server's Retry-After;
+    `timed_out`: the deadline cut it."""
 
-    def __init__(self, reason: str, transient: bool, wait: float | None = None) -> None:
+    def __init__(self, reason: str, transient: bool, wait: float | None = None,
+                 timed_out: bool = False) -> None:
         super().__init__(reason)
-        self.transient, self.wait = transient, wait
+        self.transient, self.wait, self.timed_out = transient, wait, timed_out
 
 
 class HttpClient:
@@ -138,6 +144,7 @@ class HttpClient:
             if i:
                 time.sleep(self._wait(i, failed.wait))
             self._count("attempts")
+            self._local.last_attempts = i + 1
             try:
                 return self._attempt(method, url, payload, headers, validate,
                                      max_bytes or self.max_bytes)
@@ -149,7 +156,11 @@ class HttpClient:
         reason = self.scrub(str(failed), headers, url)
         raise self.error(self.scrub(f"{method} {url}: {reason} (after {i + 1} attempt"
                                     f"{'s' if i else ''})", headers, url),
-                         reason, i + 1, failed.transient)
+                         reason, i + 1, failed.transient, timed_out=failed.timed_out)
+
+    def last_attempts(self) -> int:
+        """The requests this thread's last call sent (0 before its first call)."""
+        return getattr(self._local, "last_attempts", 0)
 
     def _wait(self, i: int, retry_after: float | None) -> float:
         if retry_after:
@@ -183,7 +194,8 @@ class HttpClient:
         return _parse(body, validate)
 
     def _timed_out(self, e: BaseException) -> _Failed:
-        return _Failed(f"timed out after {self.timeout:g} s in all ({type(e).__name__})", True)
+        return _Failed(f"timed out after {self.timeout:g} s in all ({type(e).__name__})", True,
+                       timed_out=True)
 
     def _send(self, method: str, url: str, payload: Any, headers: dict[str, str],
               deadline: float) -> requests.Response:

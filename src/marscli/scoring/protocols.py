@@ -107,7 +107,7 @@ from marscli.scoring.answers import (
     response_answer,
     score_answer,
 )
-from marscli.scoring.judge import Judge, JudgeError
+from marscli.scoring.judge import Judge, JudgeError, judge_tally
 from marscli.scoring.release import (
     compute_score_em_for_mcq,
     em_check,
@@ -486,7 +486,10 @@ class Protocol:
     reward: Callable[[dict, str | None, Judge], float] | None = None
 
     def score(self, rec: dict, ctx: ScoreContext) -> dict:
-        return {"protocol": self.name, **self.scorer(rec, ctx)}
+        """The record's score, with what it took of the judge (`judge_calls`, when any)."""
+        with judge_tally() as calls:
+            out = self.scorer(rec, ctx)
+        return {"protocol": self.name, **out, **calls.fields()}
 
     def aggregate(self, bench: str, items: list[dict]) -> dict:
         return self.adder(bench, items)

@@ -39,12 +39,14 @@ class Hit:
     text: str  # snippet, page text or page summary
     url: str | None = None
     score: float | None = None
+    fetched: bool | None = None  # its page: None not tried, True read, False unreadable
 
 
 @dataclass
 class ImageHit:
     title: str
     thumbnail: str  # absolute path or URL
+    cached: bool = False  # from stored results (the row's, or the search cache), not live
 
 
 class NoInput(Exception):

@@ -45,7 +45,8 @@ class DataImageBackend:
     def find(self, ctx: Any, k: int) -> list[ImageHit]:
         row = ctx.row or {}
         base = Path(row.get("_base") or ".")
-        return [ImageHit(t, _resolve(th, base)) for t, th in row_results(row)[:k]]
+        # the row's results were searched before training: the release's image-search cache
+        return [ImageHit(t, _resolve(th, base), cached=True) for t, th in row_results(row)[:k]]
 
 
 @IMAGE_BACKENDS.register("data")

@@ -119,6 +119,7 @@ class SerperBackend:
                 texts = list(pool.map(self._page_text, hits))
             for h, t in zip(hits, texts):
                 h.text = t or h.text  # an unreadable page keeps Google's snippet
+                h.fetched = None if not h.url else t is not None  # counted as tool health
         return hits
 
     def _page_text(self, hit: Hit) -> str | None:
@@ -185,10 +186,13 @@ class SerperLensBackend:
             raise NoInput("this image has no public image_url, so reverse image search "
                           "(serper-lens) cannot run on it")
         if self.cache is None:
-            found = self._lens(image_url, k)
-        else:
-            key = cache_key(public_spec(self.url), image_url, k)
-            found = self.cache.through(key, lambda: self._lens(image_url, k))
+            return [ImageHit(**h) for h in self._lens(image_url, k)]
+        key = cache_key(public_spec(self.url), image_url, k)
+        found = self.cache.get(key)
+        if found is not None:
+            return [ImageHit(**h, cached=True) for h in found]
+        found = self._lens(image_url, k)
+        self.cache.put(key, found)
         return [ImageHit(**h) for h in found]
 
     def _lens(self, image_url: str, k: int) -> list[dict]:

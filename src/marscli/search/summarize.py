@@ -66,6 +66,11 @@ Condense these into at most five sentences stating the facts that answer the que
 results as [n]. If none is relevant, say so."""
 
 
+class SummarizerError(SearchError):
+    """The summariser failed (after its retries): the search call fails with it, and the tool
+    counts it as a summariser failure."""
+
+
 class LlmSummarizer:
     def __init__(self, url: str, model: str, opts: SearchOptions) -> None:
         url = url.rstrip("/")
@@ -88,12 +93,17 @@ class LlmSummarizer:
         return _THINK.sub("", text or "").strip()
 
     def summarize(self, query: str, hits: list[Hit]) -> tuple[str, list[Hit]]:
-        """(condensed summary, hits with each text replaced by its page summary)."""
+        """(condensed summary, hits with each text replaced by its page summary);
+        `SummarizerError` when the endpoint fails."""
         if not hits:
             return "", hits
-        with ThreadPoolExecutor(len(hits)) as pool:
-            pages = list(pool.map(lambda h: self.chat(PAGE_PROMPT.format(
-                query=query, title=h.title, text=h.text)), hits))
-        summaries = "\n".join(f"[{i}] {s}" for i, s in enumerate(pages, 1))
-        final = self.chat(CONDENSE_PROMPT.format(query=query, summaries=summaries))
-        return final, [Hit(h.title, s, h.url, h.score) for h, s in zip(hits, pages)]
+        try:
+            with ThreadPoolExecutor(len(hits)) as pool:
+                pages = list(pool.map(lambda h: self.chat(PAGE_PROMPT.format(
+                    query=query, title=h.title, text=h.text)), hits))
+            summaries = "\n".join(f"[{i}] {s}" for i, s in enumerate(pages, 1))
+            final = self.chat(CONDENSE_PROMPT.format(query=query, summaries=summaries))
+        except SearchError as e:
+            raise SummarizerError(str(e), e.reason, e.attempts, e.transient,
+                                  timed_out=e.timed_out) from None
+        return final, [Hit(h.title, s, h.url, h.score, h.fetched) for h, s in zip(hits, pages)]

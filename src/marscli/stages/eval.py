@@ -37,6 +37,12 @@ trajectory, and summarise per benchmark and category beside the paper's numbers.
   exits 1 with the results kept but no sidecar and no summary (a stale one is removed), so
   `make` does not take the eval for done. A run whose every trajectory failed at the engine
   exits 1 the same way. Never a silent 0.
+- Tool health (`eval_health.py`): each record carries the endpoints it was made with
+  (`endpoints`: search, summariser, judge; redacted), the agent's `tool_health` and the
+  score's `judge_calls`; the summary adds them up per benchmark and category (`health`) and
+  marks a group whose tool, page-fetch or judge failure rate exceeds
+  `--max-tool-failure-rate` (default 5%) `broken_backend`, in the JSON, in the table and in a
+  warning.
 
 Departures from the release's evaluation are listed in `scoring/protocols.py`; marscli's
 system prompts are its own (`--system-prompt FILE` replaces them).
@@ -73,6 +79,13 @@ from marscli.records.outputs import AtomicFile, AtomicJsonl
 from marscli.records.provenance import stage_inputs, write_sidecar
 from marscli.scoring.judge import JudgeOptions, make_judge
 from marscli.scoring.protocols import ScoreContext, make_protocol
+from marscli.stages.eval_health import (
+    MAX_TOOL_FAILURE_RATE,
+    group_health,
+    health_cells,
+    health_lines,
+    run_endpoints,
+)
 from marscli.tools import TOOL_NAMES
 from marscli.train.trackers import check_tracker, log_stats, stats_tracker
 
@@ -101,6 +114,7 @@ def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
              shard: tuple[int, int] = (0, 1), benchmark: str | None = None,
              image_dir: str | None = None, max_unscored: float = 0.05,
              split: str | None = None,
+             max_tool_failure_rate: float = MAX_TOOL_FAILURE_RATE,
              judge_opts: JudgeOptions | None = None, progress: bool = True,
              force: bool = False, track: str | None = None, **fields: Any) -> dict:
     """Generate and score the missing trajectories of BENCH (this shard) into `output`, then
@@ -110,6 +124,7 @@ def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
     gen = replace(gen or GenerationOptions(temperature=0.0, max_turns=None), **fields)
     check_range("--samples", samples, 1, MAX_SAMPLES)
     check_range("--max-unscored", max_unscored, 0, 1)
+    check_range("--max-tool-failure-rate", max_tool_failure_rate, 0, 1)
     if output == "-":
         raise BadInput("-o -: eval appends to a file so that it can resume — name one, "
                        "e.g. -o results.jsonl")
@@ -145,6 +160,8 @@ def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
                   "will be identical (greedy) — set a temperature to average real samples",
                   file=sys.stderr)
         sctx = ScoreContext(judge=judge, base=Path(output).parent)
+        tools = gen.tools() if mode == "agent" else []
+        endpoints = run_endpoints(tools, judge)
         if force:
             start_over(output, summary_path(output))
         settings = sample_settings(gen, base_prompt, mode=mode, samples=samples,
@@ -157,9 +174,10 @@ def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
             if loaded.split is not None:
                 rec["split"] = loaded.split
             rec["score"] = proto.score(rec, sctx)
+            rec["endpoints"] = endpoints
 
         res = generate([(p, k) for _, p in rows for k in range(samples)], gen,
-                       gen.tools() if mode == "agent" else [], output=output,
+                       tools, output=output,
                        system_prompt=base_prompt, label=f"eval ({mode})", on_record=score,
                        progress=progress, settings=settings)
     except BaseException:
@@ -183,7 +201,8 @@ def _finish(output: str, gen: GenerationOptions, res: Any, settings: dict, loade
     speed = f" in {run['generate_s']:.1f} s" if run["new"] else ""
     print(f"eval: {run['new']} new, {run['skipped']} already in {output}{speed}",
           file=sys.stderr)
-    summary = summarize(output, max_unscored=max_unscored)
+    summary = summarize(output, max_unscored=max_unscored,
+                        max_tool_failure_rate=max_tool_failure_rate)
     print_summary(summary)
     if res.all_failed:
         summary_path(output).unlink(missing_ok=True)
@@ -196,7 +215,8 @@ def _finish(output: str, gen: GenerationOptions, res: Any, settings: dict, loade
               "benchmark": loaded.benchmark, "split": loaded.split, "mode": mode,
               "protocol": protocol,
               "judge": judge.config(), "samples": samples, "shard": f"{shard[0]}/{shard[1]}",
-              "max_unscored": max_unscored, "weights": settings["weights"]}
+              "max_unscored": max_unscored, "max_tool_failure_rate": max_tool_failure_rate,
+              "weights": settings["weights"]}
     stats = {"items_loaded": len(rows), "rows_read": loaded.rows, "rows_skipped": loaded.skipped,
              **run, "trajectories": summary["trajectories"], "unscored": summary["unscored"]}
     inputs = [bench] if Path(bench).is_file() else []
@@ -247,19 +267,22 @@ def _tool_use(trajs: list[dict], names: set[str]) -> dict:
 
 
 def _group_stats(bench: str, proto: Any, items: list[dict], trajs: list[dict],
-                 tools: set[str]) -> dict:
+                 tools: set[str], max_rate: float) -> dict:
     agg = proto.aggregate(bench, items)
     turns = [int(t.get("turns", 0)) for t in trajs]
+    health = group_health(trajs, max_rate)
     return {
         "accuracy": agg.pop("accuracy"), "metric": agg.pop("metric"),
+        "broken_backend": health["broken_backend"],
         "items": len(items), "scored_items": sum(it["accuracy"] is not None for it in items),
         "trajectories": len(trajs),
         "unscored": sum(t["score"].get("status") == "unscored" for t in trajs),
         "mean_turns": round(sum(turns) / len(turns), 3) if turns else None,
-        "tool_use": _tool_use(trajs, tools), **agg}
+        "tool_use": _tool_use(trajs, tools), "health": health, **agg}
 
 
-def summarize(results: str, max_unscored: float = 0.05) -> dict:
+def summarize(results: str, max_unscored: float = 0.05,
+              max_tool_failure_rate: float = MAX_TOOL_FAILURE_RATE) -> dict:
     """The summary of a whole results file (any number of benchmarks, shards, resumes)."""
     by_bench: dict[str, list[tuple[int, dict]]] = defaultdict(list)
     seen: dict[tuple[str, str], int] = {}
@@ -279,17 +302,20 @@ def summarize(results: str, max_unscored: float = 0.05) -> dict:
         by_bench[bench].append((line, r))
     benches, total, unscored = {}, 0, 0
     for bench, rows in sorted(by_bench.items()):
-        benches[bench] = _bench_summary(results, bench, rows)
+        benches[bench] = _bench_summary(results, bench, rows, max_tool_failure_rate)
         total += benches[bench]["trajectories"]
         unscored += benches[bench]["unscored"]
     protocols = sorted({b["protocol"] for b in benches.values()})
     return {"v": 1, "results": str(results), "protocol": "+".join(protocols) or None,
             "trajectories": total, "unscored": unscored,
             "max_unscored": max_unscored, "over_unscored": unscored > max_unscored * total,
+            "max_tool_failure_rate": max_tool_failure_rate,
+            "broken_backend": [b for b, s in benches.items() if s["broken_backend"]],
             "benchmarks": benches}
 
 
-def _bench_summary(results: str, bench: str, rows: list[tuple[int, dict]]) -> dict:
+def _bench_summary(results: str, bench: str, rows: list[tuple[int, dict]],
+                   max_rate: float) -> dict:
     protocols = {str(r["score"].get("protocol", "mars")) for _, r in rows}
     if len(protocols) > 1:
         raise BadInput(f"{results}: {bench}: records scored under several protocols "
@@ -316,7 +342,7 @@ def _bench_summary(results: str, bench: str, rows: list[tuple[int, dict]]) -> di
         tools |= set(TOOL_NAMES[:1])  # zoom-in is always offered to the agent
     splits = sorted({str(r["split"]) for r in trajs if r.get("split")})
     out = {"protocol": proto.name, "mode": "+".join(modes), "split": "+".join(splits) or None,
-           **_group_stats(bench, proto, list(items.values()), trajs, tools)}
+           **_group_stats(bench, proto, list(items.values()), trajs, tools, max_rate)}
     ns = [it["n"] for it in items.values()]
     out["samples_per_item"] = {"min": min(ns), "max": max(ns)}
     out["stops"] = dict(sorted(Counter(str(t.get("stop")) for t in trajs).items()))
@@ -326,7 +352,7 @@ def _bench_summary(results: str, bench: str, rows: list[tuple[int, dict]]) -> di
     for cat in cats:
         cit = [it for it in items.values() if it["category"] == cat]
         ctr = [t for t in trajs if (t.get("category") or "all") == cat]
-        out["categories"][cat] = _group_stats(bench, proto, cit, ctr, tools)
+        out["categories"][cat] = _group_stats(bench, proto, cit, ctr, tools, max_rate)
     return out
 
 
@@ -349,26 +375,36 @@ def print_summary(summary: dict) -> None:
 
     setups = sorted({f"{b['protocol']} protocol, {b['mode']}"
                      for b in summary["benchmarks"].values()})
-    t = Table(title=f"eval: {summary['results']} ({'; '.join(setups)})", title_justify="left")
+    broken = bool(summary.get("broken_backend"))
+    t = Table(title=f"eval: {summary['results']} ({'; '.join(setups)})", title_justify="left",
+              caption=f"! measured with a broken backend: a failure rate over "
+                      f"{summary.get('max_tool_failure_rate', MAX_TOOL_FAILURE_RATE):.0%} "
+                      "(see the warnings)" if broken else None, caption_justify="left")
     for col, just in (("benchmark", "left"), ("category", "left"), ("items", "right"),
                       ("accuracy", "right"), ("MARS-8B", "right"), ("MARS-32B", "right"),
-                      ("turns", "right"), ("tool calls", "right"), ("unscored", "right")):
+                      ("turns", "right"), ("tool calls", "right"), ("unscored", "right"),
+                      ("tool fail %", "right"), ("pages ok %", "right"),
+                      ("judge fail/retry", "right")):
         t.add_column(col, justify=just)
     for bench, b in summary["benchmarks"].items():
         def calls(s: dict) -> str:
             return _fmt(sum(v["mean"] or 0 for v in s["tool_use"].values()))
 
+        def acc(s: dict) -> str:
+            return _fmt(s["accuracy"]) + (" !" if s.get("broken_backend") else "")
+
         t.add_row(bench, "all", str(b["items"]),
-                  _fmt(b["accuracy"]), _fmt(b["paper"]["SenseNova-MARS-8B"]),
+                  acc(b), _fmt(b["paper"]["SenseNova-MARS-8B"]),
                   _fmt(b["paper"]["SenseNova-MARS-32B"]), _fmt(b["mean_turns"]),
-                  calls(b), str(b["unscored"]), style="bold")
+                  calls(b), str(b["unscored"]), *health_cells(b.get("health")), style="bold")
         if len(b["categories"]) > 1:
             for cat, c in b["categories"].items():
-                t.add_row("", cat, str(c["items"]), _fmt(c["accuracy"]), "", "",
-                          _fmt(c["mean_turns"]), calls(c), str(c["unscored"]))
+                t.add_row("", cat, str(c["items"]), acc(c), "", "",
+                          _fmt(c["mean_turns"]), calls(c), str(c["unscored"]),
+                          *health_cells(c.get("health")))
     console = stderr_console()
     if not console.is_terminal:  # a log file: room for the whole table
-        console.width = 120
+        console.width = 150
     console.print(t)
     if not summary["benchmarks"]:
         print(f"eval: {summary['results']}: no results yet (an empty shard?)", file=sys.stderr)
@@ -382,6 +418,21 @@ def print_summary(summary: dict) -> None:
             print(f"warning: {bench}: {b['unscored']} of {b['trajectories']} trajectories "
                   "unscored (judge or engine failures), excluded from the accuracy",
                   file=sys.stderr)
+        if b.get("health"):
+            for line in health_lines(bench, b["health"]):
+                print(line, file=sys.stderr)
+            _warn_broken(bench, b)
+
+
+def _warn_broken(bench: str, b: dict) -> None:
+    """A benchmark (or one of its categories) measured with a broken backend, said once."""
+    for w in b["health"]["warnings"]:
+        print(f"warning: {bench}: broken backend — {w}; its accuracy "
+              f"({_fmt(b['accuracy'])}) is not the policy's alone", file=sys.stderr)
+    for cat, c in b["categories"].items():
+        if c["broken_backend"] and not b["broken_backend"]:
+            for w in c["health"]["warnings"]:
+                print(f"warning: {bench}/{cat}: broken backend — {w}", file=sys.stderr)
 
 
 def _fail_if_unscored(summary: dict, results: str) -> None:
@@ -401,11 +452,14 @@ def _fail_if_unscored(summary: dict, results: str) -> None:
 @stage_inputs()
 def run_summarize(results: str, *, rescore: bool = False, protocol: str | None = None,
                   judge_spec: str = "exact", judge_opts: JudgeOptions | None = None,
-                  max_unscored: float = 0.05, command: str = "--summarize") -> dict:
+                  max_unscored: float = 0.05,
+                  max_tool_failure_rate: float = MAX_TOOL_FAILURE_RATE,
+                  command: str = "--summarize") -> dict:
     """`marscli eval summarize|rescore RESULTS.jsonl` (`eval --summarize RESULTS.jsonl
     [--rescore]`): no generation. `command`: what messages about RESULTS name."""
     started = time.time()
     check_range("--max-unscored", max_unscored, 0, 1)
+    check_range("--max-tool-failure-rate", max_tool_failure_rate, 0, 1)
     if results == "-":
         raise BadInput(f"{command} -: name the results file (the summary goes beside it)")
     if not Path(results).is_file():
@@ -416,7 +470,8 @@ def run_summarize(results: str, *, rescore: bool = False, protocol: str | None =
     elif protocol is not None:
         raise BadInput("--protocol: with --summarize it needs --rescore (the records hold "
                        "their scores; --rescore re-scores them under --protocol)")
-    summary = summarize(results, max_unscored=max_unscored)
+    summary = summarize(results, max_unscored=max_unscored,
+                        max_tool_failure_rate=max_tool_failure_rate)
     print_summary(summary)
     _fail_if_unscored(summary, results)
     if rescore:
@@ -466,7 +521,8 @@ def _rescore(results: str, protocol: str | None, judge_spec: str,
     # rewriting the results in place (atomically) is what --rescore is for
     with AtomicJsonl(results, replaces_input=True) as w:
         for r, s in zip(rows, scores):
-            w.write({**r, "score": s})
+            ends = {**(r.get("endpoints") or {}), "judge": judge.address}
+            w.write({**r, "score": s, "endpoints": ends})
     print(f"eval: re-scored {len(rows)} records in {results}", file=sys.stderr)
 
 

@@ -17,6 +17,11 @@ The intervals, computed from what a summary holds (its accuracy and its scored i
   Wilson half-width of benchmark b over 1.96 (the benchmarks taken as independent).
 The best checkpoint has the highest accuracy (the earlier step on a tie); when the runner-up's
 interval overlaps the best's, the table says so: the data do not separate them at 95%.
+
+Tool health (`eval_health.py`) stands beside each checkpoint: the worst tool failure rate, the
+page fetches read, the judge's failures and retries; a benchmark whose health exceeds
+`--max-tool-failure-rate` is marked `!` (a score measured with a broken backend), listed per
+checkpoint in `health.broken_backend`, and warned about.
 """
 
 from __future__ import annotations
@@ -29,6 +34,12 @@ from pathlib import Path
 import orjson
 
 from marscli.errors import BadInput
+from marscli.stages.eval_health import (
+    MAX_TOOL_FAILURE_RATE,
+    checkpoint_cells,
+    checkpoint_health,
+    health_warnings,
+)
 
 Z = 1.96  # the normal quantile of a two-sided 95% interval
 _STEP = re.compile(r"ckpt-(\d+)")
@@ -102,17 +113,24 @@ def read_summary(p: Path) -> dict:
     return doc
 
 
-def compare(paths: list[Path], by: str | None = None) -> dict:
-    """Accuracy and intervals per checkpoint and benchmark, the mean, the best checkpoint."""
+def compare(paths: list[Path], by: str | None = None,
+            max_tool_failure_rate: float = MAX_TOOL_FAILURE_RATE) -> dict:
+    """Accuracy and intervals per checkpoint and benchmark, the mean, the best checkpoint,
+    and each checkpoint's tool health."""
     rows = []
     for p in paths:
         benches = {}
-        for name, b in read_summary(p)["benchmarks"].items():
+        summary = read_summary(p)["benchmarks"]
+        for name, b in summary.items():
             ci = bench_interval(b)
+            h = b.get("health")
             benches[name] = {"accuracy": b.get("accuracy"), "ci95": ci,
                              "items": b.get("scored_items", b.get("items")),
-                             "metric": b.get("metric")}
-        rows.append({"checkpoint": label(p), "summary": str(p), "benchmarks": benches})
+                             "metric": b.get("metric"),
+                             "broken_backend": bool(isinstance(h, dict) and health_warnings(
+                                 h, max_tool_failure_rate))}
+        rows.append({"checkpoint": label(p), "summary": str(p), "benchmarks": benches,
+                     "health": checkpoint_health(summary, max_tool_failure_rate)})
     if not rows:
         raise BadInput("no summaries to compare")
     common = sorted(set.intersection(*(set(r["benchmarks"]) for r in rows)))
@@ -125,6 +143,7 @@ def compare(paths: list[Path], by: str | None = None) -> dict:
                            f"{', '.join(names)})")
     best = _best(rows, by)
     return {"v": 1, "by": by or "mean", "benchmarks": common if by is None else [by],
+            "max_tool_failure_rate": max_tool_failure_rate,
             "interval": "95%: Wilson score per benchmark; normal for the mean "
                         "(eval_compare.py's docstring)",
             "checkpoints": rows, **best}
@@ -161,7 +180,8 @@ def _cell(c: dict | None) -> str:
     if not c or c["accuracy"] is None:
         return "-"
     lo, hi = c["ci95"] or (math.nan, math.nan)
-    return f"{c['accuracy']:.1f} [{lo:.1f}, {hi:.1f}]"
+    mark = " !" if c.get("broken_backend") else ""
+    return f"{c['accuracy']:.1f} [{lo:.1f}, {hi:.1f}]{mark}"
 
 
 def print_table(doc: dict) -> None:
@@ -170,18 +190,27 @@ def print_table(doc: dict) -> None:
     from marscli.agent.progress import stderr_console
 
     names = sorted({b for r in doc["checkpoints"] for b in r["benchmarks"]})
+    broken = [(r["checkpoint"], r["health"]["broken_backend"]) for r in doc["checkpoints"]
+              if r["health"]["broken_backend"]]
     t = Table(title="accuracy % [95% interval] per checkpoint (Wilson per benchmark; normal "
-                    "for the mean)", title_justify="left")
-    for col in ("checkpoint", *names, "mean"):
+                    "for the mean)", title_justify="left",
+              caption=f"! measured with a broken backend (a failure rate over "
+                      f"{doc['max_tool_failure_rate']:.0%})" if broken else None,
+              caption_justify="left")
+    for col in ("checkpoint", *names, "mean", "tool fail %", "pages ok %", "judge fail/retry"):
         t.add_column(col, justify="left" if col == "checkpoint" else "right")
     for r in doc["checkpoints"]:
         mark = " *" if r["checkpoint"] == doc["best"] else ""
         t.add_row(r["checkpoint"] + mark, *(_cell(r["benchmarks"].get(b)) for b in names),
-                  _cell(r["mean"]))
+                  _cell(r["mean"]), *checkpoint_cells(r["health"]))
     console = stderr_console()
     if not console.is_terminal:
-        console.width = max(120, 24 * (len(names) + 2))
+        console.width = max(150, 24 * (len(names) + 2) + 50)
     console.print(t)
+    for ckpt, benches in broken:
+        print(f"warning: {ckpt}: {', '.join(benches)} measured with a broken backend (tool, "
+              f"page-fetch or judge failures over {doc['max_tool_failure_rate']:.0%}) — see "
+              "its summary's health", file=sys.stderr)
     what = "the mean over " + ", ".join(doc["benchmarks"]) if doc["by"] == "mean" else doc["by"]
     if doc["best"] is None:
         print(f"best: none — no checkpoint has a score for {what}", file=sys.stderr)
@@ -195,8 +224,12 @@ def print_table(doc: dict) -> None:
     print(line, file=sys.stderr)
 
 
-def run_compare(paths: list[str], by: str | None = None, as_json: bool = False) -> dict:
-    doc = compare(find_summaries(paths), by)
+def run_compare(paths: list[str], by: str | None = None, as_json: bool = False,
+                max_tool_failure_rate: float = MAX_TOOL_FAILURE_RATE) -> dict:
+    from marscli.errors import check_range
+
+    check_range("--max-tool-failure-rate", max_tool_failure_rate, 0, 1)
+    doc = compare(find_summaries(paths), by, max_tool_failure_rate)
     print_table(doc)
     if as_json:
         sys.stdout.buffer.write(orjson.dumps(doc, option=orjson.OPT_APPEND_NEWLINE))

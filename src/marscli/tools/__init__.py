@@ -4,6 +4,10 @@ A tool is a class with a `name`, an OpenAI-style function `schema`, and
 `__call__(args, ctx) -> ToolResult`. It never raises on the model's mistakes: bad arguments give
 `ToolResult(ok=False, text="error: ...")`, an observation the model sees and the format reward
 counts. Backends (search) are configured when the tool is built, by `build_tools`.
+
+A tool with a backend says how the backend did in `ToolResult.health`, counts of `HEALTH_KEYS`
+for this one call; the agent adds them up per tool into the trajectory's `tool_health`, which
+eval's summary reads (docs/evaluation.md "Tool health").
 """
 
 from __future__ import annotations
@@ -42,6 +46,19 @@ class NewImage:
     box: tuple[float, float, float, float] | None = None
 
 
+# What `ToolResult.health` may count, for one call:
+# - `backend_error`, `timeout`: the backend failed after its retries (the last attempt timed
+#   out, or anything else); `empty`: it answered with nothing. One of the three per call at
+#   most; the first two are also `failed` (no format-reward cost), `empty` is not.
+# - `cache_hits`: answered from stored results (the search cache; for image search also the
+#   row's precomputed results, the release's image-search cache) rather than a live search.
+# - `pages_fetched`, `pages_ok`: pages a search tried to read, and read (serper +pages).
+# - `summarizer_failures`: the summariser failed (the call then fails too).
+HEALTH_KEYS = ("backend_error", "timeout", "empty", "cache_hits", "pages_fetched", "pages_ok",
+               "summarizer_failures")
+FAILURE_KINDS = HEALTH_KEYS[:3]
+
+
 @dataclass
 class ToolResult:
     text: str
@@ -50,6 +67,7 @@ class ToolResult:
     # With ok=False: True when a backend failed (network, server) rather than the model
     # erring. Backend failures are recorded and counted but cost no format reward.
     failed: bool = False
+    health: dict[str, int] = field(default_factory=dict)  # HEALTH_KEYS counts of this call
     # Interleaving: text may contain "<image>" markers, one per entry of `images`, to place
     # each image; without markers images follow the text.
 
@@ -86,7 +104,8 @@ def error(msg: str) -> ToolResult:
 
 def failure(msg: str) -> ToolResult:
     """A backend's failure (after bounded retries), as an observation."""
-    return ToolResult(text=f"search failed: {msg}", ok=False, failed=True)
+    return ToolResult(text=f"search failed: {msg}", ok=False, failed=True,
+                      health={"backend_error": 1})
 
 
 def build_tools(text_search: str | None = None, image_search: str | None = None,

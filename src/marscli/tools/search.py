@@ -8,6 +8,9 @@ Three kinds of outcome, told apart by `ok` and the text's first word:
   byte cap fails unretried): `ok=False`, text `search failed: ...` — a tool failure, not the
   model's fault (`tool_failed(result)` says which). Never an exception. The text is redacted:
   a password in the backend's URL (`retriever:http://user:PW@host`) never reaches the model.
+Each result's `health` counts how the backend did (`marscli.tools.HEALTH_KEYS`): the failure's
+kind (`timeout`, `backend_error`, or `empty` for a search that found nothing), a cache hit,
+the pages read and tried, a summariser failure.
 Text from the web is neutralised before the model sees it: `<image>` would be read as an image
 marker and `<|...|>` as a special token.
 """
@@ -36,7 +39,7 @@ from marscli.search import (
 )
 from marscli.search.cache import cache_key, open_cache, public_spec
 from marscli.search.remote import SearchError
-from marscli.search.summarize import LlmSummarizer, extractive
+from marscli.search.summarize import LlmSummarizer, SummarizerError, extractive
 from marscli.secrets import redact
 from marscli.tools import (
     TOOLS,
@@ -68,8 +71,12 @@ IMAGE_SCHEMA = function_schema(
 
 def failure(e: SearchError) -> ToolResult:
     """The observation of a backend failure, without a credential the model could read back
-    (the message is redacted at the HTTP client already; this holds for any other source)."""
-    return ToolResult(text=f"{FAILED} {redact(str(e))}", ok=False, failed=True)
+    (the message is redacted at the HTTP client already; this holds for any other source),
+    and its kind as tool health."""
+    health = {"timeout" if e.timed_out else "backend_error": 1}
+    if isinstance(e, SummarizerError):
+        health["summarizer_failures"] = 1
+    return ToolResult(text=f"{FAILED} {redact(str(e))}", ok=False, failed=True, health=health)
 
 
 def tool_failed(result: ToolResult) -> bool:
@@ -124,14 +131,18 @@ class TextSearchTool:
             self.counts.add("errors")
             return error("text_search_tool got an empty query")
         try:
-            found = self.search(query)
+            found, cached = self.lookup(query)
         except SearchError as e:
             self.counts.add("failures")
             return failure(e)
-        return ToolResult(text=self.format(query, found))
+        return ToolResult(text=self.format(query, found), health=_health(found, cached))
 
     def search(self, query: str) -> dict:
         """`{"summary": str | None, "hits": [Hit as dict]}`, cached when worth it."""
+        return self.lookup(query)[0]
+
+    def lookup(self, query: str) -> tuple[dict, bool]:
+        """`search`'s result, and whether the cache answered it."""
         def compute() -> dict:
             hits = self.backend.search(query, self.opts.k)
             summary = None
@@ -140,11 +151,23 @@ class TextSearchTool:
             return {"summary": summary, "hits": [asdict(h) for h in hits]}
 
         if self.cache is None:
-            return compute()
+            return compute(), False
         llm = (public_spec(self.summarizer.url), self.summarizer.model) if self.summarizer \
             else None
         key = cache_key("text", public_spec(self.backend.spec), query, self.opts.k, llm)
-        return self.cache.through(key, compute)
+        got = self.cache.get(key)
+        if got is not None:
+            return got, True
+        found = compute()
+        self.cache.put(key, found)  # only successes are stored
+        return found, False
+
+    def endpoints(self) -> dict[str, str]:
+        """The servers this tool asks, redacted (eval's summary names them)."""
+        out = {"text_search": redact(self.backend.spec)}
+        if self.summarizer is not None:
+            out["summarizer"] = redact(f"{self.summarizer.model}@{self.summarizer.url}")
+        return out
 
     def format(self, query: str, found: dict) -> str:
         hits = [Hit(**h) for h in found["hits"]]
@@ -164,6 +187,18 @@ class TextSearchTool:
                 "failures": self.counts.failures,
                 "attempts": getattr(client, "attempts", None),
                 "cache_hits": self.cache.hits if self.cache else None}
+
+
+def _health(found: dict, cached: bool) -> dict[str, int]:
+    """A text search's health: empty, a cache hit, or the pages it read (a cached result
+    fetched nothing this time)."""
+    health = {"empty": 1} if not found["hits"] else {}
+    if cached:
+        return {**health, "cache_hits": 1}
+    tried = [h.get("fetched") for h in found["hits"] if h.get("fetched") is not None]
+    if tried:
+        health.update(pages_fetched=len(tried), pages_ok=sum(tried))
+    return health
 
 
 def _decode(data: bytes, what: str) -> Image.Image:
@@ -198,7 +233,7 @@ class ImageSearchTool:
             self.counts.add("failures")
             return failure(e)
         if not hits:
-            return ToolResult(text="No matching images were found.")
+            return ToolResult(text="No matching images were found.", health={"empty": 1})
         with ThreadPoolExecutor(min(8, len(hits))) as pool:
             thumbs = list(pool.map(self._thumbnail, hits))
         lines, images = ["Reverse image search results:"], []
@@ -209,7 +244,8 @@ class ImageSearchTool:
             else:
                 lines.append(f"[{i}] {title} <image>")
                 images.append(NewImage(im, {"title": h.title, "thumbnail": h.thumbnail}))
-        return ToolResult(text="\n".join(lines), images=images)
+        health = {"cache_hits": 1} if all(h.cached for h in hits) else {}
+        return ToolResult(text="\n".join(lines), images=images, health=health)
 
     def _thumbnail(self, hit: ImageHit) -> Image.Image | None:
         """The thumbnail's pixels (at most THUMB_MAX_PIXELS), or None if it cannot be had."""
@@ -232,6 +268,11 @@ class ImageSearchTool:
         return {"calls": self.counts.calls, "errors": self.counts.errors,
                 "failures": self.counts.failures,
                 "attempts": getattr(client, "attempts", None)}
+
+    def endpoints(self) -> dict[str, str]:
+        """The server this tool asks, redacted (eval's summary names it)."""
+        spec, url = self.backend.spec, getattr(self.backend, "url", None)
+        return {"image_search": redact(f"{spec} {url}" if url and url not in spec else spec)}
 
 
 def query_text(query: str, spec: str, **opts: Any) -> ToolResult:
