@@ -187,7 +187,7 @@ def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
         judge.close()
     with stack:  # the tracker, closed on a failure below
         summary = _finish(output, gen, res, settings, loaded, rows, mode, protocol, judge,
-                          samples, shard, max_unscored, bench, started)
+                          samples, shard, max_unscored, max_tool_failure_rate, bench, started)
         stack.pop_all()
     log_stats(tracker, output=output, stats=summary)
     return summary
@@ -195,7 +195,8 @@ def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
 
 def _finish(output: str, gen: GenerationOptions, res: Any, settings: dict, loaded: Any,
             rows: list, mode: str, protocol: str, judge: Any, samples: int,
-            shard: tuple[int, int], max_unscored: float, bench: str, started: float) -> dict:
+            shard: tuple[int, int], max_unscored: float, max_tool_failure_rate: float,
+            bench: str, started: float) -> dict:
     """Summarise, refuse a failed run, write the sidecar and the summary (last)."""
     run = res.stats
     speed = f" in {run['generate_s']:.1f} s" if run["new"] else ""

@@ -9,8 +9,8 @@ Endpoints (JSON in and out; errors as `{"error": reason}`):
 - `POST /generate` `{"tokens": compact ids (-n: an image's run of n placeholders), "images":
   [{"path": file} | {"b64": PNG/JPEG bytes}], "max_new_tokens", "temperature", "top_p",
   "top_k", "presence_penalty", "seed", "key", "turn"}` → `{"tokens", "logprobs", "finish",
-  "policy", "fingerprint"}`, the request seeded from (seed, key, turn) as every engine seeds it (a request
-  without a key by a counter):
+  "policy", "fingerprint"}`, the request seeded from (seed, key, turn) as every engine seeds
+  it (a request without a key by a counter):
   the vllm engine's generation (engines/vllm.py: raw log-probs, the stop token kept, vision
   placeholders never sampled, the prompt vLLM built checked against the client's placeholder
   counts). Images are decoded as the agent decodes them (`open_image`, then the processor's
@@ -45,8 +45,8 @@ Endpoints (JSON in and out; errors as `{"error": reason}`):
   with what it had.
 - While asleep, `POST /generate` answers 503 with `Retry-After` before reading its body; the
   client waits (engines/server.py, bounded by its retries) rather than failing.
-- `GET /health` → `{"ok", "policy", "fingerprint", "asleep", "level", "sleep_mode" ("vllm" | "rebuild"),
-  "inflight", "requests", "reloads", "sleeps", "wakes", "vllm", "max_model_len"}`.
+- `GET /health` → `{"ok", "policy", "fingerprint", "asleep", "level", "sleep_mode" ("vllm" |
+  "rebuild"), "inflight", "requests", "reloads", "sleeps", "wakes", "vllm", "max_model_len"}`.
 
 `marscli serve` without a policy starts asleep (level 2, no engine, no memory) until a wake or
 reload names one. `marscli serve-ctl URL sleep|wake|health` is the command-line client.
