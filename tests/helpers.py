@@ -582,3 +582,25 @@ def without_dac_override() -> Iterator[None]:
     finally:
         data[0].effective = saved
         assert libc.capset(ctypes.byref(hdr), data) == 0
+
+
+HOLD = """
+import sys
+from marscli.records.outputs import OutputLock
+with OutputLock(sys.argv[1]):
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+@contextlib.contextmanager
+def held(out: Path, env: dict | None = None) -> Iterator[subprocess.Popen]:
+    """Another process holding OUT's lock (writing it, as rollout does) until the block ends."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=env or ENV)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        yield proc
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)

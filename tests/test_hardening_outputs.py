@@ -35,6 +35,7 @@ from marscli.train.checkpoint import check_out
 from helpers import (
     ENV,
     MARSCLI,
+    held,
     invoke,
     prompt,
     scene,
@@ -286,26 +287,6 @@ def test_rescore_may_replace_its_own_input_in_place(tmp_path):
 # ----------------------------------------------------------------------------- 22.3: one writer
 
 
-HOLD = """
-import sys
-from marscli.records.outputs import OutputLock
-with OutputLock(sys.argv[1]):
-    print("held", flush=True)
-    sys.stdin.read()
-"""
-
-
-@contextlib.contextmanager
-def held(out: Path) -> Iterator[subprocess.Popen]:
-    """Another process holding OUT's lock until the block ends."""
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env=ENV)
-    try:
-        assert proc.stdout.readline().strip() == "held"
-        yield proc
-    finally:
-        proc.stdin.close()
-        proc.wait(timeout=30)
 
 
 def test_a_second_writer_fails_at_once_naming_the_holder(tmp_path):

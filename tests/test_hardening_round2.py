@@ -16,7 +16,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -26,7 +25,7 @@ from marscli.errors import BadInput, RuntimeFailure
 from marscli.records.jsonl import follow_rows, read_rows
 from marscli.records.provenance import stage_inputs, write_sidecar
 
-from helpers import ENV, invoke, read_jsonl, write_jsonl
+from helpers import ENV, held, invoke, read_jsonl, write_jsonl
 
 PY = sys.executable
 
@@ -53,26 +52,6 @@ def lines(rows: list[dict]) -> bytes:
     return b"".join(orjson.dumps(r) + b"\n" for r in rows)
 
 
-HOLD = """
-import sys
-from marscli.records.outputs import OutputLock
-with OutputLock(sys.argv[1]):
-    print("held", flush=True)
-    sys.stdin.read()
-"""
-
-
-@contextlib.contextmanager
-def held(out: Path) -> Iterator[subprocess.Popen]:
-    """Another process holding OUT's lock (writing it, as rollout does) until the block ends."""
-    proc = subprocess.Popen([PY, "-c", HOLD, str(out)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env=ENV)
-    try:
-        assert proc.stdout.readline().strip() == "held"
-        yield proc
-    finally:
-        proc.stdin.close()
-        proc.wait(timeout=30)
 
 
 def follower(tmp_path: Path, src: str, out: str) -> subprocess.Popen:
