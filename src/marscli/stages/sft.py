@@ -198,8 +198,10 @@ def run_sft(data: str, policy: str, out: str, cfg: SftConfig | None = None,
     from marscli.agent.messages import default_system
     from marscli.agent.protocol import read_system_prompt
     from marscli.qwen.policy import check_checkpoint, load_processor
+    from marscli.train.trainstate import check_state
 
     policy = check_checkpoint(policy)
+    check_state(policy)
     check_paths(cfg, out, policy)
     base_prompt = read_system_prompt(cfg.system_prompt)
     system = default_system(base_prompt)

@@ -181,11 +181,12 @@ def run_update(adv: str, policy: str, out: str, cfg: UpdateConfig | None = None,
     from marscli.rl.losses import AGGS, LOSSES
     from marscli.rl.rollout_correction import check as check_rollout_is
     from marscli.train.distributed import launch_world
-    from marscli.train.trainstate import check_resumable
+    from marscli.train.trainstate import check_resumable, check_state
 
     check_rollout_is(cfg.is_mode, cfg.rollout_is_cap, cfg.rollout_is_floor)
 
     policy = check_checkpoint(policy)
+    check_state(policy)
     ref = check_checkpoint(cfg.ref, "--ref") if cfg.ref else None
     check_paths(cfg, out, policy, ref or "")
     loss = LOSSES.get(cfg.loss)

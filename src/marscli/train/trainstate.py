@@ -153,6 +153,16 @@ def _how(st: dict, world: bool = False) -> str:
     return f"DeepSpeed ZeRO-{st.get('zero_stage')}{' bf16' if st.get('bf16') else ''}{ranks}"
 
 
+def check_state(ckpt: str) -> None:
+    """The checkpoint's train_state/ is readable: state.json parses, the shard index parses
+    and names rank files that are all there (BadInput naming the file). Cheap: JSON and file
+    names only; run before anything heavy loads."""
+    master_source(ckpt)
+    st = read_state(ckpt) or {}
+    if st.get("optimizer") == INDEX:
+        read_index(Path(ckpt) / STATE_DIR)
+
+
 def check_resumable(ckpt: str, ds_cfg: dict | None, world: int) -> None:
     """Refuse (BadInput, exit 2) an optimiser state this launch cannot load: one of the other
     engine (plain torch ↔ DeepSpeed), or DeepSpeed's own checkpoint of earlier versions on
