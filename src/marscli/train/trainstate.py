@@ -306,6 +306,9 @@ def seed_masters(module: Any, source: MasterSource, *, trained: bool, bf16: bool
             v = r.read(key, *sl)
             set_master(p, v.to(p.ds_tensor.device if zero3 else p.device),
                        sl[0], trained and p.requires_grad)
+            if zero3 and getattr(p, "ds_persist", False) and p.data.numel() == p.ds_numel:
+                # a small parameter DeepSpeed also keeps whole (not re-gathered before a step)
+                p.data.copy_(r.full(key).view_as(p.data))
 
 
 def load_optimizer(model: Any, ckpt: str | Path, *, betas: tuple[float, float], eps: float,
