@@ -36,8 +36,8 @@
 Resume (`--save-every-epoch`): after each epoch but the last, the state is saved atomically in
 `OUT.partial/` (built in `OUT.partial.tmp-PID` by outputs.AtomicDir, renamed over the
 previous one): a checkpoint as OUT will be (the HF export, and `train_state/` with the fp32
-masters and AdamW's state: plain torch's optimizer.pt, or DeepSpeed's own checkpoint, one shard
-per rank),
+masters and AdamW's state: plain torch's optimizer.pt, or under DeepSpeed the moments by
+parameter name, one file per rank: trainstate.py),
 `rng-RANK.pt` (Python, NumPy and torch RNG states), `metrics.jsonl` (the steps so far) and
 `state.json` (epochs done, steps done and a fingerprint of the data, the policy and the options
 that change the result).
