@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import json
 import math
+import struct
 from collections.abc import Iterable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,13 +54,24 @@ class Piece:
 
 
 def write_rank_file(path: Path, tensors: dict[str, Any], pieces: dict[str, Piece]) -> None:
-    """One rank's flat fp32 slices (`tensors` by key; a key's name is its part after the last
-    '/') with the pieces they are, in the header's metadata."""
-    from safetensors.torch import save_file
+    """One rank's flat fp32 slices (`tensors` by key) as a safetensors file, with the pieces
+    they are in the header's metadata. Written tensor by tensor (the format is an 8-byte header
+    length, the JSON header, then the data): safetensors' own `save_file` first copies every
+    tensor into one buffer, which would double the rank's share while it saves."""
+    import torch
 
     meta = {n: [p.start, p.end, p.shape, p.trainable] for n, p in pieces.items()}
-    save_file({k: v.detach().reshape(-1).contiguous().cpu() for k, v in tensors.items()},
-              str(path), metadata={"format": "pt", _META: json.dumps(meta)})
+    header: dict[str, Any] = {"__metadata__": {"format": "pt", _META: json.dumps(meta)}}
+    at = 0
+    for k, v in tensors.items():
+        header[k] = {"dtype": "F32", "shape": [v.numel()], "data_offsets": [at, at + 4 * v.numel()]}
+        at += 4 * v.numel()
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(head)) + head)
+        for v in tensors.values():  # one tensor on the host at a time (a GPU slice is copied)
+            f.write(v.detach().reshape(-1).to("cpu", torch.float32).contiguous().numpy().data)
 
 
 def write_index(state: Path, world: int, kinds: list[str]) -> dict:
@@ -135,23 +147,26 @@ class _Stored:
 class FlatReader:
     """Flat ranges of parameters, by name, from sharded or whole-tensor safetensors files."""
 
-    def __init__(self, stack: ExitStack) -> None:
-        self._stack = stack
-        self._open: dict[Path, Any] = {}
+    def __init__(self) -> None:
         self.where: dict[str, list[_Stored]] = {}  # key → its pieces
         self.shapes: dict[str, list[int]] = {}
         self.dtypes: dict[str, str] = {}
 
-    def _file(self, path: Path) -> Any:
+    @staticmethod
+    @contextmanager
+    def _file(path: Path) -> Iterator[Any]:
+        """The file, memory-mapped only while in use: pages a mapping has touched count in the
+        process's resident memory until it is closed (keeping every file open made a rank's
+        peak RSS grow by all the bytes it read)."""
         from safetensors import SafetensorError, safe_open
 
-        if path not in self._open:
-            try:
-                self._open[path] = self._stack.enter_context(safe_open(str(path), "pt"))
-            except (SafetensorError, OSError) as e:
-                raise BadInput(f"{path}: not a readable safetensors file ({e}) — restore it, "
-                               f"or delete {path.parent} to start from the HF weights") from None
-        return self._open[path]
+        try:
+            f = safe_open(str(path), "pt")
+        except (SafetensorError, OSError) as e:
+            raise BadInput(f"{path}: not a readable safetensors file ({e}) — restore it, "
+                           f"or delete {path.parent} to start from the HF weights") from None
+        with f:
+            yield f
 
     def add_shards(self, state: Path, index: dict, kind: str, keys: Iterable[str] = ("",)
                    ) -> None:
@@ -171,12 +186,12 @@ class FlatReader:
     def add_whole(self, paths: list[Path]) -> None:
         """Whole tensors (an HF export, the single master file of earlier versions)."""
         for p in paths:
-            f = self._file(p)
-            for k in f.keys():  # noqa: SIM118 (safe_open is not iterable)
-                sl = f.get_slice(k)
-                shape = list(sl.get_shape())
-                self.shapes[k], self.dtypes[k] = shape, sl.get_dtype()
-                self.where[k] = [_Stored(p, k, 0, math.prod(shape))]
+            with self._file(p) as f:
+                for k in f.keys():  # noqa: SIM118 (safe_open is not iterable)
+                    sl = f.get_slice(k)
+                    shape = list(sl.get_shape())
+                    self.shapes[k], self.dtypes[k] = shape, sl.get_dtype()
+                    self.where[k] = [_Stored(p, k, 0, math.prod(shape))]
 
     def read(self, key: str, start: int = 0, end: int | None = None) -> Any:
         """Elements [start, end) of the flattened tensor `key` (1-D, its stored dtype), or
@@ -197,19 +212,21 @@ class FlatReader:
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _range(self, s: _Stored, a: int, b: int) -> Any:
-        """Elements [a, b) of a stored tensor flattened: the rows that cover them only."""
-        try:
-            sl = self._file(s.path).get_slice(s.key)
-        except Exception as e:  # a key the index promised is not there
-            raise BadInput(f"{s.path}: {s.key}: not readable ({type(e).__name__}: {e}) — the "
-                           f"file does not match {INDEX}; delete {s.path.parent} to start "
-                           "from the HF weights") from None
-        shape = list(sl.get_shape())
-        if len(shape) <= 1:
-            return sl[a:b]
-        row = math.prod(shape[1:])
-        r0, r1 = a // row, -(-b // row)
-        return sl[r0:r1].reshape(-1)[a - r0 * row:b - r0 * row]
+        """Elements [a, b) of a stored tensor flattened (a copy): the rows that cover them
+        only."""
+        with self._file(s.path) as f:
+            try:
+                sl = f.get_slice(s.key)
+            except Exception as e:  # a key the index promised is not there
+                raise BadInput(f"{s.path}: {s.key}: not readable ({type(e).__name__}: {e}) — "
+                               f"the file does not match {INDEX}; delete {s.path.parent} to "
+                               "start from the HF weights") from None
+            shape = list(sl.get_shape())
+            if len(shape) <= 1:
+                return sl[a:b].clone()
+            row = math.prod(shape[1:])
+            r0, r1 = a // row, -(-b // row)
+            return sl[r0:r1].reshape(-1)[a - r0 * row:b - r0 * row].clone()
 
     def full(self, name: str) -> Any:
         """The whole tensor `name` in its shape, or None."""
@@ -219,5 +236,4 @@ class FlatReader:
 
 @contextmanager
 def open_reader() -> Iterator[FlatReader]:
-    with ExitStack() as stack:
-        yield FlatReader(stack)
+    yield FlatReader()
