@@ -202,3 +202,31 @@ def test_state_of_2_ranks_loads_on_1_and_2_and_of_1_on_2(tmp_path, two_rank_stat
         assert again.keys() == masters.keys() and m_again.keys() == moments.keys()
         assert all(torch.equal(again[k], masters[k]) for k in masters), out
         assert all(torch.equal(m_again[k], moments[k]) for k in moments), out
+
+
+def test_what_cannot_be_loaded_is_refused_naming_both(tmp_path):
+    """Plain torch ↔ DeepSpeed, and DeepSpeed's own checkpoint (an earlier marscli) on another
+    world size: refused before anything loads; the rank-file state on another world size and
+    ZeRO stage is not."""
+    from marscli.train.trainstate import check_resumable
+
+    def state(**st) -> str:
+        ckpt = tmp_path / str(len(list(tmp_path.iterdir())))
+        (ckpt / "train_state").mkdir(parents=True)
+        (ckpt / "train_state" / "state.json").write_text(json.dumps(
+            {"v": 2, "engine": "deepspeed", "zero_stage": 3, "bf16": True, "world": 2,
+             "steps": 1, **st}))
+        return str(ckpt)
+
+    z2 = {"zero_optimization": {"stage": 2}, "bf16": {"enabled": False}}
+    check_resumable(state(optimizer="shards.json"), z2, 1)  # 2 ranks ZeRO-3 → 1 rank ZeRO-2
+    with pytest.raises(BadInput, match=r"optimiser state saved by DeepSpeed ZeRO-3 bf16, this "
+                                       r"run uses plain torch — "):
+        check_resumable(state(optimizer="shards.json"), None, 1)
+    with pytest.raises(BadInput, match=r"saved by plain torch, this run uses DeepSpeed ZeRO-2"):
+        check_resumable(state(engine="torch", optimizer="optimizer/optimizer.pt"), z2, 1)
+    with pytest.raises(BadInput, match=r"DeepSpeed's own optimiser checkpoint .* saved by "
+                                       r"DeepSpeed ZeRO-3 bf16 on 2 rank\(s\), this run is "
+                                       r"DeepSpeed ZeRO-3 bf16 on 1 rank\(s\)"):
+        z3 = {"zero_optimization": {"stage": 3}, "bf16": {"enabled": True}}
+        check_resumable(state(optimizer="optimizer/state"), z3, 1)
