@@ -512,8 +512,8 @@ def update(
     save_dtype: opt.SaveDtype = "auto",
     keep_optimizer: Annotated[bool, typer.Option(
         "--keep-optimizer", help="Carry AdamW's state across iterations: load it from "
-        "POLICY/train_state/ when present, write it to OUT/train_state/ (DeepSpeed: the same "
-        "ranks and ZeRO stage).")] = False,
+        "POLICY/train_state/ when present, write it to OUT/train_state/ (DeepSpeed: one file "
+        "per rank, loaded on any number of ranks and ZeRO stage).")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing OUT.")] = False,
     track: opt.Track = None,
 ) -> None:

@@ -179,6 +179,10 @@ def load_model(path: str, device: str = "cpu", dtype: str | None = None) -> Any:
         raise BadInput(f"--policy: {path}: cannot load the model ({type(e).__name__}: "
                        f"{_one_line(e)}) — check config.json and the weights") from None
     check_loading_info(path, info)
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    if is_deepspeed_zero3_enabled():  # built partitioned: DeepSpeed placed the partitions
+        return model.eval()
     return model.to(device).eval()
 
 

@@ -36,8 +36,8 @@
 Resume (`--save-every-epoch`): after each epoch but the last, the state is saved atomically in
 `OUT.partial/` (built in `OUT.partial.tmp-PID` by outputs.AtomicDir, renamed over the
 previous one): a checkpoint as OUT will be (the HF export, and `train_state/` with the fp32
-masters and AdamW's state: plain torch's optimizer.pt, or DeepSpeed's own checkpoint, one shard
-per rank),
+masters and AdamW's state: plain torch's optimizer.pt, or under DeepSpeed the moments by
+parameter name, one file per rank: trainstate.py),
 `rng-RANK.pt` (Python, NumPy and torch RNG states), `metrics.jsonl` (the steps so far) and
 `state.json` (epochs done, steps done and a fingerprint of the data, the policy and the options
 that change the result).
@@ -198,8 +198,10 @@ def run_sft(data: str, policy: str, out: str, cfg: SftConfig | None = None,
     from marscli.agent.messages import default_system
     from marscli.agent.protocol import read_system_prompt
     from marscli.qwen.policy import check_checkpoint, load_processor
+    from marscli.train.trainstate import check_state
 
     policy = check_checkpoint(policy)
+    check_state(policy)
     check_paths(cfg, out, policy)
     base_prompt = read_system_prompt(cfg.system_prompt)
     system = default_system(base_prompt)

@@ -29,17 +29,18 @@
 5. Rank 0 writes OUT.tmp-PID (the HF export in `--save-dtype`, the policy's processor and
    tokenizer files, metrics.jsonl, marscli.meta.json, and `train_state/`: see trainstate.py)
    and renames it onto OUT at the end. The training starts from POLICY's fp32 masters
-   (POLICY/train_state/master.safetensors when present, else its HF weights), never from a
-   16-bit copy: under DeepSpeed bf16 they seed the optimiser's fp32 partitions.
+   (POLICY/train_state/'s rank files when present, else its HF weights), never from a 16-bit
+   copy: under DeepSpeed each rank seeds its own fp32 partition from its slices of them.
 
 Where marscli departs from the paper or the released code (verl), and why:
 1. By default each `update` starts a fresh AdamW. With Adam's normalisation the first steps of
    a fresh optimiser move every weight with a gradient by about lr, noise included (the tiny
    model's sequences all lost likelihood within one iteration at lr 3e-4). `--keep-optimizer`
-   carries the state as verl's long-lived trainer does: it loads POLICY/train_state/optimizer
-   when present and writes OUT/train_state/optimizer (plain torch: optimizer.pt, any world
-   size; DeepSpeed: its own checkpoint, one shard per rank, for the same world size and ZeRO
-   stage only — another launch is refused, exit 2). Two float32 copies of the weights on disk.
+   carries the state as verl's long-lived trainer does: it loads POLICY/train_state/
+   when present and writes OUT/train_state/ (plain torch: optimizer.pt, any world size;
+   DeepSpeed: AdamW's moments by parameter name, one file per rank, loaded on any number of
+   ranks and any ZeRO stage; plain torch and DeepSpeed states do not cross, exit 2). Two
+   float32 copies of the weights on disk.
 2. Each iteration is a process of its own, but the state survives as inside one trainer: the
    fp32 masters (saved from the optimiser's partitions, not from the bf16 module) and, when
    asked, the optimiser. The HF folder that engines load is only an export (bf16 on CUDA,
@@ -181,11 +182,12 @@ def run_update(adv: str, policy: str, out: str, cfg: UpdateConfig | None = None,
     from marscli.rl.losses import AGGS, LOSSES
     from marscli.rl.rollout_correction import check as check_rollout_is
     from marscli.train.distributed import launch_world
-    from marscli.train.trainstate import check_resumable
+    from marscli.train.trainstate import check_resumable, check_state
 
     check_rollout_is(cfg.is_mode, cfg.rollout_is_cap, cfg.rollout_is_floor)
 
     policy = check_checkpoint(policy)
+    check_state(policy)
     ref = check_checkpoint(cfg.ref, "--ref") if cfg.ref else None
     check_paths(cfg, out, policy, ref or "")
     loss = LOSSES.get(cfg.loss)

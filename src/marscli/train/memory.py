@@ -242,12 +242,16 @@ def host_offload(total: int, largest: int, stage: int | str, o: Options) -> int:
 
 
 def host_per_node(total: int, largest: int, stage: int | str, o: Options) -> dict[str, int]:
-    """Host memory a trainer node needs: update loads the whole model on the CPU in every
-    rank before DeepSpeed partitions it (bf16 under DeepSpeed's bf16, fp32 in plain torch),
-    rank 0 gathers the fp32 masters whole to save them, and the offloaded states."""
+    """Host memory a trainer node needs: the model as update loads it on the CPU (bf16 under
+    DeepSpeed's bf16, fp32 in plain torch; whole in every rank, except under ZeRO-3, which
+    builds it partitioned: each rank its share), the HF export rank 0 assembles to save it
+    (bf16, --save-dtype's GPU default; the fp32 masters and moments are written by each rank
+    slice by slice, never gathered), and the offloaded states."""
     per_param = 4 if stage == "torch" else 2
-    return {"model load (every rank)": o.gpus_per_node * per_param * total,
-            "fp32 masters gathered to save (rank 0)": 4 * total,
+    load = o.gpus_per_node * per_param * total
+    return {"model load (every rank)" if stage != 3 else "model load (partitioned)":
+            load if stage != 3 else -(-load // o.ranks),
+            "HF export assembled to save (rank 0)": 2 * total,
             "offloaded states": host_offload(total, largest, stage, o)}
 
 

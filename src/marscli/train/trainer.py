@@ -19,9 +19,8 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Callable, Iterable
-from contextlib import nullcontext
-from pathlib import Path
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -104,13 +103,13 @@ class TrainModel:
     def __init__(self, module: PolicyLM, d: Dist, *, engine: Any = None,
                  optimizer: torch.optim.Optimizer | None = None, grad_clip: float = 0.0,
                  zero_stage: int | None = None, autocast: torch.dtype | None = None,
-                 bf16: bool = False, fp32_sources: list | None = None) -> None:
+                 bf16: bool = False, source: Any = None) -> None:
         self.module, self.dist, self.engine = module, d, engine
         self.optimizer, self.grad_clip, self.zero_stage = optimizer, grad_clip, zero_stage
         self.autocast = autocast
         self.bf16 = bf16  # DeepSpeed's bf16: 16-bit module, fp32 masters in the optimiser
-        self.fp32_sources = fp32_sources or []  # the files the fp32 masters were loaded from
-        self.master_load_seconds = 0.0  # reading train_state/master.safetensors in (build_model)
+        self.source = source  # trainstate.MasterSource the fp32 masters were loaded from
+        self.master_load_seconds = 0.0  # setting the masters in (build_model)
 
     @property
     def lm(self) -> nn.Module:
@@ -160,30 +159,38 @@ class TrainModel:
         self.optimizer.zero_grad(set_to_none=True)
         return norm
 
-    def master_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """The fp32 master weights by HF name on rank 0 (None elsewhere). Collective under
-        DeepSpeed: every rank must call it.
+    def frozen_reader(self) -> Any:
+        """A reader of the float32 values of the files the model was loaded from, for frozen
+        parameters under DeepSpeed's bf16 (the module holds them in 16 bits, the optimiser not
+        at all); a context yielding None elsewhere (the module's value is exact)."""
+        if self.engine is None or not self.bf16 or self.source is None:
+            return nullcontext()
+        return self.source.reader()
 
-        Plain torch: the weights themselves (fp32). DeepSpeed: the optimiser's fp32 partitions,
+    def export_state_dict(self, dtype: str) -> dict[str, torch.Tensor] | None:
+        """The weights by HF name in `dtype` on rank 0 (None elsewhere), one parameter at a
+        time: nothing in float32 is kept whole beyond the parameter at hand unless `dtype` is
+        float32. Collective under DeepSpeed: every rank must call it.
+
+        Plain torch: the weights themselves. DeepSpeed: the optimiser's fp32 partitions,
         gathered parameter by parameter (`safe_get_full_fp32_param`), never the 16-bit module
         copy; a parameter the optimiser does not hold (frozen) is the module's value, or, under
         bf16, its float32 value in the files the model was loaded from."""
         main = self.dist.main
+        dt = getattr(torch, dtype)
         out: dict[str, torch.Tensor] | None = {} if main else None
-        frozen_src = self.fp32_sources if self.engine is not None and self.bf16 else []
-        from marscli.train.trainstate import tensor_reader
-
-        with tensor_reader(frozen_src if main else []) as source:
+        with self.frozen_reader() as source:
             for name, p in self.module.named_parameters():
                 key = name.removeprefix("lm.")
                 v = self._fp32_master(p)
                 if v is None:
                     v = self._gathered(p)
-                    if main and not p.requires_grad:
-                        src = source(key)
+                    if main and source is not None and not p.requires_grad:
+                        src = source.full(key)
                         v = src if src is not None and src.dtype == torch.float32 else v
                 if main:  # a copy: gathered buffers are views, plain weights live on
-                    out[key] = v.detach().to("cpu", torch.float32, copy=self.engine is not None)
+                    out[key] = v.detach().to("cpu", dt, copy=self.engine is not None)
+                del v
         return out
 
     def _fp32_master(self, p: nn.Parameter) -> torch.Tensor | None:
@@ -243,30 +250,27 @@ def build_model(policy: str, d: Dist, *, optim: OptimConfig | None = None,
                 freeze_vision: bool = False) -> TrainModel:
     """Load the policy for training (with `optim`) or scoring only (without: the reference).
 
-    The weights are the checkpoint's fp32 masters (POLICY/train_state/master.safetensors when
-    present, else its HF weights). Plain torch keeps them as fp32 weights (autocast to bf16 on
-    GPU). DeepSpeed with bf16 loads the 16-bit module copy and, after `deepspeed.initialize`,
-    seeds the optimiser's fp32 partitions from the fp32 masters, so no step of an earlier run
-    is rounded away. The result's `master_load_seconds` is the time the masters file took to
-    read in (0 without one)."""
+    The weights are the checkpoint's fp32 masters (POLICY/train_state/, see trainstate.py, when
+    present, else its HF weights). Plain torch and ZeRO-0/1/2 in fp32 hold the module whole on
+    every rank, loaded with the masters. Under ZeRO-3 the model is built already partitioned
+    (`zero3_init`), and each rank then sets its own slices of the masters; DeepSpeed with bf16
+    loads the 16-bit module copy and, after `deepspeed.initialize`, seeds each rank's fp32
+    partition from its slices of the masters, so no step of an earlier run is rounded away.
+    The result's `master_load_seconds` is the time the masters took to read in (0 without)."""
     from marscli.qwen.policy import load_model
-    from marscli.train.trainstate import fp32_sources, master_file, tensor_reader
+    from marscli.train.trainstate import master_source, seed_masters
 
     bf16 = bf16_enabled(ds_config)
-    lm = load_model(policy, device="cpu", dtype="bfloat16" if bf16 else "float32")
-    sources = fp32_sources(policy) if Path(policy).is_dir() else []
-    master = master_file(policy) if Path(policy).is_dir() else None
-    if master:
-        check_masters(lm, master)
-    t0 = time.perf_counter()
-    if master and not bf16:
-        with tensor_reader([master]) as get, torch.no_grad():  # the masters, not the export
-            for name, p in lm.named_parameters():
-                v = get(name)
-                if v is not None:
-                    p.copy_(v)
-    master_seconds = time.perf_counter() - t0
     stage = zero_stage(ds_config)
+    source = master_source(policy)
+    seconds = [0.0]  # reading the masters in, wherever it happens below
+    with zero3_init(ds_config if stage == 3 else None):
+        lm = load_model(policy, device="cpu", dtype="bfloat16" if bf16 else "float32")
+    if source is not None and source.separate:
+        check_masters(lm, source)
+        if stage != 3 and not bf16:  # the module is the fp32 copy: load the masters into it
+            with timed(seconds):
+                _load_whole(lm, source)
     module = PolicyLM(lm, touch_visual=ds_config is not None and d.world > 1)
     if freeze_vision:
         lm.model.visual.requires_grad_(False)
@@ -282,12 +286,12 @@ def build_model(policy: str, d: Dist, *, optim: OptimConfig | None = None,
             cfg = {k: v for k, v in ds_config.items() if k != "gradient_clipping"}
             engine, *_ = deepspeed.initialize(model=module, config=cfg)
             engine.eval()
-            model = TrainModel(module, d, engine=engine, zero_stage=3)
-        else:
-            module.to(d.device).eval()
-            model = TrainModel(module, d, autocast=amp)
-        model.master_load_seconds = master_seconds
-        return model
+            if source is not None and source.separate:
+                with timed(seconds):
+                    seed_masters(module, source, trained=False, bf16=bf16)
+            return _timed_model(TrainModel(module, d, engine=engine, zero_stage=3), seconds)
+        module.to(d.device).eval()
+        return _timed_model(TrainModel(module, d, autocast=amp), seconds)
     params = [p for p in module.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=optim.lr, betas=optim.betas, eps=optim.eps,
                             weight_decay=optim.weight_decay)
@@ -295,62 +299,96 @@ def build_model(policy: str, d: Dist, *, optim: OptimConfig | None = None,
         import deepspeed
 
         engine, *_ = deepspeed.initialize(model=module, optimizer=opt, config=ds_config)
-        if bf16:
-            t0 = time.perf_counter()
-            _seed_fp32_masters(module, sources, stage)
-            master_seconds += (time.perf_counter() - t0) if master else 0.0
-        model = TrainModel(module, d, engine=engine, optimizer=opt, grad_clip=optim.grad_clip,
-                           zero_stage=stage, bf16=bf16, fp32_sources=sources)
-    else:
-        module.to(d.device)
-        model = TrainModel(module, d, optimizer=opt, grad_clip=optim.grad_clip, autocast=amp)
-    model.master_load_seconds = master_seconds
+        if source is not None and (stage == 3 or bf16):
+            with timed(seconds):
+                seed_masters(module, source, trained=True, bf16=bf16)
+        return _timed_model(TrainModel(module, d, engine=engine, optimizer=opt,
+                                       grad_clip=optim.grad_clip, zero_stage=stage, bf16=bf16,
+                                       source=source), seconds)
+    module.to(d.device)
+    return _timed_model(TrainModel(module, d, optimizer=opt, grad_clip=optim.grad_clip,
+                                   autocast=amp), seconds)
+
+
+@contextmanager
+def timed(seconds: list[float]) -> Iterator[None]:
+    """Adds the block's wall time to seconds[0]."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        seconds[0] += time.perf_counter() - t0
+
+
+def _timed_model(model: TrainModel, seconds: list[float]) -> TrainModel:
+    model.master_load_seconds = seconds[0]
     return model
 
 
-def check_masters(lm: nn.Module, master: Path) -> None:
-    """The fp32 masters cover exactly the model's parameters, each in its shape (from the
-    file's header: nothing is read). A master missing would leave that weight at its 16-bit
-    export value, a wrong shape would not copy; both are refused (BadInput) naming the file."""
-    from marscli.errors import BadInput
-    from marscli.qwen.policy import SHOWN_KEYS, safetensors_header
+class _Zero3Config:
+    """What transformers asks of a registered DeepSpeed config while it loads a model: the
+    config dict and whether it is ZeRO-3. transformers' own `HfDeepSpeedConfig` holds the same
+    but needs accelerate, which marscli does not otherwise use."""
 
-    header = safetensors_header(master)
-    params = {n: list(p.shape) for n, p in lm.named_parameters()}
+    def __init__(self, config: dict) -> None:
+        self.config = config
+
+    def is_zero3(self) -> bool:
+        return True
+
+
+@contextmanager
+def zero3_init(ds_config: dict | None) -> Iterator[None]:
+    """Under a ZeRO-3 config, `from_pretrained` builds the model inside `deepspeed.zero.Init`
+    (each parameter partitioned as it is created) and loads each weight into its partition
+    (rank 0 reads the files, one module's parameters gathered at a time), as it does when a
+    Trainer's config is alive: no rank holds the whole model. Elsewhere nothing happens."""
+    if ds_config is None:
+        yield
+        return
+    from transformers.integrations import set_hf_deepspeed_config, unset_hf_deepspeed_config
+
+    cfg = _Zero3Config(ds_config)  # transformers keeps a weak reference: held here
+    set_hf_deepspeed_config(cfg)
+    try:
+        yield
+    finally:
+        unset_hf_deepspeed_config()
+
+
+def _load_whole(lm: nn.Module, source: Any) -> None:
+    """Copy each fp32 master into the module, one parameter at a time."""
+    with source.reader() as r, torch.no_grad():
+        for name, p in lm.named_parameters():
+            v = r.full(name)
+            if v is not None:
+                p.copy_(v)
+
+
+def check_masters(lm: nn.Module, source: Any) -> None:
+    """The fp32 masters cover exactly the model's parameters, each in its shape (from the index
+    or the file's header: nothing is read). A master missing would leave that weight at its
+    16-bit export value, a wrong shape would not copy; both are refused (BadInput) naming the
+    file."""
+    from marscli.errors import BadInput
+    from marscli.qwen.policy import SHOWN_KEYS
+
+    saved = source.shapes()
+    params = {n: list(getattr(p, "ds_shape", p.shape)) for n, p in lm.named_parameters()}
     problems = [
-        ("missing", sorted(set(params) - set(header))),
-        ("not parameters of the model", sorted(set(header) - set(params))),
+        ("missing", sorted(set(params) - set(saved))),
+        ("not parameters of the model", sorted(set(saved) - set(params))),
         ("of another shape than the model's", sorted(
-            f"{n} {header[n]['shape']} vs {shape}" for n, shape in params.items()
-            if n in header and header[n]["shape"] != shape)),
+            f"{n} {saved[n]} vs {shape}" for n, shape in params.items()
+            if n in saved and list(saved[n]) != shape)),
     ]
     for what, keys in problems:
         if keys:
             more = f" (+{len(keys) - SHOWN_KEYS} more)" if len(keys) > SHOWN_KEYS else ""
-            raise BadInput(f"--policy: {master}: {len(keys)} fp32 master(s) {what}: "
+            raise BadInput(f"--policy: {source.where}: {len(keys)} fp32 master(s) {what}: "
                            f"{', '.join(keys[:SHOWN_KEYS])}{more} — the training state does "
-                           f"not belong to this checkpoint; delete {master.parent} to train "
+                           f"not belong to this checkpoint; delete {source.state} to train "
                            "from the HF weights with a fresh optimiser")
-
-
-def _seed_fp32_masters(module: PolicyLM, sources: list[Path], stage: int | None) -> None:
-    """Set DeepSpeed's fp32 partitions of every trainable parameter from its float32 value in
-    `sources` (each rank its own partition; not collective). The 16-bit module copy already
-    holds the same values rounded to nearest (from_pretrained's cast, or the bf16 export);
-    under ZeRO-1/2 it is set again from them here, to be sure."""
-    from deepspeed.utils import safe_set_full_fp32_param
-
-    from marscli.train.trainstate import tensor_reader
-
-    with tensor_reader(sources) as get, torch.no_grad():
-        for name, p in module.named_parameters():
-            v = get(name.removeprefix("lm.")) if p.requires_grad else None
-            if v is None or v.dtype != torch.float32:
-                continue  # a bf16 file: the 16-bit copy is exact already
-            v = v.to(p.device)
-            safe_set_full_fp32_param(p, v)
-            if stage != 3:
-                p.data.copy_(v.view_as(p.data))
 
 
 # ------------------------------------------------------------------------------ one step

@@ -5,20 +5,35 @@ moments and step, kept beside the HF export that engines load.
       config.json model.safetensors  eval and vLLM load it; they read top-level files only)
       tokenizer... metrics.jsonl marscli.meta.json
       train_state/                 read by update and sft only
-        state.json                 {"v", "engine", "world", "zero_stage", "bf16", "steps",
-                                    "master", "optimizer"}
-        master.safetensors         fp32 masters by HF name; absent when the export is float32
-                                   (the export is then the master itself)
+        state.json                 {"v": 2, "engine", "world", "zero_stage", "bf16", "steps",
+                                    "master", "optimizer", "adam_step"}
+        shards.json                which rank file holds which slice of each parameter
+        master-rank-00000-of-00002.safetensors   rank 0's fp32 masters: NAME → a flat slice;
+        master-rank-00001-of-00002.safetensors   absent when the export is float32 (the export
+                                                 is then the master itself)
+        moments-rank-0000R-of-0000N.safetensors  exp_avg/NAME, exp_avg_sq/NAME, the same slices
+                                                 (--keep-optimizer under DeepSpeed)
         optimizer/optimizer.pt     plain torch AdamW state_dict (--keep-optimizer)
-        optimizer/state/           DeepSpeed's own checkpoint: one optimiser shard per rank,
-                                   fp32 partitions, moments and step (--keep-optimizer)
+
+Each rank writes and reads only its own fp32 partition (shards.py has the format, partitions.py
+the slices under each engine): under ZeRO-3 its slice of every parameter, under ZeRO-1/2 its
+fragments of the flat partition, in plain torch rank 0 the whole of each. No host gathers the
+masters: a rank's share is 4 B/param / world (masters) + 8 B/param / world (moments). The
+step of AdamW is in state.json (DeepSpeed steps every partition together).
+Loading re-shards by name: a rank of an M-rank launch reads, from the N files, only the slices
+that overlap its own partition (`safe_open(...).get_slice`), so a state written by N ranks
+loads on M, under any ZeRO stage, bf16 or not. Plain torch keeps AdamW's own state_dict (any
+world size); a plain-torch state does not load into DeepSpeed nor the reverse (refused, exit 2).
+Read too, from earlier versions: `master.safetensors` (the masters gathered whole), and
+DeepSpeed's own checkpoint in `optimizer/state/` (same world size, ZeRO stage and bf16 only:
+another launch is refused, exit 2, naming both).
 
 Why: at lr 1e-6 a bf16 copy rounded and reloaded between iterations discards ~98% of an update,
 and a fresh AdamW each iteration is not the optimiser a long-lived trainer runs. The masters
-come from the optimiser's fp32 partitions (`safe_get_full_fp32_param`), never from the 16-bit
-module copy; the next run seeds DeepSpeed's fp32 partitions from them (`safe_set_full_fp32_param`)
-after `deepspeed.initialize`. A DeepSpeed optimiser state is tied to its world size and ZeRO
-stage: another launch is refused (exit 2) naming both. Plain torch state fits any world size.
+come from the optimiser's fp32 partitions, never from the 16-bit module copy; the next run
+seeds DeepSpeed's fp32 partitions from them after `deepspeed.initialize`. The HF export is
+built on rank 0 one parameter at a time, cast to --save-dtype as it arrives (gathered from the
+fp32 partitions: all-gather under ZeRO-3, all-reduce of fragments under ZeRO-1/2).
 Importing this module is cheap: torch loads inside the functions.
 """
 
@@ -26,17 +41,19 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from marscli.errors import BadInput
+from marscli.train.shards import INDEX, MOMENTS, FlatReader, open_reader, read_index
 
 STATE_DIR = "train_state"
-MASTER_FILE = "master.safetensors"
+LEGACY_MASTER = "master.safetensors"  # the masters gathered whole (earlier marscli versions)
 TORCH_OPTIMIZER = "optimizer/optimizer.pt"
-DS_DIR, DS_TAG = "optimizer", "state"
+DS_DIR, DS_TAG = "optimizer", "state"  # DeepSpeed's own checkpoint (earlier marscli versions)
 LEGACY_OPTIMIZER = "optimizer.pt"  # POLICY/optimizer.pt of earlier marscli versions (plain torch)
 
 
@@ -51,31 +68,74 @@ def read_state(ckpt: str | Path) -> dict | None:
                        "weights with a fresh optimiser") from None
 
 
-def master_file(ckpt: str | Path) -> Path | None:
-    """CKPT/train_state/master.safetensors, when the export beside it is not the master."""
-    f = Path(ckpt) / STATE_DIR / MASTER_FILE
-    return f if f.is_file() else None
+@dataclass
+class MasterSource:
+    """Where a checkpoint's fp32 masters are: train_state's rank files (`index`), the single
+    file of earlier versions (`legacy`), or else the HF export itself (`export`)."""
+
+    state: Path
+    index: dict | None = None
+    legacy: Path | None = None
+    export: list[Path] = field(default_factory=list)
+
+    @property
+    def separate(self) -> bool:
+        """The masters are not the export (which is then a 16-bit copy of them)."""
+        return self.index is not None or self.legacy is not None
+
+    @property
+    def where(self) -> Path:
+        """The file an error about the masters names."""
+        return self.state / INDEX if self.index is not None else self.legacy or self.state
+
+    @contextmanager
+    def reader(self) -> Iterator[FlatReader]:
+        with open_reader() as r:
+            if self.index is not None:
+                r.add_shards(self.state, self.index, "master")
+            else:
+                r.add_whole([self.legacy] if self.legacy else self.export)
+            yield r
+
+    def shapes(self) -> dict[str, list[int]]:
+        """Each master's shape, from the index or the file's header (nothing is read)."""
+        if self.index is not None:
+            return {n: list(e["shape"]) for n, e in self.index["params"].items()}
+        from marscli.qwen.policy import safetensors_header
+
+        return {n: h["shape"] for n, h in safetensors_header(self.legacy).items()}
 
 
-def fp32_sources(ckpt: str | Path) -> list[Path]:
-    """The files holding the checkpoint's fp32 masters: train_state/master.safetensors, or else
-    the HF weights themselves (whose float32 tensors are the masters)."""
-    master = master_file(ckpt)
-    return [master] if master else sorted(Path(ckpt).glob("*.safetensors"))
+def master_source(ckpt: str | Path) -> MasterSource | None:
+    """The checkpoint's fp32 masters (None for a hub id: transformers loads it)."""
+    ckpt = Path(ckpt)
+    if not ckpt.is_dir():
+        return None
+    state = ckpt / STATE_DIR
+    st = read_state(ckpt) or {}
+    if st.get("master") == INDEX or (not st and (state / INDEX).is_file()
+                                     and "master" in read_index(state)["kinds"]):
+        return MasterSource(state, index=read_index(state))
+    if (state / LEGACY_MASTER).is_file():
+        return MasterSource(state, legacy=state / LEGACY_MASTER)
+    return MasterSource(state, export=sorted(ckpt.glob("*.safetensors")))
 
 
-@contextmanager
-def tensor_reader(paths: list[Path]) -> Iterator[Callable[[str], Any]]:
-    """`get(name)`: the tensor stored under `name` in one of the safetensors files (read one at
-    a time, memory-mapped), or None."""
-    from safetensors import safe_open
+def read_masters(ckpt: str | Path) -> dict:
+    """Every fp32 master of a checkpoint, whole, by HF name (for tools and tests: one host)."""
+    src = master_source(ckpt)
+    with src.reader() as r:
+        return {n: r.full(n) for n in sorted(r.shapes)}
 
-    with ExitStack() as stack:
-        where = {}
-        for p in paths:
-            f = stack.enter_context(safe_open(str(p), "pt"))
-            where.update(dict.fromkeys(f.keys(), f))
-        yield lambda name: where[name].get_tensor(name) if name in where else None
+
+def read_moments(ckpt: str | Path) -> dict:
+    """AdamW's moments of a DeepSpeed state, whole, by "exp_avg/NAME" and "exp_avg_sq/NAME"
+    (for tools and tests: one host)."""
+    state = Path(ckpt) / STATE_DIR
+    index = read_index(state)
+    with open_reader() as r:
+        r.add_shards(state, index, "moments", [f"{k}/" for k in MOMENTS])
+        return {k: r.read(k).view(r.shapes[k.split("/", 1)[1]]) for k in sorted(r.where)}
 
 
 def engine_of(ds_cfg: dict | None) -> dict:
@@ -86,27 +146,42 @@ def engine_of(ds_cfg: dict | None) -> dict:
             "bf16": bf16_enabled(ds_cfg)}
 
 
-def _how(st: dict) -> str:
-    if st.get("engine") == "deepspeed":
-        return f"DeepSpeed ZeRO-{st.get('zero_stage')}{' bf16' if st.get('bf16') else ''}"
-    return "plain torch"
+def _how(st: dict, world: bool = False) -> str:
+    if st.get("engine") != "deepspeed":
+        return "plain torch"
+    ranks = f" on {st.get('world')} rank(s)" if world else ""
+    return f"DeepSpeed ZeRO-{st.get('zero_stage')}{' bf16' if st.get('bf16') else ''}{ranks}"
+
+
+def check_state(ckpt: str) -> None:
+    """The checkpoint's train_state/ is readable: state.json parses, the shard index parses
+    and names rank files that are all there (BadInput naming the file). Cheap: JSON and file
+    names only; run before anything heavy loads."""
+    master_source(ckpt)
+    st = read_state(ckpt) or {}
+    if st.get("optimizer") == INDEX:
+        read_index(Path(ckpt) / STATE_DIR)
 
 
 def check_resumable(ckpt: str, ds_cfg: dict | None, world: int) -> None:
-    """Refuse (BadInput, exit 2) an optimiser state this launch cannot load: saved by another
-    engine, ZeRO stage or (DeepSpeed) world size. Runs before anything heavy loads."""
+    """Refuse (BadInput, exit 2) an optimiser state this launch cannot load: one of the other
+    engine (plain torch ↔ DeepSpeed), or DeepSpeed's own checkpoint of earlier versions on
+    another world size, ZeRO stage or bf16 setting. The rank-file state loads on any world
+    size and ZeRO stage. Runs before anything heavy loads."""
     st = read_state(ckpt)
     if not st or not st.get("optimizer"):
         return
-    here = engine_of(ds_cfg)
+    here = {**engine_of(ds_cfg), "world": world}
     where = Path(ckpt) / STATE_DIR
     fix = "or drop --keep-optimizer to start a fresh AdamW from the saved fp32 weights"
-    if any(st.get(k) != here[k] for k in ("engine", "zero_stage", "bf16")):
+    if st.get("engine") != here["engine"]:
         raise BadInput(f"{where}: optimiser state saved by {_how(st)}, this run uses "
                        f"{_how(here)} — run it the same way, {fix}")
-    if here["engine"] == "deepspeed" and st.get("world") != world:
-        raise BadInput(f"{where}: optimiser state saved by {st.get('world')} ranks, this run has "
-                       f"{world} — launch {st.get('world')} ranks, {fix}")
+    if st["optimizer"] == f"{DS_DIR}/{DS_TAG}" and any(
+            st.get(k) != here[k] for k in ("zero_stage", "bf16", "world")):
+        raise BadInput(f"{where}: DeepSpeed's own optimiser checkpoint (an earlier marscli) "
+                       f"saved by {_how(st, world=True)}, this run is {_how(here, world=True)} "
+                       f"— launch it that way once (its output loads on any world size), {fix}")
 
 
 # ------------------------------------------------------------------------------ saving
@@ -116,8 +191,8 @@ def save_all(model: Any, folder: Path, policy: str, processor: Any, dtype: str, 
              optimizer: bool, steps: int, ds_cfg: dict | None) -> dict:
     """Write the HF export (rank 0) and train_state/ (collective: every rank must call it).
     Returns {"save_seconds", "master_save_seconds", "bytes_written"} (bytes on rank 0: the
-    whole folder; master_save_seconds: gathering the fp32 masters and writing
-    train_state/master.safetensors, a part of save_seconds)."""
+    whole folder; master_save_seconds: this rank writing its fp32 masters and moments into
+    its rank files, a part of save_seconds)."""
     from marscli.train.checkpoint import save_errors
 
     with save_errors(folder):  # a full disk: one line, whichever writer meets it
@@ -129,58 +204,123 @@ def _save_all(model: Any, folder: Path, policy: str, processor: Any, dtype: str,
               optimizer: bool, steps: int, ds_cfg: dict | None) -> dict:
     from marscli.train.checkpoint import save_checkpoint
     from marscli.train.distributed import barrier
+    from marscli.train.partitions import adam_step
 
     d = model.dist
     t0 = time.perf_counter()
-    masters = model.master_state_dict()  # collective under DeepSpeed; None off rank 0
-    master_seconds = time.perf_counter() - t0
+    export = model.export_state_dict(dtype)  # collective under DeepSpeed; None off rank 0
     state = folder / STATE_DIR
     if d.main:
-        save_checkpoint(model.lm, masters, folder, policy, dtype, processor)
+        save_checkpoint(model.lm, export, folder, policy, dtype, processor)
         state.mkdir(exist_ok=True)
-        if dtype != "float32":
-            from safetensors.torch import save_file
-
-            t1 = time.perf_counter()
-            save_file(masters, str(state / MASTER_FILE), metadata={"format": "pt"})
-            master_seconds += time.perf_counter() - t1
-    del masters
+    del export
     barrier(d)  # the folder exists before other ranks write into it
-    if optimizer:
-        save_optimizer(model, state)
+    kinds = (["master"] if dtype != "float32" else []) + (
+        ["moments"] if optimizer and model.engine is not None else [])
+    writers = d.world if model.engine is not None else 1  # plain torch: rank 0 holds it all
+    t1 = time.perf_counter()
+    if kinds and d.rank < writers:
+        write_shards(model, state, kinds, writers)
+    master_seconds = time.perf_counter() - t1
+    if optimizer and model.engine is None and d.main:
+        import torch
+
+        (state / TORCH_OPTIMIZER).parent.mkdir(parents=True, exist_ok=True)
+        torch.save(model.optimizer.state_dict(), state / TORCH_OPTIMIZER)
+    barrier(d)  # every rank's files are written
     if d.main:
-        info = {"v": 1, **engine_of(ds_cfg), "world": d.world, "steps": steps,
-                "master": MASTER_FILE if dtype != "float32" else None,
-                "optimizer": (f"{DS_DIR}/{DS_TAG}" if model.engine is not None
-                              else TORCH_OPTIMIZER) if optimizer else None}
+        from marscli.train.shards import write_index
+
+        if kinds:
+            write_index(state, writers, kinds)
+        info = {"v": 2, **engine_of(ds_cfg), "world": d.world, "steps": steps,
+                "master": INDEX if "master" in kinds else None,
+                "optimizer": (INDEX if model.engine is not None else TORCH_OPTIMIZER)
+                if optimizer else None}
+        if "moments" in kinds:
+            info["adam_step"] = adam_step(model.engine, model.optimizer)
         (state / "state.json").write_text(json.dumps(info, indent=2) + "\n")
-    barrier(d)  # every rank's shard is written
+    barrier(d)
     seconds = time.perf_counter() - t0
     n = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if d.main else 0
     return {"save_seconds": round(seconds, 3), "master_save_seconds": round(master_seconds, 3),
             "bytes_written": n}
 
 
-def save_optimizer(model: Any, state: Path) -> None:
-    """AdamW's state into `state/optimizer/` (collective under DeepSpeed: each rank writes its
-    shard)."""
-    if model.engine is not None:
-        model.engine.save_checkpoint(str(state / DS_DIR), tag=DS_TAG, save_latest=False)
-    elif model.dist.main:
-        import torch
+def write_shards(model: Any, state: Path, kinds: list[str], writers: int) -> None:
+    """This rank's fp32 masters and/or AdamW moments, flat slices by HF name, into its rank
+    files. A frozen parameter's master under bf16 is its float32 value in the files the model
+    was loaded from (the module holds it in 16 bits only)."""
+    import torch
 
-        (state / TORCH_OPTIMIZER).parent.mkdir(parents=True, exist_ok=True)
-        torch.save(model.optimizer.state_dict(), state / TORCH_OPTIMIZER)
+    from marscli.train.partitions import full_shape, get_master, get_moment, local_slice
+    from marscli.train.shards import Piece, rank_file, write_rank_file
+
+    d = model.dist
+    pieces: dict[str, Piece] = {}
+    out: dict[str, dict[str, Any]] = {k: {} for k in kinds}
+    with model.frozen_reader() as frozen:
+        for name, p in model.module.named_parameters():
+            key = name.removeprefix("lm.")
+            sl = local_slice(p)
+            if sl is None or (_replicated(p) and d.rank != 0):
+                continue
+            start, end = sl
+            trained = p.requires_grad and model.optimizer is not None
+            pieces[key] = Piece(start, end, full_shape(p), p.requires_grad)
+            if "master" in out:
+                v = frozen.read(key, start, end) if frozen and not trained else None
+                ok = v is not None and v.dtype == torch.float32
+                out["master"][key] = v if ok else get_master(p, start, end)
+            if "moments" in out and trained:
+                for k in MOMENTS:
+                    m = get_moment(model.optimizer, p, k, end - start)
+                    out["moments"][f"{k}/{key}"] = m if m is not None else torch.zeros(end - start)
+    for kind in kinds:
+        write_rank_file(state / rank_file(kind, d.rank, writers), out[kind], pieces)
+
+
+def _replicated(p: Any) -> bool:
+    """A parameter every rank holds whole (rank 0 writes it)."""
+    return not hasattr(p, "ds_id") and not hasattr(p, "_hp_mapping")
 
 
 # ------------------------------------------------------------------------------ loading
 
 
+def seed_masters(module: Any, source: MasterSource, *, trained: bool, bf16: bool) -> None:
+    """Set each rank's own slices from the fp32 masters (not collective): under ZeRO-3 the
+    module's partition and, when `trained`, the optimiser's fp32 partition; under ZeRO-1/2 with
+    bf16 the optimiser's fp32 fragments (the 16-bit module copy is already the masters rounded
+    to nearest: the bf16 export, or from_pretrained's cast of a float32 one). Replicated
+    parameters were loaded whole with the module. A 16-bit source is skipped: the module's
+    copy is exact already."""
+    import torch
+
+    from marscli.train.partitions import local_slice, set_master
+
+    with source.reader() as r, torch.no_grad():
+        for name, p in module.named_parameters():
+            key = name.removeprefix("lm.")
+            sl = local_slice(p)
+            zero3 = hasattr(p, "ds_id")
+            if sl is None or r.dtypes.get(key) != "F32" or _replicated(p):
+                continue
+            if not zero3 and not (bf16 and trained and p.requires_grad):
+                continue
+            v = r.read(key, *sl)
+            set_master(p, v.to(p.ds_tensor.device if zero3 else p.device),
+                       sl[0], trained and p.requires_grad)
+            if zero3 and getattr(p, "ds_persist", False) and p.data.numel() == p.ds_numel:
+                # a small parameter DeepSpeed also keeps whole (not re-gathered before a step)
+                p.data.copy_(r.full(key).view_as(p.data))
+
+
 def load_optimizer(model: Any, ckpt: str | Path, *, betas: tuple[float, float], eps: float,
                    weight_decay: float) -> bool:
-    """Restore AdamW's moments and step (and, under DeepSpeed, its fp32 partitions) from
-    CKPT/train_state (or a legacy CKPT/optimizer.pt); False when there is none (the first
-    update after SFT). This run's betas, eps and weight decay replace the saved ones."""
+    """Restore AdamW's moments and step (earlier DeepSpeed checkpoints: its fp32 partitions
+    too) from CKPT/train_state (or a legacy CKPT/optimizer.pt); False when there is none (the
+    first update after SFT). This run's betas, eps and weight decay replace the saved ones."""
     import pickle
 
     import torch
@@ -190,12 +330,10 @@ def load_optimizer(model: Any, ckpt: str | Path, *, betas: tuple[float, float], 
     if model.engine is not None:
         if not st.get("optimizer"):
             return False
-        where = ckpt / STATE_DIR / DS_DIR
-        path, _ = model.engine.load_checkpoint(str(where), tag=DS_TAG, load_optimizer_states=True,
-                                               load_lr_scheduler_states=False)
-        if path is None:
-            raise BadInput(f"{where}: no DeepSpeed checkpoint '{DS_TAG}' — delete "
-                           f"{ckpt / STATE_DIR} to start a fresh optimiser")
+        if st["optimizer"] == INDEX:
+            load_moments(model, ckpt / STATE_DIR, int(st.get("adam_step", 0)))
+        else:
+            _load_deepspeed_checkpoint(model, ckpt)
     else:
         path = ckpt / STATE_DIR / TORCH_OPTIMIZER
         if not path.is_file():
@@ -211,3 +349,44 @@ def load_optimizer(model: Any, ckpt: str | Path, *, betas: tuple[float, float], 
     for g in model.optimizer.param_groups:
         g.update(betas=betas, eps=eps, weight_decay=weight_decay)
     return True
+
+
+def load_moments(model: Any, state: Path, step: int) -> None:
+    """AdamW's state at `step` with each rank's slices of the moments read from the rank files
+    (any world size wrote them). A trained parameter without saved moments is refused."""
+    import torch
+
+    from marscli.qwen.policy import SHOWN_KEYS as SHOWN
+    from marscli.train.partitions import init_state, local_slice, set_moment
+
+    index = read_index(state)
+    trained = {n.removeprefix("lm."): p for n, p in model.module.named_parameters()
+               if p.requires_grad}
+    saved = {n for n, e in index["params"].items() if e.get("trainable", True)}
+    if "moments" not in index["kinds"] or set(trained) - saved:
+        gone = sorted(set(trained) - saved) if "moments" in index["kinds"] else sorted(trained)
+        raise BadInput(f"{state / INDEX}: no saved AdamW moments for {len(gone)} trained "
+                       f"parameter(s): {', '.join(gone[:SHOWN])} — train the same parameters "
+                       "(--freeze-vision as before), or drop --keep-optimizer")
+    init_state(model.engine, model.optimizer, step)
+    with open_reader() as r, torch.no_grad():
+        r.add_shards(state, index, "moments", [f"{k}/" for k in MOMENTS])
+        for key, p in trained.items():
+            sl = local_slice(p)
+            if sl is None:
+                continue
+            for k in MOMENTS:
+                v = r.read(f"{k}/{key}", *sl)
+                set_moment(model.optimizer, p, k, v.to(p.ds_tensor.device if hasattr(p, "ds_id")
+                                                         else p.device))
+
+
+def _load_deepspeed_checkpoint(model: Any, ckpt: Path) -> None:
+    """DeepSpeed's own checkpoint (earlier marscli versions; check_resumable refused another
+    world size, stage or bf16 setting)."""
+    where = ckpt / STATE_DIR / DS_DIR
+    path, _ = model.engine.load_checkpoint(str(where), tag=DS_TAG, load_optimizer_states=True,
+                                           load_lr_scheduler_states=False)
+    if path is None:
+        raise BadInput(f"{where}: no DeepSpeed checkpoint '{DS_TAG}' — delete "
+                       f"{ckpt / STATE_DIR} to start a fresh optimiser")
