@@ -17,7 +17,7 @@ no vLLM (scripts/gpu-smoke.sh runs it); `--device cpu` with small shapes rehears
    --tokens/2 - 1 tokens (one micro-batch of --tokens, padded: the worst case `plan` takes),
    the last --loss-frac of each row a model segment under the loss; --steps minibatches.
 3. `marscli update` (one process, or `torch.distributed.run` with --nproc) with
-   --save-dtype bfloat16, so the fp32 masters go to train_state/master.safetensors beside the
+   --save-dtype bfloat16, so the fp32 masters go to train_state/master-rank-*.safetensors beside the
    bf16 export on CPU too; then (unless --no-resume) a second update of one step from its output,
    which reads the masters back in.
 4. `marscli plan` on the same config.json with the run's shape (--gpus-per-node N, --zero 0
@@ -328,7 +328,8 @@ def measure(a: argparse.Namespace, work: Path) -> dict:
         "plan_ratio_reserved": reserved / (t["total"] - context) if reserved else None,
         "load_seconds": u["stats"]["load_seconds"], "save_seconds": u["stats"]["save_seconds"],
         "master_save_seconds": u["stats"]["master_save_seconds"],
-        "master_bytes": (out / "train_state" / "master.safetensors").stat().st_size,
+        "master_bytes": sum(f.stat().st_size
+                            for f in (out / "train_state").glob("master-rank-*.safetensors")),
         "bytes_written": u["stats"]["bytes_written"]})
     if not cuda:
         res["plan_note"] = ("no GPU allocator on CPU: peak_rss (interpreter, libraries and host "
