@@ -254,6 +254,7 @@ class Warm:
         self.batch = len(setup.prompts) * setup.n
         self.base = read_system_prompt(str(SYSTEM))
         self.engine = make_engine("hf", POLICY, device="cpu", max_batch=self.batch)
+        self.engine_time = Timed(self.engine, "generate")  # the engine alone, as TRL's _generate
         self.cfg = UpdateConfig(loss="gspo", lr=LR, clip_low=CLIP_LOW, clip_high=CLIP_HIGH,
                                 grad_clip=GRAD_CLIP, old_logp="engine", micro_batch_tokens=budget,
                                 device="cpu")
@@ -281,13 +282,13 @@ class Warm:
         from dataclasses import replace
 
         from marscli.rl.losses import LOSSES
-        from marscli.stages.update import _step, old_logps
+        from marscli.stages.update import old_logps, train_step
 
         cfg = replace(self.cfg, old_logp=old, rollout_is="off")
         mb = self.job.minibatch(examples, cfg.micro_batch_tokens)
         logps, _ = old_logps(self.model, {0: mb}, self.spec, self.job.dist, cfg, examples)
         t = time.perf_counter()
-        row, _ = _step(self.job, self.model, mb, self.spec, cfg, "seq-mean-token-mean",
+        row, _ = train_step(self.job, self.model, mb, self.spec, cfg, "seq-mean-token-mean",
                        LOSSES.get("gspo"), LR, logps, {})
         return time.perf_counter() - t, row["tokens"]
 
@@ -299,8 +300,10 @@ class Warm:
         from marscli.train.batch import load_example
 
         t0 = time.perf_counter()
+        before = len(self.engine_time.times)
         recs = self.rollout(seed)
-        t_gen = time.perf_counter() - t0
+        t_rollout = time.perf_counter() - t0
+        t_gen = sum(self.engine_time.times[before:])
         scored, _ = reward(list(enumerate(recs, 1)), "warm", make_judge("exact"), 0.0)
         rows, _ = advantages(list(enumerate(scored, 1)), "warm", estimator="dr-grpo")
         exs = []
@@ -309,7 +312,8 @@ class Warm:
             e.advantage, e.index = float(r["advantage"]), i
             exs.append(e)
         t_upd, tokens = self.train(exs, "engine")
-        return {"step_s": time.perf_counter() - t0, "gen_s": t_gen, "update_s": t_upd,
+        return {"step_s": time.perf_counter() - t0, "gen_s": t_gen, "rollout_s": t_rollout,
+                "update_s": t_upd,
                 "gen_tokens": sum(r["generated_tokens"] for r in recs), "train_tokens": tokens}
 
 
@@ -452,6 +456,8 @@ def report(t: dict, w: dict, p: dict | None, same_s: float, same_tokens: int) ->
     for name, r in rows:
         print(f"{name:30s} {rate(r['gen_tokens'], r['gen_s']):10.0f} "
               f"{rate(r['train_tokens'], r['update_s']):12.0f} {r['step_s']:8.2f}")
+    print(f"  warm rollout (agent, parsing, the zoom tool's call): {w['rollout_s']:.2f} s, "
+          f"of it the engine {w['gen_s']:.2f} s")
     if p:
         print("  processes: " + ", ".join(f"{k} {v:.2f} s" for k, v in p["times"].items()))
     trl_train = rate(t["train_tokens"], t["update_s"])
