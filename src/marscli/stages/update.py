@@ -234,7 +234,7 @@ def _train(job: Job, policy, ref, cfg, agg, loss, processor, spec, examples, mas
         for epoch in range(cfg.epochs):
             for k, mb in plans.items():
                 lr = lr_at(step, total, optim)
-                row, totals = _step(job, model, mb, spec, cfg, agg, loss, lr, logps, rollout)
+                row, totals = train_step(job, model, mb, spec, cfg, agg, loss, lr, logps, rollout)
                 if epoch == 0:
                     overall = rc.merge(overall, totals)
                 step += 1
@@ -311,8 +311,8 @@ def old_logps(model, plans, spec, d, cfg: UpdateConfig, examples: list[Example]
 SUMMED = ("loss", "pg_loss", "kl", "clip_frac", "approx_kl", "ratio_mean")
 
 
-def _step(job: Job, model, mb: Minibatch, spec: Spec, cfg: UpdateConfig, agg: str, loss_fn,
-          lr: float, logps: dict, rollout: dict) -> tuple[dict, dict]:
+def train_step(job: Job, model, mb: Minibatch, spec: Spec, cfg: UpdateConfig, agg: str, loss_fn,
+               lr: float, logps: dict, rollout: dict) -> tuple[dict, dict]:
     """One optimiser step over a minibatch; returns its metrics (all ranks reduced) and the
     totals of its rollout metrics (rollout_correction.merge)."""
     from marscli.rl import rollout_correction as rc
