@@ -26,7 +26,7 @@ if [[ -f $STAMP && "$(cat "$STAMP")" == "$RECIPE" ]] && "$VENV/bin/python" -c "i
   exit 0
 fi
 
-export PIP_DISABLE_PIP_VERSION_CHECK=1
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 PY=$VENV/bin/python
 PIP=("$PY" -m pip install -q -c constraints.txt)
 t0=$SECONDS

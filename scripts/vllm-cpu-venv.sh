@@ -32,6 +32,7 @@ if [[ -f $STAMP && "$(cat "$STAMP")" == "$RECIPE" ]] && "$VENV/bin/python" -c "i
 fi
 
 export PIP_FIND_LINKS= PIP_CONFIG_FILE=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1
+export PIP_NO_CACHE_DIR=1  # its 3.5 GB of downloads once, in the venv, not twice
 PY=$VENV/bin/python
 PIP=("$PY" -m pip install -q)
 t0=$SECONDS
