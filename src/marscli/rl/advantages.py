@@ -187,6 +187,15 @@ def _validate(rows: list[tuple[int, dict]], src: str,
     stop: list[str | None] = []
     rewards = np.empty(len(rows), np.float64)
     for i, (line, row) in enumerate(rows):
+        rid, pid, reward = row.get("id"), row.get("prompt_id"), row.get("reward")
+        total = reward.get("total") if type(reward) is dict else None
+        if (type(rid) is str and type(pid) is str and type(total) in (float, int)
+                and not stops and rid not in first):  # the common row, without get_field's walk
+            first[rid] = line
+            pids.append(pid)
+            rewards[i] = total
+            stop.append(None)
+            continue
         rid = get_field(row, "id", str, src, line)
         if rid in first:
             raise BadInput(f"{src}:{line}: id: duplicate id {rid!r} (first at line {first[rid]}) "
@@ -232,11 +241,12 @@ def run(rows: list[tuple[int, dict]], src: str, estimator: str = "bn-gspo", mini
     the turn limit or the token budget stopped; also the stage statistics for the sidecar.
     Unscored rows are left out (and counted): groups are made of the scored rows only."""
     check_options(estimator, minibatches)  # before looking at the data
-    unscored = sum(is_unscored(row) for _, row in rows)
-    if unscored == len(rows):
+    scored = [(line, row) for line, row in rows if not is_unscored(row)]
+    unscored = len(rows) - len(scored)
+    if not scored:
         raise BadInput(f"{src}: all {len(rows)} rows are unscored — re-run `marscli reward` "
                        "once the judge works")
-    rows = [(line, row) for line, row in rows if not is_unscored(row)]
+    rows = scored
     too_long = sum(row.get("stop") == PROMPT_TOO_LONG for _, row in rows)
     if too_long == len(rows):
         raise BadInput(f"{src}: all {len(rows)} scored rows are stop {PROMPT_TOO_LONG} (rollout "
