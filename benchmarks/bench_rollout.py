@@ -59,6 +59,7 @@ def bench_engine(model: str, image: Path, batch: int, new_tokens: int) -> None:
     print(f"  batched:        {t_batched:7.2f} s  {n_b / t_batched:8.1f} tokens/s")
     print(f"  one at a time:  {t_single:7.2f} s  {n_s / t_single:8.1f} tokens/s")
     print(f"  ratio (one at a time / batched): {t_single / t_batched:.2f}")
+    print(f"rollout: batched_ratio={t_single / t_batched:.2f} (goal: at least 4)")
 
 
 def bench_rollout(model: str, tmp: Path, prompts: int, n: int, new_tokens: int) -> None:

@@ -36,8 +36,9 @@ def wall(cmd: list[str], repeats: int = 5, **kw) -> float:
 def bench_help() -> None:
     help_s = wall([sys.executable, "-m", "marscli", "--help"])
     torch_s = wall([sys.executable, "-c", "import torch"])
-    print(f"startup: marscli --help {help_s:.3f} s (goal <= 0.15 s: {help_s / 0.15:.2f} of it) | "
-          f"import torch {torch_s:.3f} s | ratio {help_s / torch_s:.2f} (median of 5)")
+    print(f"startup: marscli --help {help_s:.3f} s | import torch {torch_s:.3f} s | "
+          f"ratio {help_s / torch_s:.2f} (median of 5)")
+    print(f"startup: help_s={help_s:.3f} (goal: at most 0.15 s)")
 
 
 def bench_stage(run: Path) -> None:
@@ -58,7 +59,9 @@ def bench_stage(run: Path) -> None:
                    check=True, capture_output=True)
     iteration = time.perf_counter() - t0
     print(f"startup: rollout of 1 prompt x 1 token {start:.2f} s (median of 3) | one "
-          f"{RECIPE} iteration {iteration:.1f} s | ratio {start / iteration:.2f} (goal <= 0.20)")
+          f"{RECIPE} iteration {iteration:.1f} s")
+    print(f"startup: stage_startup_s={start:.2f} iteration_s={iteration:.1f} "
+          f"stage_startup_ratio={start / iteration:.2f} (goal: at most 0.20)")
 
 
 def main() -> None:
