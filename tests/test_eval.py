@@ -180,6 +180,24 @@ def test_kill_9_then_resume(tiny_model, tmp_path):
     assert s["benchmarks"]["vstar"]["accuracy"] == 66.67  # 4 samples each, all alike
 
 
+def test_a_finished_eval_that_grows_loses_its_summary_first(tiny_model, tmp_path, monkeypatch):
+    """More items in a finished eval's benchmark: the summary (make's target) and the sidecar
+    go before the first new record, so a kill mid-way leaves neither claiming completion."""
+    bench = write_bench(tmp_path / "b.jsonl", MIXED[:2])
+    out = tmp_path / "r.jsonl"
+    run_eval(str(bench), str(out), **replay(tiny_model))
+    assert summary_path(out).is_file() and Path(f"{out}.meta.json").is_file()
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("marscli.agent.runner._append", killed)
+    write_bench(bench, MIXED[:4])
+    with pytest.raises(KeyboardInterrupt):
+        run_eval(str(bench), str(out), **replay(tiny_model))
+    assert not summary_path(out).exists() and not Path(f"{out}.meta.json").exists()
+
+
 def test_finished_eval_loads_no_model(tiny_model, tmp_path, monkeypatch):
     bench = write_bench(tmp_path / "b.jsonl", MIXED[:2])
     out = tmp_path / "r.jsonl"

@@ -277,3 +277,27 @@ def test_hostile_id_writes_only_inside_the_media_folder(tiny_model, tmp_path):
     assert not list(tmp_path.rglob("evil*")) and not Path("/abs").exists()
     recs = read_jsonl(out)
     assert {(out.parent / r["images"][1]["path"]).resolve() for r in recs} == outside
+
+
+def test_a_finished_output_that_grows_loses_its_sidecar_first(tiny_model, tmp_path, monkeypatch):
+    """A rerun that appends to a finished output (more prompts) removes its sidecar before the
+    first new record, so a kill mid-way leaves no sidecar claiming the grown file is complete
+    (make's target; merge takes a shard with a sidecar as finished)."""
+    out = tmp_path / "t.jsonl"
+    kw = {"policy": str(tiny_model), "engine": "replay", "n": 2, "progress": False}
+    prompts = write_prompts(tmp_path / "p.jsonl", ["a"], replies=[ZOOM_THEN_ANSWER[1]])
+    run_rollout(str(prompts), str(out), **kw)
+    sidecar = Path(f"{out}.meta.json")
+    assert sidecar.is_file()
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt  # where the first new record would be appended
+
+    monkeypatch.setattr("marscli.agent.runner._append", killed)
+    write_prompts(prompts, ["a", "b"], replies=[ZOOM_THEN_ANSWER[1]])
+    with pytest.raises(KeyboardInterrupt):
+        run_rollout(str(prompts), str(out), **kw)
+    assert not sidecar.exists()
+    monkeypatch.undo()
+    stats = run_rollout(str(prompts), str(out), **kw)  # the resumed run writes it again
+    assert stats["new"] == 2 and stats["skipped"] == 2 and sidecar.is_file()

@@ -249,7 +249,8 @@ def generate(jobs: list[tuple[Prompt, int]], gen: GenerationOptions, tools: list
              output: str | None, system_prompt: str | None, label: str,
              on_record: Callable[[dict], None] | None = None, on_event: Event | None = None,
              media: Path | None = None, rel_to: Path | None = None,
-             progress: bool = True, settings: dict | None = None) -> Generated:
+             progress: bool = True, settings: dict | None = None,
+             finished: tuple[Path, ...] = ()) -> Generated:
     """Run the agent over the jobs not yet in `output` and append each record (after
     `on_record`). A job (prompt, k) is trajectory PROMPTID#k. Without an output (`ask`) every
     job runs and records reach `on_record` only; `media` and `rel_to` then say where crops go
@@ -257,7 +258,8 @@ def generate(jobs: list[tuple[Prompt, int]], gen: GenerationOptions, tools: list
     (no resume; image paths absolute). `settings` (`sample_settings`): what the records
     already in `output` must have been made with (`check_settings`), recorded in
     `OUT.settings.json` before the first record. `on_event` replaces the progress bar
-    (labelled `label`, shown on a terminal only)."""
+    (labelled `label`, shown on a terminal only). `finished`: what besides `OUT.meta.json`
+    says the output is complete (eval's summary), removed before new records are appended."""
     from marscli.agent.loop import Agent
     from marscli.agent.progress import progress_bar
     from marscli.records.outputs import AppendJsonl, OutputLock
@@ -274,6 +276,9 @@ def generate(jobs: list[tuple[Prompt, int]], gen: GenerationOptions, tools: list
             _make_parent(output)
             stack.enter_context(OutputLock(output))
         pending = [(p, k) for p, k in jobs if out is None or f"{p.id}#{k}" not in out.ids]
+        if pending and isinstance(out, AppendJsonl):  # a finished output that grows again:
+            for done in (Path(f"{output}.meta.json"), *finished):  # a kill must not leave the
+                done.unlink(missing_ok=True)  # files that say it is complete (make, merge)
         eng = make_engine(gen.engine, gen.policy, device=gen.device, max_batch=gen.batch_size,
                           **gen.engine_opts) if pending else None
         if output and out is None:

@@ -179,7 +179,8 @@ def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
         res = generate([(p, k) for _, p in rows for k in range(samples)], gen,
                        tools, output=output,
                        system_prompt=base_prompt, label=f"eval ({mode})", on_record=score,
-                       progress=progress, settings=settings)
+                       progress=progress, settings=settings,
+                       finished=(summary_path(output),))
     except BaseException:
         stack.close()
         raise
