@@ -343,6 +343,9 @@ def test_summarize_subcommand_fails_as_the_old_flag(tmp_path):
     (["rescore", "missing.jsonl", "--judge-timeout", "0"], "--judge-timeout: 0.0 is out of"),
     (["rescore", "missing.jsonl", "--max-unscored", "2"], "--max-unscored: 2.0 is out of"),
     (["-o", "r.jsonl", "--samples", "0", "b.jsonl"], "--samples: 0 is out of range"),
+    (["summarize", "r.jsonl", "--by", "vstar"],
+     "--by: compares checkpoints, and r.jsonl is one results file"),
+    (["summarize", "r.jsonl", "--json"], "--json: compares checkpoints"),
     (["b.jsonl", "extra"], None),  # a usage error, as for any command
 ])
 def test_eval_command_line_forms(tmp_path, args, message):

@@ -726,6 +726,10 @@ def eval_summarize(
         from marscli.stages.eval_compare import is_results_file, run_compare
 
         if is_results_file(results):
+            for flag, given in (("--by", by is not None), ("--json", as_json)):
+                if given:  # said rather than ignored: they pick and print among checkpoints
+                    raise BadInput(f"{flag}: compares checkpoints, and {results[0]} is one "
+                                   "results file — give a run folder or summaries")
             _summarize(results[0], max_unscored=max_unscored, command="eval summarize",
                        max_tool_failure_rate=max_tool_failure_rate)
         else:
