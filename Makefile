@@ -322,13 +322,15 @@ seed_runs = for s in $$(seq 0 $$(( $(SEEDS) - 1 ))); do run=$(1)$$( [ $$s = 0 ] 
   if [ $$s != 0 ]; then mkdir -p $$run && ln -sfn $(abspath $(1))/ckpt-0 $$run/ckpt-0; fi; \
   $(MAKE) --no-print-directory $(2) RUN=$$run SEED=$$s WORLD=$(WORLD) BASE=$(BASE) \
     SFT_DATA=$(SFT_DATA) || exit $$?; done
+# WORLD_SEED=s (s != 0): the demo on another world, built from seed s, in runs/demo-world<s>.
+DEMO_NAME = demo$(if $(filter-out 0,$(WORLD_SEED)),-world$(WORLD_SEED))
 demo: setup
-	$(MAKE) --no-print-directory runs/demo/ckpt-0/config.json RECIPE=$(RECIPE) NAME=demo
-	$(MAKE) --no-print-directory demo-seeds RECIPE=$(RECIPE) NAME=demo
-	$(MARSCLI) ask $$(ls runs/demo/world/images/test-*.png | head -1) \
-	  "What colour is the shape on the logo in this image?" --policy runs/demo/ckpt-$(DEMO_ITERS) \
-	  --system-prompt recipes/toy-system.txt --max-turns 3 --max-turn-tokens 64 \
-	  --crops-dir runs/demo/ask-crops
+	$(MAKE) --no-print-directory runs/$(DEMO_NAME)/ckpt-0/config.json RECIPE=$(RECIPE) NAME=$(DEMO_NAME)
+	$(MAKE) --no-print-directory demo-seeds RECIPE=$(RECIPE) NAME=$(DEMO_NAME)
+	$(MARSCLI) ask $$(ls runs/$(DEMO_NAME)/world/images/test-*.png | head -1) \
+	  "What colour is the shape on the logo in this image?" \
+	  --policy runs/$(DEMO_NAME)/ckpt-$(DEMO_ITERS) --system-prompt recipes/toy-system.txt \
+	  --max-turns 3 --max-turn-tokens 64 --crops-dir runs/$(DEMO_NAME)/ask-crops
 
 .PHONY: demo-seeds
 demo-seeds:

@@ -14,7 +14,7 @@ VLM ?= recipes/tiny-vlm
 DIRECT ?= 0.7
 # The 4x4 grid's quadrants are the zoom boxes (--zoom-cells 2); no clutter around the logo.
 WORLD_OPTS ?= --entities 8 --grid 4 --zoom-cells 2 --clutter 0 --direct $(DIRECT) \
-  --kinds $(KINDS) --train 192 --test 96 --sft 240 --seed 0
+  --kinds $(KINDS) --train 192 --test 96 --sft 240 --seed $(WORLD_SEED)
 # The vision tower stays as the pre-training left it; the LM learns the protocol.
 SFT_OPTS ?= --epochs 6 --lr 1e-3 --batch-size 4 --schedule cosine --freeze-vision
 # The demo: twelve iterations (one pass over the 192 training prompts), the test split every

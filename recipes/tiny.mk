@@ -142,8 +142,10 @@ RUN ?= runs/$(NAME)
 WORLD ?= $(RUN)/world
 KINDS ?= perception
 PERCEIVE ?= 0
+# The world's seed: its scenes, logos, facts and splits (`make demo WORLD_SEED=s`: another world).
+WORLD_SEED ?= 0
 WORLD_OPTS ?= --entities 8 --grid 4 --kinds $(KINDS) --train 192 --test 96 --sft 240 \
-  --perceive $(PERCEIVE) --seed 0
+  --perceive $(PERCEIVE) --seed $(WORLD_SEED)
 PERCEIVE_OPTS ?= --epochs 4 --lr 1e-3 --batch-size 16 --schedule constant
 MODEL_OPTS ?= --size tiny --min-pixels 16384 --max-pixels 50176 --seed 0
 BASE ?= $(RUN)/base

@@ -354,3 +354,18 @@ def test_the_demo_starts_from_the_committed_tiny_vlm(tmp_path):
     sft = only(lines, "sft")
     assert f"{run}/base" in sft and "--freeze-vision" in sft
     assert "--direct 0.7" in next(x for x in lines if " toy-world " in x)
+
+
+def test_the_demo_on_another_world(tmp_path):
+    """`make demo WORLD_SEED=s` builds its world from seed s into runs/demo-world<s>; the
+    default stays runs/demo from seed 0 (the committed fingerprints' world)."""
+    for seed, name in (("0", "demo"), ("5", "demo-world5")):
+        lines = dry_run("demo", f"WORLD_SEED={seed}")
+        assert any(x.endswith(f"runs/{name}/ckpt-0/config.json RECIPE=recipes/tiny-sees.mk "
+                              f"NAME={name}") for x in lines), lines
+        ask = next(x for x in lines if " ask " in x)
+        assert f"--policy runs/{name}/ckpt-12 " in ask
+        assert f"--crops-dir runs/{name}/ask-crops" in ask
+        world = next(x for x in dry_run(f"{tmp_path}/world.meta.json", f"RUN={tmp_path}",
+                                        f"WORLD_SEED={seed}") if " toy-world " in x)
+        assert world.endswith(f"--seed {seed} --force"), world
