@@ -3,10 +3,10 @@
 Every command parses options, builds its stage's config from them once (options.py), calls one
 function of its stage and maps `MarsError` to one stderr line and an exit code (2 bad input, 1
 runtime failure). The options are checked by the stage, not here. Nothing heavy is imported
-here: `marscli --help` must not load torch or transformers.
+here: `marscli --help` must not load torch or transformers. No `from __future__ import
+annotations` here: typer would then `eval` every option's annotation string at each start
+(~30 ms of every stage's start-up, benchmarks/bench_advantages.py).
 """
-
-from __future__ import annotations
 
 import contextlib
 import os
