@@ -584,6 +584,16 @@ def without_dac_override() -> Iterator[None]:
         assert libc.capset(ctypes.byref(hdr), data) == 0
 
 
+def invoke_read_only(folder: Path, args: list[str]) -> tuple[int, str, str]:
+    """`invoke(args)` while `folder` is read-only (mode 555, root's override dropped)."""
+    folder.chmod(0o555)
+    try:
+        with without_dac_override():
+            return invoke(args)
+    finally:
+        folder.chmod(0o755)
+
+
 HOLD = """
 import sys
 from marscli.records.outputs import OutputLock

@@ -37,10 +37,10 @@ from helpers import (
     MARSCLI,
     held,
     invoke,
+    invoke_read_only,
     prompt,
     scene,
     trajectory,
-    without_dac_override,
     write_jsonl,
     write_prompts,
 )
@@ -471,12 +471,7 @@ def test_read_only_output_folder_one_line_exit_2(stage, tmp_path, tiny_model):
         args = ["index", "text", str(c), "-o", str(ro / "idx.sqlite")]
     else:
         args = ["tiny-model", str(ro / "m")]
-    ro.chmod(0o555)
-    try:
-        with without_dac_override():
-            code, _, err = invoke(args)
-    finally:
-        ro.chmod(0o755)
+    code, _, err = invoke_read_only(ro, args)
     assert code == 2 and "ro" in one_line(err) and ("permission denied" in err
                                                     or "cannot write here" in err), err
     assert files(ro) == []

@@ -331,17 +331,12 @@ def test_tensorboard_under_a_regular_file_is_one_line_before_the_rollout(tmp_pat
 
 
 def test_read_only_tensorboard_folder_is_one_line_before_the_rollout(tmp_path, tiny_model):
-    from helpers import without_dac_override
+    from helpers import invoke_read_only
 
     ro = tmp_path / "tb"
     ro.mkdir()
-    args = rollout_args(tmp_path, tiny_model, "--track", f"tensorboard:{ro}")
-    ro.chmod(0o555)
-    try:
-        with without_dac_override():
-            code, _, err = invoke(args)
-    finally:
-        ro.chmod(0o755)
+    code, _, err = invoke_read_only(ro, rollout_args(tmp_path, tiny_model, "--track",
+                                                     f"tensorboard:{ro}"))
     assert code == 2 and "cannot write" in one_line(err) and "Permission denied" in err
     assert not (tmp_path / "t.jsonl").exists() and not (tmp_path / "t.jsonl.meta.json").exists()
 
