@@ -723,18 +723,10 @@ def eval_summarize(
     run folder or summaries, compare checkpoints: accuracy with 95% intervals per benchmark
     and the best checkpoint. No generation."""
     with guard():
-        from marscli.stages.eval_compare import is_results_file, run_compare
+        from marscli.stages.eval_compare import summarize_or_compare
 
-        if is_results_file(results):
-            for flag, given in (("--by", by is not None), ("--json", as_json)):
-                if given:  # said rather than ignored: they pick and print among checkpoints
-                    raise BadInput(f"{flag}: compares checkpoints, and {results[0]} is one "
-                                   "results file — give a run folder or summaries")
-            _summarize(results[0], max_unscored=max_unscored, command="eval summarize",
-                       max_tool_failure_rate=max_tool_failure_rate)
-        else:
-            run_compare(results, by=by, as_json=as_json,
-                        max_tool_failure_rate=max_tool_failure_rate)
+        summarize_or_compare(results, by=by, as_json=as_json, max_unscored=max_unscored,
+                             max_tool_failure_rate=max_tool_failure_rate)
 
 
 @eval_app.command("rescore")

@@ -240,3 +240,23 @@ def run_compare(paths: list[str], by: str | None = None, as_json: bool = False,
 def is_results_file(paths: list[str]) -> bool:
     """`eval summarize RESULTS.jsonl` (recompute one summary) rather than a comparison."""
     return len(paths) == 1 and not Path(paths[0]).is_dir() and Path(paths[0]).suffix != ".json"
+
+
+def summarize_or_compare(paths: list[str], by: str | None = None, as_json: bool = False,
+                         max_unscored: float = 0.05,
+                         max_tool_failure_rate: float = MAX_TOOL_FAILURE_RATE) -> None:
+    """`marscli eval summarize PATHS`: one results file's summary recomputed
+    (`stages.eval.run_summarize`), or checkpoints compared (`run_compare`). `--by` and
+    `--json` pick and print among checkpoints: with one results file they are refused, not
+    ignored."""
+    if not is_results_file(paths):
+        run_compare(paths, by=by, as_json=as_json, max_tool_failure_rate=max_tool_failure_rate)
+        return
+    for flag, given in (("--by", by is not None), ("--json", as_json)):
+        if given:
+            raise BadInput(f"{flag}: compares checkpoints, and {paths[0]} is one results file "
+                           "— give a run folder or summaries")
+    from marscli.stages.eval import run_summarize
+
+    run_summarize(paths[0], max_unscored=max_unscored, command="eval summarize",
+                  max_tool_failure_rate=max_tool_failure_rate)
