@@ -155,8 +155,18 @@ export SERVE_URLS
 else
 unexport SERVE_URLS
 endif
+# Every server asleep before the update, or the update does not start (a server that cannot
+# sleep would hold the GPU memory the colocated update needs); one asleep already is left so.
 SERVE_SLEEP_CMD = $(if $(and $(filter 1,$(SERVE)),$(filter 1 2,$(SERVE_SLEEP))),\
-  for url in $$SERVE_URLS; do $(MARSCLI) serve-ctl $$url sleep --level $(SERVE_SLEEP) --retries 2 & done; wait)
+  pids=(); for url in $$SERVE_URLS; do \
+    $(MARSCLI) serve-ctl $$url sleep --if-awake --level $(SERVE_SLEEP) --retries 2 & pids+=($$!); \
+  done; for p in "$${pids[@]}"; do wait $$p || exit 1; done)
+
+# make serve-sleep SERVE=1 SERVE_SLEEP=1|2 [SERVE_URLS=...]: that sleep by hand (then a rollout's
+# --policy, or `marscli serve-ctl URL wake`, wakes each server)
+.PHONY: serve-sleep
+serve-sleep:
+	$(or $(SERVE_SLEEP_CMD),@echo "serve-sleep: needs SERVE=1 and SERVE_SLEEP=1 or 2" >&2; exit 2)
 
 # $(call sharded,STAGE,SCRIPT,OUT,ARGS): the stage over all prompts (SLURM=1: an array job of
 #   SHARDS tasks; steps: SHARDS steps; 0: SERVERS processes with SERVE=1, else one), merged.

@@ -4,11 +4,15 @@ torchrun).
 
     python masters_worker.py RESULT.json CKPT DS_CONFIG OUT [CKPT DS_CONFIG OUT ...]
 
-For each job: build the model from CKPT under DS_CONFIG, load AdamW's state, and compare what
+For each job: build the model from CKPT under DS_CONFIG (noting, under ZeRO-3, whether every
+parameter DeepSpeed does not keep whole was already a partition when `deepspeed.initialize`
+got the module: built inside `zero.Init`), load AdamW's state, and compare what
 the engine holds, read back with DeepSpeed's own gathering API (`safe_get_full_fp32_param`,
 `safe_get_full_optimizer_state`: independent of marscli's slicing), with the whole masters and
 moments read from CKPT's files; then `save_all` into OUT (masters and moments, bf16 export).
-Rank 0 writes {"jobs": [{"world", "master_diff", "moment_diff", "params", "step"}]}.
+Rank 0 writes {"jobs": [{"world", "master_diff", "moment_diff", "params", "step", "built"}]},
+"built": {"partitioned", "whole"}: how many parameters arrived as empty partitions, and how many
+arrived whole (besides those ZeRO-3 keeps whole by its persistence threshold).
 """
 
 from __future__ import annotations
@@ -18,7 +22,25 @@ import sys
 from pathlib import Path
 
 
+def built_as(seen: dict):
+    """A stand-in for `deepspeed.initialize` that counts how the module's parameters arrive."""
+    import deepspeed
+
+    real = deepspeed.initialize
+
+    def spy(*args, model=None, **kw):
+        ps = list(model.parameters())
+        persist = [getattr(p, "ds_persist", False) for p in ps]
+        seen["partitioned"] = sum(p.data.numel() == 0 and hasattr(p, "ds_id")
+                                  for p, keep in zip(ps, persist) if not keep)
+        seen["whole"] = sum(p.data.numel() > 0 for p, keep in zip(ps, persist) if not keep)
+        return real(*args, model=model, **kw)
+
+    return spy
+
+
 def job(d, ckpt: Path, ds_path: str, out: Path) -> dict:
+    import deepspeed
     import torch
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
@@ -36,7 +58,12 @@ def job(d, ckpt: Path, ds_path: str, out: Path) -> dict:
 
     cfg = load_ds_config(ds_path, grad_clip=1.0, bf16=False, hidden_size=128)
     optim = OptimConfig(lr=1e-6)
-    model = build_model(str(ckpt), d, optim=optim, ds_config=cfg)
+    seen: dict = {}
+    real, deepspeed.initialize = deepspeed.initialize, built_as(seen)
+    try:
+        model = build_model(str(ckpt), d, optim=optim, ds_config=cfg)
+    finally:
+        deepspeed.initialize = real
     assert load_optimizer(model, ckpt, betas=optim.betas, eps=optim.eps, weight_decay=0.0)
     masters, moments = read_masters(ckpt), read_moments(ckpt)
     # ZeRO-1/2 link their moments to the parameters at the first step; DeepSpeed's reader needs it
@@ -56,7 +83,7 @@ def job(d, ckpt: Path, ds_path: str, out: Path) -> dict:
     del model
     torch.distributed.barrier()
     return {"world": d.world, "master_diff": worst_master, "moment_diff": worst_moment,
-            "params": len(masters), "step": sorted(steps)}
+            "params": len(masters), "step": sorted(steps), "built": seen}
 
 
 def main(argv: list[str]) -> None:

@@ -4,8 +4,10 @@
   server asleep (level 2) while the update runs, woken by the next rollout with the new
   checkpoint, writes the tokens and the weights of a plain loop (one server kept awake), two
   iterations long.
-- A dead server fails only its shard: the other shard's records are kept, and the rerun
-  generates the missing shard alone.
+- `make rl-eval` colocated evaluates through the same servers (woken from their sleep) and
+  gets the plain loop's answers.
+- A server killed while asleep fails only its shard: the other shard's records are kept, and
+  the rerun (the server started again) generates the missing shard alone.
 - `make rl-job SLURM=steps` (slurm): the whole loop in one allocation of the two-node cluster,
   one `sbatch` in all; the servers one --overlap job step, every stage a step beside it.
 """
@@ -105,12 +107,11 @@ def assert_same_trajectories(a: dict, b: dict) -> None:
 
 
 def test_the_colocated_loop_writes_what_the_plain_loop_writes(start, tmp_path):
+    loop = ["rl-eval", "ITERS=2", "EVAL_EVERY=2", *SMALL, *start["vars"]]
     plain = new_run(start, tmp_path / "plain")
-    make("rl", f"RUN={plain}", "ITERS=2", "SERVE=1", f"SERVE_PORT={free_ports(1)}", *SMALL,
-         *start["vars"])
+    make(*loop, f"RUN={plain}", "SERVE=1", f"SERVE_PORT={free_ports(1)}")
     colocated = new_run(start, tmp_path / "colocated")
-    r = make("rl", f"RUN={colocated}", "ITERS=2", "COLOCATE=1", "SERVERS=2",
-             f"SERVE_PORT={free_ports(2)}", *SMALL, *start["vars"])
+    r = make(*loop, f"RUN={colocated}", "COLOCATE=1", "SERVERS=2", f"SERVE_PORT={free_ports(2)}")
     # each server slept before each update (level 2, COLOCATE's default)
     assert r.stdout.count('"asleep":true,"level":2') == 4, r.stdout[-3000:]
     for k in (0, 1):
@@ -122,26 +123,52 @@ def test_the_colocated_loop_writes_what_the_plain_loop_writes(start, tmp_path):
     weights = [(run / "ckpt-2" / "model.safetensors").read_bytes() for run in (plain, colocated)]
     assert weights[0] == weights[1]
     assert weights[0] != (start["run"] / "ckpt-0" / "model.safetensors").read_bytes()
+    # eval on the same servers, woken from their last sleep with the checkpoint it evaluates
+    for k in (0, 2):
+        metas = sorted((colocated / "eval").glob(f"ckpt-{k}.jsonl*.meta.json"))
+        assert {orjson.loads(m.read_bytes())["config"]["engine"] for m in metas} == {"server"}
+        answers = [{r["id"]: r["final_answer"] for r in map(orjson.loads, (
+            run / "eval" / f"ckpt-{k}.jsonl").read_bytes().splitlines())}
+            for run in (plain, colocated)]
+        assert answers[0] == answers[1] and len(answers[0]) == 4
 
 
-def test_a_dead_server_fails_its_shard_alone_and_the_rerun_resumes(start, tmp_path):
+def serve(run: Path, start: dict, port: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "marscli", "serve", str(run / "ckpt-0"),
+                             "--port", str(port), "--allow-dir", str(start["run"]),
+                             "--allow-dir", str(run)], env={**ENV, "HF_HUB_OFFLINE": "1"},
+                            stderr=subprocess.DEVNULL)
+
+
+def wait_for(server: subprocess.Popen, port: int, folder: Path) -> str:
+    folder.mkdir(exist_ok=True)
+    (folder / "0.url").write_text(f"http://127.0.0.1:{port}\n")
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "serve-wait.py"), str(folder),
+                    "--pid", str(server.pid), "--timeout", "300"], check=True,
+                   capture_output=True)
+    return f"http://127.0.0.1:{port}"
+
+
+def test_a_server_killed_asleep_fails_its_shard_alone_and_the_rerun_resumes(start, tmp_path):
+    """Two servers; the second put to sleep, then killed (SIGKILL) while asleep: the next
+    rollout's shard 1 fails naming its server, shard 0's records are kept; with the second
+    server started again, the rerun generates shard 1 alone."""
     run = new_run(start, tmp_path / "run")
     port = free_ports(2)
-    server = subprocess.Popen([sys.executable, "-m", "marscli", "serve", str(run / "ckpt-0"),
-                               "--port", str(port), "--allow-dir", str(start["run"]),
-                               "--allow-dir", str(run)], env={**ENV, "HF_HUB_OFFLINE": "1"},
-                              stderr=subprocess.DEVNULL)
+    servers = [serve(run, start, port), serve(run, start, port + 1)]
     try:
-        wait = [sys.executable, str(ROOT / "scripts" / "serve-wait.py"), str(tmp_path / "urls"),
-                "--pid", str(server.pid), "--timeout", "300"]
-        (tmp_path / "urls").mkdir()
-        (tmp_path / "urls" / "0.url").write_text(f"http://127.0.0.1:{port}\n")
-        subprocess.run(wait, check=True, capture_output=True)
-        live, dead = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"
+        live, doomed = (wait_for(s, port + i, tmp_path / f"urls{i}")
+                        for i, s in enumerate(servers))
+        ctl = [sys.executable, "-m", "marscli", "serve-ctl", doomed, "sleep", "--level", "2"]
+        assert '"asleep":true' in subprocess.run(ctl, env=ENV, capture_output=True, text=True,
+                                                 check=True).stdout
+        servers[1].kill()
+        servers[1].wait(timeout=60)
         target = f"{run}/iter-0/rollouts.jsonl.meta.json"
         args = [target, f"RUN={run}", "SERVE=1", "SERVERS=2", *SMALL, *start["vars"],
-                "AGENT_OPTS=--system-prompt recipes/toy-system.txt --retries 1"]
-        r = make(*args, f"SERVE_URLS={live} {dead}", check=False)
+                "AGENT_OPTS=--system-prompt recipes/toy-system.txt --retries 1",
+                f"SERVE_URLS={live} {doomed}"]
+        r = make(*args, check=False)
         assert r.returncode != 0
         assert f"{port + 1}" in r.stderr  # the failed shard names its server
         it = run / "iter-0"
@@ -149,13 +176,18 @@ def test_a_dead_server_fails_its_shard_alone_and_the_rerun_resumes(start, tmp_pa
         assert not (it / "rollouts.jsonl.shard-1.meta.json").exists()
         assert not (it / "rollouts.jsonl").exists()
         kept = (it / "rollouts.jsonl.shard-0").read_bytes()
-        r = make(*args, f"SERVE_URLS={live} {live}")
+        servers[1] = serve(run, start, port + 1)
+        wait_for(servers[1], port + 1, tmp_path / "urls1")
+        r = make(*args)
         assert "rollouts.jsonl.shard-0 " not in r.stderr  # shard 0 is not run again
         assert (it / "rollouts.jsonl.shard-0").read_bytes() == kept
+        side = orjson.loads((it / "rollouts.jsonl.shard-1.meta.json").read_bytes())
+        assert side["config"]["engine_options"]["base_url"] == doomed
         assert len((it / "rollouts.jsonl").read_bytes().splitlines()) == 8 * 4
     finally:
-        server.terminate()
-        server.wait(timeout=60)
+        for s in servers:
+            s.terminate()
+            s.wait(timeout=60)
 
 
 @pytest.mark.slurm

@@ -272,8 +272,9 @@ def test_servers_per_gpu_group_colocated_and_in_one_allocation(tmp_path):
     colocated = dry_run("rl-iter", "RECIPE=recipes/tiny.mk", f"RUN={run}", "COLOCATE=1",
                         "SERVERS=2", env=urls)
     (ctl,) = [i for i, x in enumerate(colocated) if "serve-ctl" in x]
-    assert re.search(r"for url in \$SERVE_URLS; do \S+ serve-ctl \$url sleep --level 2 "
-                     r"--retries 2 & done; wait$", colocated[ctl])
+    assert re.search(r"for url in \$SERVE_URLS; do \S+ serve-ctl \$url sleep --if-awake "
+                     r"--level 2 --retries 2 & pids\+=\(\$!\); done; .*wait \$p \|\| exit 1",
+                     colocated[ctl])
     assert "stages/update.sh" in colocated[ctl + 1]
     steps = dry_run("rl-iter", "RECIPE=recipes/tiny.mk", f"RUN={run}", "SLURM=steps",
                     "COLOCATE=1", "SERVERS=2", "NNODES=2", "FOLLOW=0",

@@ -196,6 +196,10 @@ def test_state_of_2_ranks_loads_on_1_and_2_and_of_1_on_2(tmp_path, two_rank_stat
     for j in jobs:
         assert j == {**j, "master_diff": 0.0, "moment_diff": 0.0, "params": len(base),
                      "step": [1]}
+    # ZeRO-3 builds the model partitioned (zero.Init): no parameter above the persistence
+    # threshold reaches deepspeed.initialize whole; ZeRO-2 gets the module whole
+    assert jobs[1]["built"]["whole"] == 0 and jobs[1]["built"]["partitioned"] > len(base) // 2
+    assert jobs[0]["built"]["partitioned"] == 0 and jobs[2]["built"]["partitioned"] == 0
     for out, world in ((one, 1), (two, 2), (one_two, 2)):
         assert json.loads((out / "train_state" / "shards.json").read_text())["world"] == world
         again, m_again = read_masters(out), read_moments(out)

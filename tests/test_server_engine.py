@@ -166,6 +166,39 @@ def test_serve_ctl_sleeps_wakes_and_fails_in_one_line(tiny_model):
     assert code == 2 and "--level: only with sleep" in err
 
 
+def test_the_loops_sleep_waits_for_every_server_and_fails_on_any(tmp_path):
+    """`make serve-sleep` (the command the loop runs before each update): every server is asked
+    at once; one asleep already is left so (its health only); one that cannot sleep fails the
+    command, so that a colocated update never starts beside a server holding its GPUs."""
+    import subprocess
+
+    from helpers import ROOT
+
+    awake = {"/health": always(200, {"policy": "p", "asleep": False}),
+             "/sleep": always(200, {"policy": "p", "asleep": True, "level": 2})}
+    asleep = {"/health": always(200, {"policy": "p", "asleep": True, "level": 2})}
+    broken = {"/health": always(200, {"policy": "p", "asleep": False}),
+              "/sleep": always(500, {"error": "CUDA error"})}
+
+    def serve_sleep(*servers: FakeServer) -> subprocess.CompletedProcess:
+        urls = " ".join(s.url for s in servers)
+        return subprocess.run(["make", "--no-print-directory", "serve-sleep", "SERVE=1",
+                               "SERVE_SLEEP=2", f"SERVE_URLS={urls}", f"RUN={tmp_path}"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+    with FakeServer(awake) as a, FakeServer(asleep) as b, FakeServer(broken) as c:
+        r = serve_sleep(a, b)
+        assert r.returncode == 0, r.stderr
+        assert [x["path"] for x in a.log] == ["/health", "/sleep"] and a.log[1]["body"] == {
+            "level": 2}
+        assert [x["path"] for x in b.log] == ["/health"]
+        r = serve_sleep(a, c)
+        assert r.returncode != 0 and "CUDA error" in r.stderr, r.stderr
+    r = subprocess.run(["make", "--no-print-directory", "serve-sleep"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "needs SERVE=1" in r.stderr
+
+
 # ------------------------------------------------------- the server, a fake engine for vLLM
 
 

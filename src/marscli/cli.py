@@ -333,12 +333,16 @@ def serve_ctl(
     timeout: Annotated[float, typer.Option(help="Seconds per request.")] = 600.0,
     retries: Annotated[int, typer.Option(
         help="Retries while the server cannot be reached.")] = 8,
+    if_awake: Annotated[bool, typer.Option(
+        "--if-awake", help="sleep: a server asleep already is left as it is (its health "
+                           "printed, exit 0) instead of refused.")] = False,
 ) -> None:
     """Sleep or wake a `marscli serve` (or ask its health); its reply as one JSON line."""
     with guard():
         from marscli.stages.serve import serve_ctl as run_ctl
 
-        run_ctl(url, action, policy=policy, level=level, timeout=timeout, retries=retries)
+        run_ctl(url, action, policy=policy, level=level, timeout=timeout, retries=retries,
+                if_awake=if_awake)
 
 
 @app.command("tiny-model")

@@ -644,10 +644,12 @@ CTL_ACTIONS = ("sleep", "wake", "health")
 
 
 def serve_ctl(url: str, action: str, policy: str | None = None, level: int | None = None,
-              timeout: float = 600.0, retries: int = 8) -> dict:
+              timeout: float = 600.0, retries: int = 8, if_awake: bool = False) -> dict:
     """`marscli serve-ctl URL sleep|wake|health`: the server's reply, also printed as one JSON
     line on stdout (for scripts: `make rl`'s loop); a server gone for good (after the retries)
-    or refusing (4xx: asleep already, another architecture) is a RuntimeFailure, exit 1."""
+    or refusing (4xx: asleep already, another architecture) is a RuntimeFailure, exit 1.
+    `if_awake` (sleep): a server asleep already answers with its health instead, so that the
+    loop's sleep before an update may run twice."""
     from marscli.engines.server import ServeClient
     from marscli.secrets import redact
 
@@ -659,10 +661,15 @@ def serve_ctl(url: str, action: str, policy: str | None = None, level: int | Non
         raise BadInput("--policy: only with wake (a rollout's --policy reloads an awake server)")
     if level is not None and action != "sleep":
         raise BadInput("--level: only with sleep")
+    if if_awake and action != "sleep":
+        raise BadInput("--if-awake: only with sleep")
     check_range("--timeout", timeout, 0, lo_open=True)
     check_range("--retries", retries, 0)
     client = ServeClient(url, timeout=timeout, retries=retries)
-    reply = (client.sleep(1 if level is None else level) if action == "sleep"
-             else client.wake(policy) if action == "wake" else client.health())
+    reply = client.health() if action == "health" or if_awake else None
+    if action == "sleep" and not (reply or {}).get("asleep"):
+        reply = client.sleep(1 if level is None else level)
+    elif action == "wake":
+        reply = client.wake(policy)
     sys.stdout.write(orjson.dumps(reply).decode() + "\n")
     return reply

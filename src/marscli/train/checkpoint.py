@@ -5,16 +5,20 @@
   The folder itself is built by `records.outputs.AtomicDir`.
 - `save_errors(path)`: a full disk seen by torch.save (a RuntimeError from inline_container.cc)
   or safetensors (an "os error N" message) becomes the one-line error of errors.save_error.
-- `save_checkpoint` writes safetensors + config in the `--save-dtype` and copies the policy's
-  tokenizer, processor and chat-template files, so transformers and vLLM load the folder as is.
-Only `save_checkpoint` imports torch (inside it).
+- `WeightShards` writes the weights as they are gathered, parameter by parameter, into
+  safetensors shards of at most 5 GB (and their index, as transformers names them), so the
+  rank that saves holds one parameter at a time, never the whole model.
+- `save_checkpoint` writes the config in the `--save-dtype` and copies the policy's tokenizer,
+  processor and chat-template files, so transformers and vLLM load the folder as is.
+Only the writers import torch (inside them).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
+import struct
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -77,22 +81,123 @@ def save_dtype_name(name: str, policy: str, device: str = "cpu") -> str:
     return name
 
 
-def save_checkpoint(lm: Any, state_dict: dict | None, folder: Path, policy: str,
-                    dtype: str = "float32", processor: Any = None) -> None:
-    """Write the HF checkpoint of `lm` (its config, `state_dict` as safetensors) into `folder`
-    and copy the policy's tokenizer/processor/chat-template files so that AutoProcessor and
-    vLLM load it. Nothing happens without a state dict (ranks other than 0)."""
-    if state_dict is None:
-        return
+SHARD_BYTES = 5_000_000_000  # transformers' "5GB": vLLM and from_pretrained read any split
+_ST_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+
+
+class WeightShards:
+    """The HF weights of `specs` (name, shape, in the order `put` will receive them) in `dtype`,
+    written into `folder` as they arrive: each shard's header first (every name and shape is
+    known before the first gather), then each tensor's bytes. One shard is
+    `model.safetensors`; several are `model-0000K-of-0000N.safetensors` with
+    `model.safetensors.index.json`, transformers' layout. Holding the whole export on rank 0
+    would cost 2 bytes a parameter (17.5 GB at 8B, 67 GB at 32B) before the first byte is
+    written; safetensors' own `save_file` would copy it once more."""
+
+    def __init__(self, folder: Path, specs: Sequence[tuple[str, list[int]]], dtype: str,
+                 max_bytes: int = SHARD_BYTES) -> None:
+        import torch
+
+        self.folder, self.dtype, self.width = folder, getattr(torch, dtype), _width(dtype)
+        self.code = _ST_DTYPES[dtype]
+        self.files: list[list[tuple[str, list[int]]]] = [[]]
+        size = 0
+        for name, shape in specs:
+            n = self.width * _numel(shape)
+            if self.files[-1] and size + n > max_bytes:
+                self.files.append([])
+                size = 0
+            self.files[-1].append((name, list(shape)))
+            size += n
+        self.order = [name for f in self.files for name, _ in f]
+        self.at = 0
+        self.out: Any = None
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def name(self, k: int) -> str:
+        n = len(self.files)
+        return "model.safetensors" if n == 1 else f"model-{k + 1:05d}-of-{n:05d}.safetensors"
+
+    def put(self, name: str, tensor: Any) -> None:
+        """The next tensor (a bug if it is not the next name or its shape differs)."""
+        if self.at >= len(self.order) or name != self.order[self.at]:
+            raise RuntimeError(f"export: got {name}, expected "
+                               f"{self.order[self.at] if self.at < len(self.order) else 'no more'}")
+        k, shape = self._where(self.at)
+        if list(tensor.shape) != shape:
+            raise RuntimeError(f"export: {name} has shape {list(tensor.shape)}, planned {shape}")
+        if self.out is None:
+            # open across puts: closed when the shard's last tensor is written
+            self.out = open(self.folder / self.name(k), "wb")  # noqa: SIM115
+            self.out.write(self._header(k))
+        import torch
+
+        flat = tensor.detach().reshape(-1).to("cpu", self.dtype).contiguous()
+        self.out.write(flat.view(torch.uint8).numpy().data)
+        self.at += 1
+        if self.at == len(self.order) or self._where(self.at)[0] != k:
+            self.out.close()
+            self.out = None
+
+    def close(self) -> None:
+        """Check that every planned tensor came; write the index of a split export."""
+        if self.at != len(self.order):
+            raise RuntimeError(f"export: {len(self.order) - self.at} tensors never came")
+        if len(self.files) > 1:
+            index = {"metadata": {"total_size": sum(self.width * _numel(s) for f in self.files
+                                                    for _, s in f)},
+                     "weight_map": {n: self.name(k) for k, f in enumerate(self.files)
+                                    for n, _ in f}}
+            (self.folder / "model.safetensors.index.json").write_text(
+                json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+    def _where(self, i: int) -> tuple[int, list[int]]:
+        for k, f in enumerate(self.files):
+            if i < len(f):
+                return k, f[i][1]
+            i -= len(f)
+        raise IndexError(i)
+
+    def _header(self, k: int) -> bytes:
+        header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+        at = 0
+        for name, shape in self.files[k]:
+            n = self.width * _numel(shape)
+            header[name] = {"dtype": self.code, "shape": shape, "data_offsets": [at, at + n]}
+            at += n
+        head = json.dumps(header, separators=(",", ":")).encode()
+        head += b" " * (-len(head) % 8)  # the data starts 8-byte aligned, as safetensors writes
+        return struct.pack("<Q", len(head)) + head
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _width(dtype: str) -> int:
+    if dtype not in _ST_DTYPES:
+        raise BadInput(f"--save-dtype: {dtype!r} — choose auto, float32, bfloat16 or input")
+    return 4 if dtype == "float32" else 2
+
+
+def save_checkpoint(lm: Any, folder: Path, policy: str, dtype: str = "float32",
+                    processor: Any = None) -> None:
+    """Write everything of the HF checkpoint of `lm` but its weights (`WeightShards` writes
+    those) into `folder`: the config and generation config, as `save_pretrained` writes them,
+    in `dtype`; then the policy's tokenizer/processor/chat-template files, so that
+    AutoProcessor and vLLM load it."""
     import torch
 
-    dt = getattr(torch, save_dtype_name(dtype, policy))  # "auto" is resolved by the caller
-    sd = {k: (v.to(dt) if v.is_floating_point() else v) for k, v in state_dict.items()}
-    lm.config.dtype = dt
-    from marscli.qwen.policy import quiet_transformers
-
-    with save_errors(folder), quiet_transformers():  # no "Writing model shards" bar in logs
-        lm.save_pretrained(folder, state_dict=sd, max_shard_size="5GB")
+    lm.config.dtype = getattr(torch, dtype)
+    lm.config.architectures = [type(lm).__name__]
+    with save_errors(folder):
+        folder.mkdir(parents=True, exist_ok=True)
+        lm.config.save_pretrained(folder)
+        if lm.can_generate() and getattr(lm, "generation_config", None) is not None:
+            lm.generation_config.save_pretrained(folder)
     usual_modes(folder)  # transformers writes shards 0600
     src = Path(policy)
     if src.is_dir():

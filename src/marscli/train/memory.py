@@ -244,14 +244,15 @@ def host_offload(total: int, largest: int, stage: int | str, o: Options) -> int:
 def host_per_node(total: int, largest: int, stage: int | str, o: Options) -> dict[str, int]:
     """Host memory a trainer node needs: the model as update loads it on the CPU (bf16 under
     DeepSpeed's bf16, fp32 in plain torch; whole in every rank, except under ZeRO-3, which
-    builds it partitioned: each rank its share), the HF export rank 0 assembles to save it
-    (bf16, --save-dtype's GPU default; the fp32 masters and moments are written by each rank
-    slice by slice, never gathered), and the offloaded states."""
+    builds it partitioned: each rank its share), what rank 0 holds while it writes the HF
+    export (one parameter at a time: the largest gathered in fp32 and its bf16 copy; the fp32
+    masters and moments are written by each rank slice by slice, never gathered), and the
+    offloaded states."""
     per_param = 4 if stage == "torch" else 2
     load = o.gpus_per_node * per_param * total
     return {"model load (every rank)" if stage != 3 else "model load (partitioned)":
             load if stage != 3 else -(-load // o.ranks),
-            "HF export assembled to save (rank 0)": 2 * total,
+            "HF export, a parameter at a time (rank 0)": 6 * largest,
             "offloaded states": host_offload(total, largest, stage, o)}
 
 

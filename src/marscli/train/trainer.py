@@ -167,31 +167,35 @@ class TrainModel:
             return nullcontext()
         return self.source.reader()
 
-    def export_state_dict(self, dtype: str) -> dict[str, torch.Tensor] | None:
-        """The weights by HF name in `dtype` on rank 0 (None elsewhere), one parameter at a
-        time: nothing in float32 is kept whole beyond the parameter at hand unless `dtype` is
-        float32. Collective under DeepSpeed: every rank must call it.
+    def export_specs(self) -> list[tuple[str, list[int]]]:
+        """Every parameter's HF name and full shape, in the order `export_weights` gives them
+        (the same on every rank; under ZeRO-3 the shape DeepSpeed partitioned)."""
+        return [(name.removeprefix("lm."), list(getattr(p, "ds_shape", p.shape)))
+                for name, p in self.module.named_parameters()]
+
+    def export_weights(self, dtype: str,
+                       put: Callable[[str, torch.Tensor], None] | None) -> None:
+        """Hand `put` (rank 0's; None elsewhere) each weight by HF name in `dtype`, one
+        parameter at a time: nothing is kept whole beyond the parameter at hand. Collective
+        under DeepSpeed: every rank must call it.
 
         Plain torch: the weights themselves. DeepSpeed: the optimiser's fp32 partitions,
         gathered parameter by parameter (`safe_get_full_fp32_param`), never the 16-bit module
         copy; a parameter the optimiser does not hold (frozen) is the module's value, or, under
         bf16, its float32 value in the files the model was loaded from."""
-        main = self.dist.main
         dt = getattr(torch, dtype)
-        out: dict[str, torch.Tensor] | None = {} if main else None
         with self.frozen_reader() as source:
             for name, p in self.module.named_parameters():
                 key = name.removeprefix("lm.")
                 v = self._fp32_master(p)
                 if v is None:
                     v = self._gathered(p)
-                    if main and source is not None and not p.requires_grad:
+                    if put is not None and source is not None and not p.requires_grad:
                         src = source.full(key)
                         v = src if src is not None and src.dtype == torch.float32 else v
-                if main:  # a copy: gathered buffers are views, plain weights live on
-                    out[key] = v.detach().to("cpu", dt, copy=self.engine is not None)
+                if put is not None:
+                    put(key, v.to("cpu", dt))
                 del v
-        return out
 
     def _fp32_master(self, p: nn.Parameter) -> torch.Tensor | None:
         if self.engine is None or self.optimizer is None:

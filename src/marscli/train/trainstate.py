@@ -202,18 +202,20 @@ def save_all(model: Any, folder: Path, policy: str, processor: Any, dtype: str, 
 
 def _save_all(model: Any, folder: Path, policy: str, processor: Any, dtype: str, *,
               optimizer: bool, steps: int, ds_cfg: dict | None) -> dict:
-    from marscli.train.checkpoint import save_checkpoint
+    from marscli.train.checkpoint import WeightShards, save_checkpoint
     from marscli.train.distributed import barrier
     from marscli.train.partitions import adam_step
 
     d = model.dist
     t0 = time.perf_counter()
-    export = model.export_state_dict(dtype)  # collective under DeepSpeed; None off rank 0
+    # rank 0 writes each weight as it is gathered (collective under DeepSpeed)
+    shards = WeightShards(folder, model.export_specs(), dtype) if d.main else None
+    model.export_weights(dtype, shards.put if shards else None)
     state = folder / STATE_DIR
-    if d.main:
-        save_checkpoint(model.lm, export, folder, policy, dtype, processor)
+    if shards:
+        shards.close()
+        save_checkpoint(model.lm, folder, policy, dtype, processor)
         state.mkdir(exist_ok=True)
-    del export
     barrier(d)  # the folder exists before other ranks write into it
     kinds = (["master"] if dtype != "float32" else []) + (
         ["moments"] if optimizer and model.engine is not None else [])
