@@ -113,6 +113,26 @@ def test_livevqa_qa_json_array_with_authors_absolute_paths(tmp_path):
     assert "qa.json: row 1: image:" in line and "news_001.jpg" in line
 
 
+def test_livevqa_qa_json_given_as_the_file_is_livevqa_not_mmsearch(tmp_path):
+    """LiveVQA's rows have MMSearch's `query` + `gt_answer`: its published file name decides,
+    and without it the columns MMSearch alone has do."""
+    root = tmp_path / "LiveVQA"
+    (root / "image").mkdir(parents=True)
+    (root / "image" / "n1.jpg").write_bytes(png())
+    row = {"id": "lv1", "query": "Who is this?", "gt_answer": "Jane Doe",
+           "query_image": "/data/authors/LiveVQA/image/n1.jpg", "topic": "politics"}
+    (root / "qa.json").write_text(json.dumps([row]))
+    assert detect_format(root / "qa.json") == "livevqa"
+    code, rows, err = check(root / "qa.json")
+    assert code == 0, err
+    assert rows[0]["benchmark"] == "livevqa" and "check: livevqa (livevqa format" in err
+    assert rows[0]["image"] == str((root / "image" / "n1.jpg").resolve())
+    write_jsonl(tmp_path / "rows.jsonl", [row])  # another name: the columns alone
+    assert detect_format(tmp_path / "rows.jsonl") == "livevqa"
+    write_jsonl(tmp_path / "end2end.jsonl", [{**row, "sample_id": "s1", "area": "news"}])
+    assert detect_format(tmp_path / "end2end.jsonl") == "mmsearch"
+
+
 # ----------------------------------------------------------------------- MAT-Search
 
 
