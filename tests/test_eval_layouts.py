@@ -18,7 +18,7 @@ from marscli.errors import BadInput
 from marscli.records.schema import parse_prompt
 from marscli.stages.eval_compare import compare, wilson
 
-from helpers import invoke, png, write_jsonl, write_parquet
+from helpers import HR_HEADER, hr_rows, invoke, png, write_jsonl, write_parquet, write_tsv
 
 
 @pytest.fixture()
@@ -90,6 +90,34 @@ def test_bad_base64_is_one_short_line_without_the_blob(tmp_path):
     f = write_jsonl(tmp_path / "simplevqa.jsonl", rows)
     line = one_line_error(*invoke(["eval", str(f), "--check"]))
     assert "simplevqa.jsonl:1: image" in line and "QUJDQUJD" not in line
+
+
+# ----------------------------------------------------------------------- not UTF-8
+
+
+def test_tsv_not_utf8_is_one_line_naming_the_row_and_column(tmp_path):
+    """A Latin-1 byte in the third row (which starts on line 4: the second row's question
+    spans two lines) is named by line and column, exit 2, not a decoder traceback."""
+    rows = hr_rows()
+    rows[2][7] = "cross\udce9"  # `category`; written back as the raw byte 0xe9
+    f = write_tsv(tmp_path / "hr_bench_4k.tsv", HR_HEADER, [])
+    f.write_bytes(f.read_bytes() + "\n".join("\t".join(r) for r in rows).encode(
+        "utf-8", "surrogateescape") + b"\n")
+    line = one_line_error(*invoke(["eval", str(f), "--check"]))
+    assert line == (f"error: {f}:4: category: not valid UTF-8 (byte 0xe9) — save the file "
+                    "as UTF-8")
+
+
+@pytest.mark.parametrize("name, fmt, where", [("qa.json", "livevqa", "qa.json:2:"),
+                                              ("rows.jsonl", "livevqa", "rows.jsonl:2:")])
+def test_json_not_utf8_is_one_line_naming_the_line(tmp_path, name, fmt, where):
+    good = json.dumps({"id": "a", "query": "Q?", "gt_answer": "x", "query_image": "i.png"})
+    bad = good.replace("Q?", "caf\udce9?").encode("utf-8", "surrogateescape")
+    body = (b"[" + good.encode() + b",\n" + bad + b"]") if name.endswith(".json") else \
+        good.encode() + b"\n" + bad + b"\n"
+    (tmp_path / name).write_bytes(body)
+    line = one_line_error(*invoke(["eval", str(tmp_path / name), "--check", "--format", fmt]))
+    assert where in line and "UTF-8" in line
 
 
 # ----------------------------------------------------------------------- LiveVQA
