@@ -16,6 +16,7 @@ import pytest
 from marscli.benchmarks import LoadContext, detect_format, load_benchmark
 from marscli.errors import BadInput
 from marscli.records.schema import parse_prompt
+from marscli.stages.eval_check import one_line
 from marscli.stages.eval_compare import compare, wilson
 
 from helpers import HR_HEADER, hr_rows, invoke, png, write_jsonl, write_parquet, write_tsv
@@ -159,6 +160,22 @@ def test_livevqa_qa_json_given_as_the_file_is_livevqa_not_mmsearch(tmp_path):
     assert detect_format(tmp_path / "rows.jsonl") == "livevqa"
     write_jsonl(tmp_path / "end2end.jsonl", [{**row, "sample_id": "s1", "area": "news"}])
     assert detect_format(tmp_path / "end2end.jsonl") == "mmsearch"
+
+
+def test_long_paths_are_shortened_not_the_row_and_field(tmp_path):
+    """With paths of 150+ characters, the error line keeps the file's name, the row and the
+    field (the folders give way), and stays within 200 characters."""
+    root = tmp_path / ("d" * 70) / ("e" * 70) / "LiveVQA"
+    root.mkdir(parents=True)
+    (root / "qa.json").write_text(json.dumps([
+        {"id": "lv1", "query": "Who?", "gt_answer": "Jane", "query_image": "/x/news_001.jpg"}]))
+    line = one_line_error(*invoke(["eval", str(root), "--check"]))
+    assert line.startswith("error: .../qa.json: row 1: image: ") and "news_001.jpg" in line
+    msg = f"{root}/qa.json: row 7: query_image: missing image"
+    assert one_line(msg) == ".../qa.json: row 7: query_image: missing image"
+    short = f"{tmp_path}/qa.json: row 7: query_image: missing image"
+    assert one_line(short) == short  # within the limit: untouched
+    assert one_line("x" * 300) == "x" * 190 + "..."  # no path: the tail is cut
 
 
 # ----------------------------------------------------------------------- MAT-Search
