@@ -15,7 +15,6 @@ import pytest
 
 from marscli.benchmarks import LoadContext, detect_format, load_benchmark
 from marscli.errors import BadInput
-from marscli.records.schema import parse_prompt
 from marscli.stages.eval_check import one_line
 from marscli.stages.eval_compare import compare, wilson
 
@@ -25,6 +24,13 @@ from helpers import HR_HEADER, hr_rows, invoke, png, write_jsonl, write_parquet,
 @pytest.fixture()
 def pa():
     return pytest.importorskip("pyarrow")
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch) -> Path:
+    """`eval --check`'s decoded images go here, not into ~/.cache."""
+    monkeypatch.setenv("MARSCLI_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "eval-images"
 
 
 def b64(color=(10, 20, 30)) -> str:
@@ -75,13 +81,19 @@ def test_simplevqa_base64_image_column(tmp_path):
     assert "2 rows, 1 kept, skipped: 1 not English" in err
 
 
-def test_simplevqa_hf_parquet_image_struct(tmp_path, pa):
-    f = write_parquet(tmp_path / "SimpleVQA" / "data" / "test-00000-of-00001.parquet",
-                      simplevqa_rows({"bytes": png((1, 2, 3)), "path": None}))
-    loaded = load(tmp_path / "SimpleVQA", tmp_path)
-    assert loaded.fmt == "simplevqa" and loaded.split == "test" and f.is_file()
-    (_, p), = loaded.prompts
-    assert Path(p.images[0]).read_bytes() == png((1, 2, 3))
+def test_simplevqa_hf_parquet_image_struct(tmp_path, pa, cache):
+    write_parquet(tmp_path / "SimpleVQA" / "data" / "test-00000-of-00001.parquet",
+                  simplevqa_rows({"bytes": png((1, 2, 3)), "path": None}))
+    code, rows, err = check(tmp_path / "SimpleVQA")
+    assert code == 0, err
+    (row,) = rows
+    img = Path(row.pop("image"))
+    assert row == {"v": 1, "id": "0", "question": "Which city is this?", "answer": ["Paris"],
+                   "choices": None, "category": "geography", "benchmark": "simplevqa",
+                   "split": "test"}
+    assert img.parent == cache and img.read_bytes() == png((1, 2, 3))
+    assert ("check: simplevqa (simplevqa format, split test): 2 rows, 1 kept, skipped: 1 not "
+            "English") in err
 
 
 def test_bad_base64_is_one_short_line_without_the_blob(tmp_path):
@@ -280,7 +292,7 @@ def test_fvqa_folder_reads_the_test_split_unless_told(tmp_path, pa):
 # ----------------------------------------------------------------------- lmms-lab parquet
 
 
-def test_vstar_lmms_lab_parquet(tmp_path, pa):
+def test_vstar_lmms_lab_parquet(tmp_path, pa, cache):
     root = tmp_path / "vstar-bench"
     write_parquet(root / "data" / "test-00000-of-00001.parquet", [
         {"question_id": 0, "image": {"bytes": png(), "path": "sa_1.jpg"},
@@ -290,13 +302,22 @@ def test_vstar_lmms_lab_parquet(tmp_path, pa):
          "text": "Is the cat left of the dog? (A) yes (B) no", "label": "A",
          "category": "relative_position"}])
     assert detect_format(root) == "vstar"
-    ps = {p.id: p for _, p in load(root, tmp_path, fmt="vstar").prompts}  # --format vstar
-    assert ps["0"].choices == ["red", "blue", "green", "white"] and ps["0"].answer == ["C"]
-    assert ps["1"].choices == ["yes", "no"] and ps["1"].category == "relative_position"
-    assert Path(ps["1"].images[0]).read_bytes() == png((1, 1, 1))
+    code, rows, err = check(root, "--format", "vstar")
+    assert code == 0, err
+    r0, r1 = rows
+    assert (r0["id"], r0["choices"], r0["answer"]) == ("0", ["red", "blue", "green", "white"],
+                                                       ["C"])
+    assert r0["question"] == ("What is the color of the cup?\nOptions:\nA. red\nB. blue\n"
+                              "C. green\nD. white\nAnswer with the option's letter.")
+    assert (r1["choices"], r1["category"]) == (["yes", "no"], "relative_position")
+    assert Path(r1["image"]).parent == cache
+    assert Path(r1["image"]).read_bytes() == png((1, 1, 1))
+    assert {r["benchmark"] for r in rows} == {"vstar"} and {r["split"] for r in rows} == {"test"}
+    assert "check: vstar (vstar format, split test): 2 rows, 2 kept" in err
+    assert "2 multiple-choice" in err
 
 
-def test_hrbench_parquet_config_splits(tmp_path, pa):
+def test_hrbench_parquet_config_splits(tmp_path, pa, cache):
     root = tmp_path / "HR-Bench" / "hrbench_version_split"
     row = {"index": 0, "question": "What is on the sign?", "A": "cat", "B": "dog", "C": "cow",
            "D": "pig", "answer": "B", "category": "single", "image": b64(),
@@ -304,26 +325,43 @@ def test_hrbench_parquet_config_splits(tmp_path, pa):
     write_parquet(root / "hrbench_4k-00000-of-00001.parquet", [row])
     write_parquet(root / "hrbench_8k-00000-of-00001.parquet", [{**row, "index": 1}])
     assert detect_format(root / "hrbench_4k-00000-of-00001.parquet") == "hrbench"
-    loaded = load(root.parent, tmp_path, split="hrbench_8k")
-    assert loaded.fmt == "hrbench" and loaded.benchmark == "hrbench-8k"
-    assert [p.id for _, p in loaded.prompts] == ["1"] and loaded.split == "hrbench_8k"
-    with pytest.raises(BadInput, match=r"no test split here \(splits: hrbench_4k, hrbench_8k\)"):
-        load(root.parent, tmp_path)
+    code, rows, err = check(root.parent, "--split", "hrbench_8k")
+    assert code == 0, err
+    (r,) = rows
+    img = Path(r.pop("image"))
+    assert r == {"v": 1, "id": "1", "question": "What is on the sign?\nOptions:\nA. cat\n"
+                 "B. dog\nC. cow\nD. pig\nAnswer with the option's letter.", "answer": ["B"],
+                 "choices": ["cat", "dog", "cow", "pig"], "category": "single",
+                 "benchmark": "hrbench-8k", "split": "hrbench_8k"}
+    assert img.parent == cache and img.read_bytes() == png((10, 20, 30))  # b64()'s colour
+    assert "check: hrbench-8k (hrbench format, split hrbench_8k)" in err
+    line = one_line_error(*invoke(["eval", str(root.parent), "--check"]))
+    assert "no test split here (splits: hrbench_4k, hrbench_8k)" in line
 
 
 # ----------------------------------------------------------------------- MARS training rows
 
 
-def test_mars_rows_take_their_index_and_choices():
+def test_mars_rows_take_their_index_and_choices(tmp_path):
+    root = tmp_path / "mars"
+    root.mkdir()
+    (root / "a.png").write_bytes(png())
     row = {"prompt": [{"role": "user", "content": "<image>Which animal?\n(A) cat\n(B) dog"}],
            "image": ["a.png"], "reward_model": {"ground_truth": "B"}, "index": 41,
            "extra_info": {"index": 3}}
-    p = parse_prompt(row, "train.jsonl", 1, Path("/tmp"))
-    assert p.id == "41" and p.choices == ["cat", "dog"]
-    open_q = {**row, "reward_model": {"ground_truth": "Paris"}}
+    open_q = {**row, "reward_model": {"ground_truth": "Paris"}, "extra_info": {"index": 4}}
     open_q.pop("index")
-    p = parse_prompt(open_q, "train.jsonl", 1, Path("/tmp"))
-    assert p.id == "3" and p.choices is None  # an open question's gold is not a letter
+    f = write_jsonl(root / "train.jsonl", [row, open_q])
+    code, rows, err = check(f, "--format", "mars")
+    assert code == 0, err
+    mcq, open_row = rows
+    assert (mcq["id"], mcq["choices"], mcq["answer"]) == ("41", ["cat", "dog"], ["B"])
+    assert mcq["image"] == str(root / "a.png") and mcq["split"] == "train"
+    assert mcq["question"] == "Which animal?\n(A) cat\n(B) dog"  # as the release wrote it
+    # an open question's gold is not a letter: no choices; the id from extra_info.index
+    assert (open_row["id"], open_row["choices"], open_row["answer"]) == ("4", None, ["Paris"])
+    assert "check: mars (mars format, split train): 2 rows, 2 kept" in err
+    assert "1 multiple-choice" in err
 
 
 # ----------------------------------------------------------------------- which checkpoint
