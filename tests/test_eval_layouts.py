@@ -209,6 +209,55 @@ def test_mat_search_json_array_and_image_folder(tmp_path):
     assert rows[0]["benchmark"] == "mat-search"
 
 
+# ----------------------------------------------------------------------- any container
+
+# One row of each flat layout (strings only, as a TSV holds them) and its image folder.
+FLAT = {
+    "livevqa": ({"id": "lv1", "query": "Who is this?", "gt_answer": "Jane Doe",
+                 "query_image": "/data/authors/LiveVQA/image/n1.png", "topic": "politics"},
+                "image"),
+    "mat-search": ({"id": "7", "question": "Which country?", "answer": "United States",
+                    "image_path": "n1.png"}, "MAT-Search-image"),
+    "simplevqa": ({"data_id": "0", "image": b64((7, 7, 7)), "language": "EN",
+                   "question": "Which city?", "answer": "Paris",
+                   "original_category": "geography"}, None),
+}
+
+
+def write_container(folder: Path, row: dict, container: str) -> Path:
+    if container == "jsonl":
+        return write_jsonl(folder / "rows.jsonl", [row])
+    if container == "parquet":
+        return write_parquet(folder / "rows.parquet", [row])
+    return write_tsv(folder / "rows.tsv", list(row), [list(row.values())])
+
+
+@pytest.mark.parametrize("fmt", sorted(FLAT))
+def test_format_name_reads_every_container_alike(tmp_path, pa, fmt):
+    """`--format NAME` on JSONL, parquet and TSV: the same normalised rows (the image
+    compared by its bytes: a path beside each file, or base64 decoded into the cache)."""
+    row, image_dir = FLAT[fmt]
+    got = {}
+    for container in ("jsonl", "parquet", "tsv"):
+        folder = tmp_path / container
+        if image_dir:
+            (folder / image_dir).mkdir(parents=True)
+            (folder / image_dir / "n1.png").write_bytes(png((7, 7, 7)))
+        f = write_container(folder, row, container)
+        code, rows, err = check(f, "--format", fmt)
+        assert code == 0, (container, err)
+        (out,) = rows
+        assert Path(out["image"]).is_absolute()
+        got[container] = {**out, "image": Path(out["image"]).read_bytes()}
+    assert got["jsonl"] == got["parquet"] == got["tsv"]
+    want = {"livevqa": ("lv1", ["Jane Doe"], "politics"),
+            "mat-search": ("7", ["United States"], None),
+            "simplevqa": ("0", ["Paris"], "geography")}[fmt]
+    r = got["tsv"]
+    assert (r["id"], r["answer"], r["category"]) == want
+    assert r["benchmark"] == fmt and r["image"] == png((7, 7, 7)) and r["choices"] is None
+
+
 # ----------------------------------------------------------------------- MME-RealWorld
 
 
