@@ -313,6 +313,26 @@ def test_infoseek_oven_images_sharded_by_id(tmp_path):
     assert "infoseek_val.jsonl:1: image:" in line
 
 
+def test_infoseek_oven_images_beside_the_file_need_no_image_dir(tmp_path):
+    """The release's layout: `oven_images/NN/` in the file's own folder is looked in by
+    default, extension unknown (.jpg here, .JPEG beside it for another id)."""
+    root = tmp_path / "infoseek"
+    (root / "oven_images" / "01").mkdir(parents=True)
+    (root / "oven_images" / "01" / "oven_01963180.jpg").write_bytes(png())
+    (root / "oven_images" / "01" / "oven_01000001.JPEG").write_bytes(png((1, 2, 3)))
+    write_jsonl(root / "infoseek_val.jsonl", [
+        {"data_id": "val_1", "image_id": "oven_01963180", "question": "Who built it?",
+         "answer": ["Eiffel"], "answer_eval": ["Eiffel"], "data_split": "val_unseen_entity"},
+        {"data_id": "val_2", "image_id": "oven_01000001", "question": "Who built it?",
+         "answer": ["Eiffel"], "answer_eval": ["Eiffel"], "data_split": "val_unseen_entity"}])
+    code, rows, err = check(root)
+    assert code == 0, err
+    assert [r["image"] for r in rows] == [
+        str((root / "oven_images" / "01" / "oven_01963180.jpg").resolve()),
+        str((root / "oven_images" / "01" / "oven_01000001.JPEG").resolve())]
+    assert rows[0]["benchmark"] == "infoseek" and "check: infoseek (infoseek format" in err
+
+
 # ----------------------------------------------------------------------- FVQA splits
 
 
