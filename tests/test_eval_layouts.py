@@ -358,6 +358,28 @@ def test_fvqa_folder_reads_the_test_split_unless_told(tmp_path, pa):
     assert "no dev split here (splits: test, train)" in line
 
 
+def test_fvqa_eval_run_on_the_folder_evaluates_the_test_split(tmp_path, pa, tiny_model):
+    """A real eval (the replay engine) on the train + test folder: only test rows are
+    generated, every record says `split: test`, so does the summary, and stderr names it."""
+    root = tmp_path / "FVQA"
+    reply = "<thinking>Known.</thinking><answer>test0</answer>"
+    write_parquet(root / "fvqa_train.parquet",
+                  [{**fvqa_row(i, "train"), "replies": [reply]} for i in range(3)])
+    write_parquet(root / "fvqa_test.parquet",
+                  [{**fvqa_row(i, "test"), "replies": [reply]} for i in range(2)])
+    out = tmp_path / "run" / "fvqa.jsonl"
+    code, _, err = invoke(["eval", str(root), "--policy", str(tiny_model), "--engine",
+                           "replay", "-o", str(out)])
+    assert code == 0, err
+    assert "eval: fvqa (fvqa format, test split): 2 rows" in err
+    recs = [json.loads(x) for x in out.read_text().splitlines()]
+    assert sorted(r["prompt_id"] for r in recs) == ["test-0", "test-1"]
+    assert all(r["split"] == "test" for r in recs)
+    summ = json.loads(out.with_name("fvqa.summary.json").read_text())
+    assert summ["benchmarks"]["fvqa"]["split"] == "test"
+    assert summ["benchmarks"]["fvqa"]["accuracy"] == 50.0  # test0 right, test1 wrong
+
+
 # ----------------------------------------------------------------------- lmms-lab parquet
 
 
