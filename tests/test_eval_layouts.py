@@ -15,15 +15,22 @@ import pytest
 
 from marscli.benchmarks import LoadContext, detect_format, load_benchmark
 from marscli.errors import BadInput
-from marscli.records.schema import parse_prompt
+from marscli.stages.eval_check import one_line
 from marscli.stages.eval_compare import compare, wilson
 
-from helpers import invoke, png, write_jsonl, write_parquet
+from helpers import HR_HEADER, hr_rows, invoke, png, write_jsonl, write_parquet, write_tsv
 
 
 @pytest.fixture()
 def pa():
     return pytest.importorskip("pyarrow")
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch) -> Path:
+    """`eval --check`'s decoded images go here, not into ~/.cache."""
+    monkeypatch.setenv("MARSCLI_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "eval-images"
 
 
 def b64(color=(10, 20, 30)) -> str:
@@ -74,13 +81,19 @@ def test_simplevqa_base64_image_column(tmp_path):
     assert "2 rows, 1 kept, skipped: 1 not English" in err
 
 
-def test_simplevqa_hf_parquet_image_struct(tmp_path, pa):
-    f = write_parquet(tmp_path / "SimpleVQA" / "data" / "test-00000-of-00001.parquet",
-                      simplevqa_rows({"bytes": png((1, 2, 3)), "path": None}))
-    loaded = load(tmp_path / "SimpleVQA", tmp_path)
-    assert loaded.fmt == "simplevqa" and loaded.split == "test" and f.is_file()
-    (_, p), = loaded.prompts
-    assert Path(p.images[0]).read_bytes() == png((1, 2, 3))
+def test_simplevqa_hf_parquet_image_struct(tmp_path, pa, cache):
+    write_parquet(tmp_path / "SimpleVQA" / "data" / "test-00000-of-00001.parquet",
+                  simplevqa_rows({"bytes": png((1, 2, 3)), "path": None}))
+    code, rows, err = check(tmp_path / "SimpleVQA")
+    assert code == 0, err
+    (row,) = rows
+    img = Path(row.pop("image"))
+    assert row == {"v": 1, "id": "0", "question": "Which city is this?", "answer": ["Paris"],
+                   "choices": None, "category": "geography", "benchmark": "simplevqa",
+                   "split": "test"}
+    assert img.parent == cache and img.read_bytes() == png((1, 2, 3))
+    assert ("check: simplevqa (simplevqa format, split test): 2 rows, 1 kept, skipped: 1 not "
+            "English") in err
 
 
 def test_bad_base64_is_one_short_line_without_the_blob(tmp_path):
@@ -90,6 +103,34 @@ def test_bad_base64_is_one_short_line_without_the_blob(tmp_path):
     f = write_jsonl(tmp_path / "simplevqa.jsonl", rows)
     line = one_line_error(*invoke(["eval", str(f), "--check"]))
     assert "simplevqa.jsonl:1: image" in line and "QUJDQUJD" not in line
+
+
+# ----------------------------------------------------------------------- not UTF-8
+
+
+def test_tsv_not_utf8_is_one_line_naming_the_row_and_column(tmp_path):
+    """A Latin-1 byte in the third row (which starts on line 4: the second row's question
+    spans two lines) is named by line and column, exit 2, not a decoder traceback."""
+    rows = hr_rows()
+    rows[2][7] = "cross\udce9"  # `category`; written back as the raw byte 0xe9
+    f = write_tsv(tmp_path / "hr_bench_4k.tsv", HR_HEADER, [])
+    f.write_bytes(f.read_bytes() + "\n".join("\t".join(r) for r in rows).encode(
+        "utf-8", "surrogateescape") + b"\n")
+    line = one_line_error(*invoke(["eval", str(f), "--check"]))
+    assert line == (f"error: {f}:4: category: not valid UTF-8 (byte 0xe9) — save the file "
+                    "as UTF-8")
+
+
+@pytest.mark.parametrize("name, fmt, where", [("qa.json", "livevqa", "qa.json:2:"),
+                                              ("rows.jsonl", "livevqa", "rows.jsonl:2:")])
+def test_json_not_utf8_is_one_line_naming_the_line(tmp_path, name, fmt, where):
+    good = json.dumps({"id": "a", "query": "Q?", "gt_answer": "x", "query_image": "i.png"})
+    bad = good.replace("Q?", "caf\udce9?").encode("utf-8", "surrogateescape")
+    body = (b"[" + good.encode() + b",\n" + bad + b"]") if name.endswith(".json") else \
+        good.encode() + b"\n" + bad + b"\n"
+    (tmp_path / name).write_bytes(body)
+    line = one_line_error(*invoke(["eval", str(tmp_path / name), "--check", "--format", fmt]))
+    assert where in line and "UTF-8" in line
 
 
 # ----------------------------------------------------------------------- LiveVQA
@@ -113,6 +154,42 @@ def test_livevqa_qa_json_array_with_authors_absolute_paths(tmp_path):
     assert "qa.json: row 1: image:" in line and "news_001.jpg" in line
 
 
+def test_livevqa_qa_json_given_as_the_file_is_livevqa_not_mmsearch(tmp_path):
+    """LiveVQA's rows have MMSearch's `query` + `gt_answer`: its published file name decides,
+    and without it the columns MMSearch alone has do."""
+    root = tmp_path / "LiveVQA"
+    (root / "image").mkdir(parents=True)
+    (root / "image" / "n1.jpg").write_bytes(png())
+    row = {"id": "lv1", "query": "Who is this?", "gt_answer": "Jane Doe",
+           "query_image": "/data/authors/LiveVQA/image/n1.jpg", "topic": "politics"}
+    (root / "qa.json").write_text(json.dumps([row]))
+    assert detect_format(root / "qa.json") == "livevqa"
+    code, rows, err = check(root / "qa.json")
+    assert code == 0, err
+    assert rows[0]["benchmark"] == "livevqa" and "check: livevqa (livevqa format" in err
+    assert rows[0]["image"] == str((root / "image" / "n1.jpg").resolve())
+    write_jsonl(tmp_path / "rows.jsonl", [row])  # another name: the columns alone
+    assert detect_format(tmp_path / "rows.jsonl") == "livevqa"
+    write_jsonl(tmp_path / "end2end.jsonl", [{**row, "sample_id": "s1", "area": "news"}])
+    assert detect_format(tmp_path / "end2end.jsonl") == "mmsearch"
+
+
+def test_long_paths_are_shortened_not_the_row_and_field(tmp_path):
+    """With paths of 150+ characters, the error line keeps the file's name, the row and the
+    field (the folders give way), and stays within 200 characters."""
+    root = tmp_path / ("d" * 70) / ("e" * 70) / "LiveVQA"
+    root.mkdir(parents=True)
+    (root / "qa.json").write_text(json.dumps([
+        {"id": "lv1", "query": "Who?", "gt_answer": "Jane", "query_image": "/x/news_001.jpg"}]))
+    line = one_line_error(*invoke(["eval", str(root), "--check"]))
+    assert line.startswith("error: .../qa.json: row 1: image: ") and "news_001.jpg" in line
+    msg = f"{root}/qa.json: row 7: query_image: missing image"
+    assert one_line(msg) == ".../qa.json: row 7: query_image: missing image"
+    short = f"{tmp_path}/qa.json: row 7: query_image: missing image"
+    assert one_line(short) == short  # within the limit: untouched
+    assert one_line("x" * 300) == "x" * 190 + "..."  # no path: the tail is cut
+
+
 # ----------------------------------------------------------------------- MAT-Search
 
 
@@ -130,6 +207,55 @@ def test_mat_search_json_array_and_image_folder(tmp_path):
     assert rows[0]["id"] == "1" and rows[0]["answer"] == ["United States"]
     assert rows[0]["image"] == str((root / "MAT-Search-image" / "1.png").resolve())
     assert rows[0]["benchmark"] == "mat-search"
+
+
+# ----------------------------------------------------------------------- any container
+
+# One row of each flat layout (strings only, as a TSV holds them) and its image folder.
+FLAT = {
+    "livevqa": ({"id": "lv1", "query": "Who is this?", "gt_answer": "Jane Doe",
+                 "query_image": "/data/authors/LiveVQA/image/n1.png", "topic": "politics"},
+                "image"),
+    "mat-search": ({"id": "7", "question": "Which country?", "answer": "United States",
+                    "image_path": "n1.png"}, "MAT-Search-image"),
+    "simplevqa": ({"data_id": "0", "image": b64((7, 7, 7)), "language": "EN",
+                   "question": "Which city?", "answer": "Paris",
+                   "original_category": "geography"}, None),
+}
+
+
+def write_container(folder: Path, row: dict, container: str) -> Path:
+    if container == "jsonl":
+        return write_jsonl(folder / "rows.jsonl", [row])
+    if container == "parquet":
+        return write_parquet(folder / "rows.parquet", [row])
+    return write_tsv(folder / "rows.tsv", list(row), [list(row.values())])
+
+
+@pytest.mark.parametrize("fmt", sorted(FLAT))
+def test_format_name_reads_every_container_alike(tmp_path, pa, fmt):
+    """`--format NAME` on JSONL, parquet and TSV: the same normalised rows (the image
+    compared by its bytes: a path beside each file, or base64 decoded into the cache)."""
+    row, image_dir = FLAT[fmt]
+    got = {}
+    for container in ("jsonl", "parquet", "tsv"):
+        folder = tmp_path / container
+        if image_dir:
+            (folder / image_dir).mkdir(parents=True)
+            (folder / image_dir / "n1.png").write_bytes(png((7, 7, 7)))
+        f = write_container(folder, row, container)
+        code, rows, err = check(f, "--format", fmt)
+        assert code == 0, (container, err)
+        (out,) = rows
+        assert Path(out["image"]).is_absolute()
+        got[container] = {**out, "image": Path(out["image"]).read_bytes()}
+    assert got["jsonl"] == got["parquet"] == got["tsv"]
+    want = {"livevqa": ("lv1", ["Jane Doe"], "politics"),
+            "mat-search": ("7", ["United States"], None),
+            "simplevqa": ("0", ["Paris"], "geography")}[fmt]
+    r = got["tsv"]
+    assert (r["id"], r["answer"], r["category"]) == want
+    assert r["benchmark"] == fmt and r["image"] == png((7, 7, 7)) and r["choices"] is None
 
 
 # ----------------------------------------------------------------------- MME-RealWorld
@@ -187,6 +313,26 @@ def test_infoseek_oven_images_sharded_by_id(tmp_path):
     assert "infoseek_val.jsonl:1: image:" in line
 
 
+def test_infoseek_oven_images_beside_the_file_need_no_image_dir(tmp_path):
+    """The release's layout: `oven_images/NN/` in the file's own folder is looked in by
+    default, extension unknown (.jpg here, .JPEG beside it for another id)."""
+    root = tmp_path / "infoseek"
+    (root / "oven_images" / "01").mkdir(parents=True)
+    (root / "oven_images" / "01" / "oven_01963180.jpg").write_bytes(png())
+    (root / "oven_images" / "01" / "oven_01000001.JPEG").write_bytes(png((1, 2, 3)))
+    write_jsonl(root / "infoseek_val.jsonl", [
+        {"data_id": "val_1", "image_id": "oven_01963180", "question": "Who built it?",
+         "answer": ["Eiffel"], "answer_eval": ["Eiffel"], "data_split": "val_unseen_entity"},
+        {"data_id": "val_2", "image_id": "oven_01000001", "question": "Who built it?",
+         "answer": ["Eiffel"], "answer_eval": ["Eiffel"], "data_split": "val_unseen_entity"}])
+    code, rows, err = check(root)
+    assert code == 0, err
+    assert [r["image"] for r in rows] == [
+        str((root / "oven_images" / "01" / "oven_01963180.jpg").resolve()),
+        str((root / "oven_images" / "01" / "oven_01000001.JPEG").resolve())]
+    assert rows[0]["benchmark"] == "infoseek" and "check: infoseek (infoseek format" in err
+
+
 # ----------------------------------------------------------------------- FVQA splits
 
 
@@ -212,10 +358,32 @@ def test_fvqa_folder_reads_the_test_split_unless_told(tmp_path, pa):
     assert "no dev split here (splits: test, train)" in line
 
 
+def test_fvqa_eval_run_on_the_folder_evaluates_the_test_split(tmp_path, pa, tiny_model):
+    """A real eval (the replay engine) on the train + test folder: only test rows are
+    generated, every record says `split: test`, so does the summary, and stderr names it."""
+    root = tmp_path / "FVQA"
+    reply = "<thinking>Known.</thinking><answer>test0</answer>"
+    write_parquet(root / "fvqa_train.parquet",
+                  [{**fvqa_row(i, "train"), "replies": [reply]} for i in range(3)])
+    write_parquet(root / "fvqa_test.parquet",
+                  [{**fvqa_row(i, "test"), "replies": [reply]} for i in range(2)])
+    out = tmp_path / "run" / "fvqa.jsonl"
+    code, _, err = invoke(["eval", str(root), "--policy", str(tiny_model), "--engine",
+                           "replay", "-o", str(out)])
+    assert code == 0, err
+    assert "eval: fvqa (fvqa format, test split): 2 rows" in err
+    recs = [json.loads(x) for x in out.read_text().splitlines()]
+    assert sorted(r["prompt_id"] for r in recs) == ["test-0", "test-1"]
+    assert all(r["split"] == "test" for r in recs)
+    summ = json.loads(out.with_name("fvqa.summary.json").read_text())
+    assert summ["benchmarks"]["fvqa"]["split"] == "test"
+    assert summ["benchmarks"]["fvqa"]["accuracy"] == 50.0  # test0 right, test1 wrong
+
+
 # ----------------------------------------------------------------------- lmms-lab parquet
 
 
-def test_vstar_lmms_lab_parquet(tmp_path, pa):
+def test_vstar_lmms_lab_parquet(tmp_path, pa, cache):
     root = tmp_path / "vstar-bench"
     write_parquet(root / "data" / "test-00000-of-00001.parquet", [
         {"question_id": 0, "image": {"bytes": png(), "path": "sa_1.jpg"},
@@ -225,13 +393,22 @@ def test_vstar_lmms_lab_parquet(tmp_path, pa):
          "text": "Is the cat left of the dog? (A) yes (B) no", "label": "A",
          "category": "relative_position"}])
     assert detect_format(root) == "vstar"
-    ps = {p.id: p for _, p in load(root, tmp_path, fmt="vstar").prompts}  # --format vstar
-    assert ps["0"].choices == ["red", "blue", "green", "white"] and ps["0"].answer == ["C"]
-    assert ps["1"].choices == ["yes", "no"] and ps["1"].category == "relative_position"
-    assert Path(ps["1"].images[0]).read_bytes() == png((1, 1, 1))
+    code, rows, err = check(root, "--format", "vstar")
+    assert code == 0, err
+    r0, r1 = rows
+    assert (r0["id"], r0["choices"], r0["answer"]) == ("0", ["red", "blue", "green", "white"],
+                                                       ["C"])
+    assert r0["question"] == ("What is the color of the cup?\nOptions:\nA. red\nB. blue\n"
+                              "C. green\nD. white\nAnswer with the option's letter.")
+    assert (r1["choices"], r1["category"]) == (["yes", "no"], "relative_position")
+    assert Path(r1["image"]).parent == cache
+    assert Path(r1["image"]).read_bytes() == png((1, 1, 1))
+    assert {r["benchmark"] for r in rows} == {"vstar"} and {r["split"] for r in rows} == {"test"}
+    assert "check: vstar (vstar format, split test): 2 rows, 2 kept" in err
+    assert "2 multiple-choice" in err
 
 
-def test_hrbench_parquet_config_splits(tmp_path, pa):
+def test_hrbench_parquet_config_splits(tmp_path, pa, cache):
     root = tmp_path / "HR-Bench" / "hrbench_version_split"
     row = {"index": 0, "question": "What is on the sign?", "A": "cat", "B": "dog", "C": "cow",
            "D": "pig", "answer": "B", "category": "single", "image": b64(),
@@ -239,26 +416,43 @@ def test_hrbench_parquet_config_splits(tmp_path, pa):
     write_parquet(root / "hrbench_4k-00000-of-00001.parquet", [row])
     write_parquet(root / "hrbench_8k-00000-of-00001.parquet", [{**row, "index": 1}])
     assert detect_format(root / "hrbench_4k-00000-of-00001.parquet") == "hrbench"
-    loaded = load(root.parent, tmp_path, split="hrbench_8k")
-    assert loaded.fmt == "hrbench" and loaded.benchmark == "hrbench-8k"
-    assert [p.id for _, p in loaded.prompts] == ["1"] and loaded.split == "hrbench_8k"
-    with pytest.raises(BadInput, match=r"no test split here \(splits: hrbench_4k, hrbench_8k\)"):
-        load(root.parent, tmp_path)
+    code, rows, err = check(root.parent, "--split", "hrbench_8k")
+    assert code == 0, err
+    (r,) = rows
+    img = Path(r.pop("image"))
+    assert r == {"v": 1, "id": "1", "question": "What is on the sign?\nOptions:\nA. cat\n"
+                 "B. dog\nC. cow\nD. pig\nAnswer with the option's letter.", "answer": ["B"],
+                 "choices": ["cat", "dog", "cow", "pig"], "category": "single",
+                 "benchmark": "hrbench-8k", "split": "hrbench_8k"}
+    assert img.parent == cache and img.read_bytes() == png((10, 20, 30))  # b64()'s colour
+    assert "check: hrbench-8k (hrbench format, split hrbench_8k)" in err
+    line = one_line_error(*invoke(["eval", str(root.parent), "--check"]))
+    assert "no test split here (splits: hrbench_4k, hrbench_8k)" in line
 
 
 # ----------------------------------------------------------------------- MARS training rows
 
 
-def test_mars_rows_take_their_index_and_choices():
+def test_mars_rows_take_their_index_and_choices(tmp_path):
+    root = tmp_path / "mars"
+    root.mkdir()
+    (root / "a.png").write_bytes(png())
     row = {"prompt": [{"role": "user", "content": "<image>Which animal?\n(A) cat\n(B) dog"}],
            "image": ["a.png"], "reward_model": {"ground_truth": "B"}, "index": 41,
            "extra_info": {"index": 3}}
-    p = parse_prompt(row, "train.jsonl", 1, Path("/tmp"))
-    assert p.id == "41" and p.choices == ["cat", "dog"]
-    open_q = {**row, "reward_model": {"ground_truth": "Paris"}}
+    open_q = {**row, "reward_model": {"ground_truth": "Paris"}, "extra_info": {"index": 4}}
     open_q.pop("index")
-    p = parse_prompt(open_q, "train.jsonl", 1, Path("/tmp"))
-    assert p.id == "3" and p.choices is None  # an open question's gold is not a letter
+    f = write_jsonl(root / "train.jsonl", [row, open_q])
+    code, rows, err = check(f, "--format", "mars")
+    assert code == 0, err
+    mcq, open_row = rows
+    assert (mcq["id"], mcq["choices"], mcq["answer"]) == ("41", ["cat", "dog"], ["B"])
+    assert mcq["image"] == str(root / "a.png") and mcq["split"] == "train"
+    assert mcq["question"] == "Which animal?\n(A) cat\n(B) dog"  # as the release wrote it
+    # an open question's gold is not a letter: no choices; the id from extra_info.index
+    assert (open_row["id"], open_row["choices"], open_row["answer"]) == ("4", None, ["Paris"])
+    assert "check: mars (mars format, split train): 2 rows, 2 kept" in err
+    assert "1 multiple-choice" in err
 
 
 # ----------------------------------------------------------------------- which checkpoint

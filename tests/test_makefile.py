@@ -370,3 +370,21 @@ def test_the_demo_on_another_world(tmp_path):
         world = next(x for x in dry_run(f"{tmp_path}/world.meta.json", f"RUN={tmp_path}",
                                         f"WORLD_SEED={seed}") if " toy-world " in x)
         assert world.endswith(f"--seed {seed} --force"), world
+
+
+def test_rl_eval_ends_with_the_checkpoint_table(tmp_path):
+    """`make rl-eval`'s last command is `marscli eval summarize RUN` (which checkpoint to
+    pick), `--by EVAL_BY` when set; the seeds' and ablation's SUMMARY=0 runs leave it out."""
+    (tmp_path / "test.jsonl").touch()
+    run = f"{tmp_path}/run"
+
+    def rl_eval(*args: str) -> list[str]:
+        return dry_run("rl-eval", "RECIPE=recipes/tiny.mk", f"RUN={run}",
+                       f"TEST={tmp_path}/test.jsonl", "ITERS=1", *args)
+
+    last = shlex.split(rl_eval()[-1])
+    assert last[0].endswith("marscli") and last[1:] == ["eval", "summarize", run]
+    assert shlex.split(rl_eval("EVAL_BY=vstar")[-1])[1:] == ["eval", "summarize", run, "--by",
+                                                             "vstar"]
+    assert not any("eval summarize" in x for x in rl_eval("SUMMARY=0")
+                   if "ckpt-" not in x)  # only the per-checkpoint fallback remains

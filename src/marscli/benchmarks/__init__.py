@@ -75,6 +75,11 @@ FORMATS: Registry = Registry("--format", lazy={
 # A folder's own file names that say what it holds (the published layouts).
 _FOLDER_FILES = (("data.jsonl", "mars"), ("MAT-Search.json", "mat-search"),
                  ("qa.json", "livevqa"), ("test_questions.jsonl", "vstar"))
+# The same names given as the file itself, minus `data.jsonl`: too common a name to say
+# more than the file's columns do (the release's MARS rows are found by their `prompt`).
+_PUBLISHED_FILES = {name: fmt for name, fmt in _FOLDER_FILES if name != "data.jsonl"}
+# Columns only MMSearch's end2end file has: LiveVQA's rows share its `query` + `gt_answer`.
+_MMSEARCH_OWN = {"sample_id", "alternative_gt_answers", "area", "subfield"}
 
 
 def format_names() -> list[str]:
@@ -107,6 +112,8 @@ def detect_format(path: Path, split: str | None = None) -> str:
         for name, fmt in _FOLDER_FILES:
             if (path / name).is_file():
                 return fmt
+    elif path.name in _PUBLISHED_FILES:  # before the columns: LiveVQA's look like MMSearch's
+        return _PUBLISHED_FILES[path.name]
     elif path.suffix.lower() not in (".parquet", ".tsv", ".csv", ".jsonl", ".json"):
         raise BadInput(f"{path}: unknown file type {path.suffix or '(none)'} — expected a "
                        f"folder, .parquet, .tsv, .jsonl or .json; or {_hint()}")
@@ -135,13 +142,14 @@ def by_columns(cols: set[str], suffix: str) -> str | None:
     rules = (
         ("mme-realworld", {"multi-choice options"}),
         ("hrbench", {"cycle_category"}),
-        ("mmsearch", {"query", "gt_answer"}),
         ("hr-mmsearch", {"query", "ground_truth"}),
         ("vstar", {"text", "label"}),
     )
     for fmt, need in rules:
         if need <= cols:
             return fmt
+    if {"query", "gt_answer"} <= cols and (cols & _MMSEARCH_OWN or "query_image" not in cols):
+        return "mmsearch"
     if "image_id" in cols and cols & {"answer_eval", "data_split"}:
         return "infoseek"
     if cols & {"atomic_fact", "atomic_question", "vqa_category"}:

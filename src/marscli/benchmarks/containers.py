@@ -10,7 +10,8 @@ a JSON array, parquet, TSV, or a folder of them.
   chosen (None when the names carry none) goes with the rows into the summary.
 - `iter_file(file)`: `(n, row)` per row, every row a dict; `unit_of(file)` says what `n`
   counts: `line` for JSONL and TSV (a TSV row's first line), `row` for parquet rows and the
-  objects of a JSON array (1-based). `where(file, n, unit)` is how errors name a row.
+  objects of a JSON array (1-based). `where(file, n, unit)` is how errors name a row. A
+  byte that is not UTF-8 is refused naming its line (and, in a TSV, its column).
 - `columns_of(file)`: the column names (parquet schema, TSV header, the first JSON row's keys),
   for format detection.
 
@@ -31,6 +32,7 @@ from marscli.benchmarks.common import clip
 from marscli.errors import BadInput
 from marscli.records.jsonl import iter_rows
 
+_SURROGATE = re.compile("[\udc80-\udcff]")  # a byte that is not UTF-8, as surrogateescape keeps it
 BATCH_ROWS = 16  # parquet rows decoded at a time (HR-MMSearch is 2 GB of images)
 SPLITS = ("train", "test", "validation", "val", "dev")
 _SPLIT_RE = re.compile(r"(?:^|[_\-.])(train|test|validation|val|dev)(?=$|[_\-.])")
@@ -133,9 +135,11 @@ def _is_json_array(file: Path) -> bool:
 
 
 def _json_array(file: Path) -> list[dict]:
+    data = file.read_bytes()
     try:
-        rows = orjson.loads(file.read_bytes())
+        rows = orjson.loads(data)
     except orjson.JSONDecodeError as e:
+        _refuse_non_utf8(file, data)
         raise BadInput(f"{file}: not valid JSON ({clip(str(e))})") from None
     if not isinstance(rows, list):
         raise BadInput(f"{file}: expected a JSON array of objects")
@@ -146,6 +150,16 @@ def _json_array(file: Path) -> list[dict]:
     return rows
 
 
+def _refuse_non_utf8(file: Path, data: bytes) -> None:
+    """Name the line of the first byte that is not UTF-8 (orjson says only that one is)."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise BadInput(f"{file}:{line}: not valid UTF-8 (byte 0x{data[e.start]:02x}) — save "
+                       "the file as UTF-8") from None
+
+
 # ----------------------------------------------------------------------------- TSV
 
 
@@ -153,12 +167,28 @@ def iter_tsv(file: Path) -> Iterator[tuple[int, dict]]:
     """VLMEvalKit TSV rows (pandas `to_csv(sep="\\t")`: quoted where a cell holds a tab or a
     newline) with the line each starts on."""
     csv.field_size_limit(min(sys.maxsize, 2**31 - 1))  # base64 images are tens of MB
-    with file.open(encoding="utf-8", newline="") as fh:
+    # surrogateescape: a byte that is not UTF-8 is kept as a lone surrogate, so the row and
+    # the cell holding it can be named instead of the decoder's chunk offset
+    with file.open(encoding="utf-8", errors="surrogateescape", newline="") as fh:
         reader = csv.DictReader(fh, delimiter="\t")
+        _check_utf8(file, 1, {"header": "\t".join(reader.fieldnames or [])})
         line = 1
         for row in reader:
             start, line = line + 1, reader.line_num
+            _check_utf8(file, start, row)
             yield start, row
+
+
+def _check_utf8(file: Path, line: int, row: dict) -> None:
+    """Refuse a TSV row with a byte that is not UTF-8 (a lone surrogate here), naming its
+    cell's column."""
+    for key, value in row.items():
+        for cell in value if isinstance(value, list) else [value]:  # extra cells: a list
+            bad = _SURROGATE.search(cell) if isinstance(cell, str) and not cell.isascii() \
+                else None
+            if bad:
+                raise BadInput(f"{file}:{line}: {clip(key or 'extra cells')}: not valid UTF-8 "
+                               f"(byte 0x{ord(bad[0]) - 0xdc00:02x}) — save the file as UTF-8")
 
 
 # ----------------------------------------------------------------------------- parquet

@@ -10,13 +10,14 @@ list), `choices`, `category`, `image` (absolute paths), `benchmark`, `split` and
 summary goes to stderr (rows, kept, skipped by reason, multiple choice, categories, split).
 
 The first unreadable row or missing image exits 2 with one line naming the file, the row and
-the field, at most 200 characters (`error: ` included): never a base64 blob, never a
-traceback. Nothing goes to stdout then.
+the field, at most 200 characters (`error: ` included; long paths shortened to `.../NAME`
+first): never a base64 blob, never a traceback. Nothing goes to stdout then.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -30,6 +31,8 @@ from marscli.records.schema import Prompt
 from marscli.stages.eval import image_cache
 
 MAX_ERROR = 200 - len("error: ")  # the CLI prints `error: MESSAGE` on one line
+# a path in a message: anything with a slash up to a space, a colon (FILE:LINE) or a quote
+_PATH = re.compile(r"[^\s:'\"()\[\],]*/[^\s:'\"()\[\],]+")
 
 
 def default_cache() -> Path:
@@ -38,8 +41,22 @@ def default_cache() -> Path:
 
 
 def one_line(msg: str, limit: int = MAX_ERROR) -> str:
+    """`msg` on one line of at most `limit` characters. Long paths go first (the longest
+    becomes `.../NAME`, keeping the file's name), so the row and field after a path stay;
+    only then is the tail cut."""
     msg = " ".join(msg.split())
+    while len(msg) > limit:
+        paths = [m for m in _PATH.finditer(msg) if _short_path(m[0]) != m[0]]
+        if not paths:
+            break
+        m = max(paths, key=lambda m: len(m[0]))
+        msg = msg[:m.start()] + _short_path(m[0]) + msg[m.end():]
     return msg if len(msg) <= limit else msg[:limit - 3] + "..."
+
+
+def _short_path(path: str) -> str:
+    folder, _, name = path.rstrip("/").rpartition("/")
+    return ".../" + name if folder and len(path) > len(name) + 4 else path
 
 
 def normalised(p: Prompt) -> dict:
