@@ -272,7 +272,8 @@ rl-iter: setup $(RUN)/ckpt-$(NEXT)/config.json
 
 # SERVE=1: rl and rl-eval run inside scripts/rl-served.sh, which starts the servers (on ckpt-0,
 # made first), runs the target with SERVING=1 and SERVE_URLS, and stops them. The servers open
-# images and checkpoints only under SERVE_ALLOW's folders (the run, the prompts', the test's).
+# images and checkpoints only under SERVE_ALLOW's folders (the run, the prompts', the test's;
+# and where a ckpt-0 that is a link leads).
 SERVE_ALLOW ?= $(sort $(abspath $(RUN) $(dir $(PROMPTS)) $(dir $(TEST))))
 ifeq ($(SERVE)$(SERVING),1)
 rl rl-eval: setup

@@ -21,6 +21,9 @@ while [ $# -gt 0 ] && [ "$1" != -- ]; do targets+=("$1"); shift; done
 for dir in ${SERVE_ALLOW:-}; do  # the folders whose images the servers may open, as they exist
   [ ! -d "$dir" ] || set -- "$@" --allow-dir "$dir"
 done
+# ckpt-0 may be a link to a checkpoint elsewhere (a shared cold start): the servers hold it
+# first and reload it to evaluate it, where the link leads
+[ ! -L "$run/ckpt-0" ] || set -- "$@" --allow-dir "$(realpath "$run/ckpt-0")"
 url_dir=$run/serve
 mkdir -p "$run/logs"
 rm -rf "$url_dir"

@@ -253,6 +253,38 @@ def test_follow_runs_the_reward_beside_the_rollout_and_serve_reloads_in_place(tm
     assert not (tmp_path / "run" / "serve").exists()  # printed, not run
 
 
+@pytest.mark.parametrize(("env", "gpus"), [
+    ({"GPUS_PER_NODE": "8", "TP": "2"}, ["0,1", "2,3", "4,5", "6,7"]),  # one node, no Slurm
+    ({"CUDA_VISIBLE_DEVICES": "3,5,6,7", "TP": "2"}, ["3,5", "6,7"]),  # a job's own GPUs
+    ({"CUDA_VISIBLE_DEVICES": "4,5"}, ["4", "5"]),  # TP 1
+])
+def test_each_server_takes_its_own_group_of_tp_gpus(tmp_path, env, gpus):
+    """stages/serve.sh: server i gets the i-th group of TP GPUs of its node; one past the
+    node's GPUs is refused in one line naming them, before anything starts."""
+    stub = tmp_path / "marscli"
+    stub.write_text('#!/bin/sh\necho "$CUDA_VISIBLE_DEVICES $*"\n')
+    stub.chmod(0o755)
+
+    def serve(i: int) -> subprocess.CompletedProcess:
+        clean = {k: v for k, v in os.environ.items()
+                 if k not in ("CUDA_VISIBLE_DEVICES", "GPUS_PER_NODE", "TP")
+                 and not k.startswith("SLURM")}
+        return subprocess.run(["stages/serve.sh", "CKPT", "9000", str(tmp_path / "urls")],
+                              cwd=ROOT, capture_output=True, text=True, timeout=30,
+                              env={**clean, **env, "SERVE_INDEX": str(i),
+                                   "SERVE_MARSCLI": str(stub)})
+
+    for i, want in enumerate(gpus):
+        r = serve(i)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split() == [want, "serve", "CKPT", "--host", "127.0.0.1", "--port",
+                                    str(9000 + i)]
+        assert (tmp_path / "urls" / f"{i}.url").read_text() == f"http://127.0.0.1:{9000 + i}\n"
+    r = serve(len(gpus))
+    assert r.returncode != 0 and r.stdout == "" and "needs GPUs" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
 def test_servers_per_gpu_group_colocated_and_in_one_allocation(tmp_path):
     """SERVE=1: the stage scripts take their server from SERVE_URLS (shard i, server i mod
     SERVERS), and without Slurm SERVERS shards run at once, each skipped once its sidecar

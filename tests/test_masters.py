@@ -2,8 +2,10 @@
 partitions.py): a state written by 2 ranks (ZeRO-3 + bf16, a real `update`) loads on 1 rank
 (ZeRO-2) and on 2 ranks (ZeRO-3), and one written by 1 rank loads on 2 (ZeRO-2), each equal bit
 for bit to the saved masters, moments and step (read back with DeepSpeed's own gathering API,
-and saved again); the single master.safetensors of earlier versions still loads; a rank file
-missing or damaged, or a broken index, is one line and exit 2, before anything trains."""
+and saved again), with ZeRO-3's model built partitioned (no parameter above the persistence
+threshold reaches `deepspeed.initialize` whole); the single master.safetensors of earlier
+versions still loads; a rank file missing or damaged, or a broken index, is one line and exit
+2, before anything trains."""
 
 from __future__ import annotations
 
