@@ -280,16 +280,21 @@ def rollout_args(tmp_path: Path, tiny_model: Path, *extra: str) -> list[str]:
             "--engine", "replay", "-n", "1", *extra]
 
 
-@pytest.mark.parametrize("target", ["p.jsonl", "t.jsonl", "t.jsonl.meta.json"])
+@pytest.mark.parametrize("target", ["p.jsonl", "t.jsonl", "t.jsonl.meta.json",
+                                    "ckpt/config.json"])
 def test_rollout_track_jsonl_onto_its_input_or_output_is_refused_before_work(
         tmp_path, tiny_model, target):
-    args = rollout_args(tmp_path, tiny_model, "--track", f"jsonl:{tmp_path / target}")
-    before = (tmp_path / "p.jsonl").read_bytes()
+    import shutil
+
+    ckpt = tmp_path / "ckpt"  # the policy, a copy: a tracker let in would write into it
+    shutil.copytree(tiny_model, ckpt)
+    args = rollout_args(tmp_path, ckpt, "--track", f"jsonl:{tmp_path / target}")
+    before = {p: p.read_bytes() for p in (tmp_path / "p.jsonl", ckpt / "config.json")}
     code, _, err = invoke(args)
     assert code == 2 and "a tracker would write into the stage's data" in one_line(err)
-    assert f"is an {'input' if target == 'p.jsonl' else 'output'} of this stage" in err
-    assert (tmp_path / "p.jsonl").read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.jsonl", "scene.png"]
+    assert f"is an {'output' if target.startswith('t.') else 'input'} of this stage" in err
+    assert {p: p.read_bytes() for p in before} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "p.jsonl", "scene.png"]
 
 
 def test_update_track_jsonl_onto_its_advantages_file_is_refused(tmp_path, tiny_model):

@@ -137,6 +137,12 @@ class GenerationOptions:
         """The files besides the stage's data that decide its output (for the sidecar)."""
         return [f for f in (self.system_prompt, self.tools_config) if f]
 
+    def read_paths(self) -> list[str]:
+        """What a tracker must never write into: `input_files` and the policy's folder (none
+        for a hub id or a served model's name: nothing on this disk)."""
+        folder = [self.policy] if self.policy and os.path.isdir(self.policy) else []
+        return [*self.input_files(), *folder]
+
     @property
     def policy_name(self) -> str:
         """What records carry as `policy`: the checkpoint, or the served model's name."""

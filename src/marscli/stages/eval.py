@@ -151,7 +151,7 @@ def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
         check_images(bench, rows, loaded.unit, loaded.where)
         # opened before any work: a tracker that cannot write fails first
         tracker = stats_tracker(track, stage="eval", output=output,
-                                inputs=[bench, *gen.input_files()],
+                                inputs=[bench, *gen.read_paths()],
                                 outputs=[summary_path(output), image_cache(output)])
         stack.callback(tracker.close)  # on a failure; on success log_stats closes it
         _report_loaded(loaded, len(rows), shard)
