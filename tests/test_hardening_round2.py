@@ -346,6 +346,33 @@ def test_read_only_tensorboard_folder_is_one_line_before_the_rollout(tmp_path, t
     assert not (tmp_path / "t.jsonl").exists() and not (tmp_path / "t.jsonl.meta.json").exists()
 
 
+@pytest.mark.parametrize("spec", ["tensorboard:{tmp}/tb", "jsonl:{tmp}/ckpt/config.json"])
+def test_eval_tracker_is_checked_before_the_benchmark_is_loaded(tmp_path, tiny_model, spec):
+    """A TSV benchmark's images go to `eval-images/` as it loads; the tracker used to be opened
+    after that (a read-only TensorBoard folder: exit 2 with the cache filled), and one into
+    the policy's folder was let in."""
+    import shutil
+
+    from helpers import HR_HEADER, hr_rows, invoke_read_only, write_tsv
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_model, ckpt)
+    config = (ckpt / "config.json").read_bytes()
+    tsv = write_tsv(tmp_path / "bench" / "hr_bench_4k.tsv", HR_HEADER, hr_rows())
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "tb").mkdir()
+    args = ["eval", str(tsv), "-o", str(tmp_path / "runs" / "r.jsonl"), "--policy", str(ckpt),
+            "--engine", "replay", "--mode", "direct", "--track", spec.format(tmp=tmp_path)]
+    code, _, err = invoke_read_only(tmp_path / "tb", args)
+    assert code == 2
+    if spec.startswith("tensorboard"):
+        assert "cannot write" in one_line(err) and "Permission denied" in err
+    else:
+        assert "is an input of this stage" in one_line(err)
+    assert list((tmp_path / "runs").iterdir()) == [] and list((tmp_path / "tb").iterdir()) == []
+    assert (ckpt / "config.json").read_bytes() == config
+
+
 def test_missing_wandb_is_one_line_before_the_rollout(tmp_path, tiny_model, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb → ImportError
     code, _, err = invoke(rollout_args(tmp_path, tiny_model, "--track", "wandb:proj"))

@@ -141,6 +141,12 @@ def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
     judge = make_judge(judge_spec, judge_opts)  # a bad spec fails before anything is read
     stack = contextlib.ExitStack()
     try:
+        # opened before any work (loading the benchmark may fill the image cache): a tracker
+        # that cannot write, or would write into the stage's data, fails first
+        tracker = stats_tracker(track, stage="eval", output=output,
+                                inputs=[bench, image_dir, *gen.read_paths()],
+                                outputs=[summary_path(output), image_cache(output)])
+        stack.callback(tracker.close)  # on a failure; on success log_stats closes it
         ctx = LoadContext(source=bench, cache_dir=image_cache(output),
                           image_dir=Path(image_dir) if image_dir else None, benchmark=benchmark,
                           split=split, keep=lambda pid: in_shard(pid, shard))
@@ -149,11 +155,6 @@ def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
         if not rows and not loaded.rows:
             raise BadInput(f"{bench}: no items")
         check_images(bench, rows, loaded.unit, loaded.where)
-        # opened before any work: a tracker that cannot write fails first
-        tracker = stats_tracker(track, stage="eval", output=output,
-                                inputs=[bench, *gen.read_paths()],
-                                outputs=[summary_path(output), image_cache(output)])
-        stack.callback(tracker.close)  # on a failure; on success log_stats closes it
         _report_loaded(loaded, len(rows), shard)
         if samples > 1 and gen.temperature == 0:
             print(f"warning: --samples {samples} with --temperature 0: the samples of an item "
