@@ -204,6 +204,26 @@ def test_a_settings_file_that_is_not_settings_is_one_line(tmp_path, content):
         assert out.exists()
 
 
+@pytest.mark.parametrize("content", [b"[1, 2]\n", b'{"v": 1, "sett', None])
+def test_rescore_with_a_bad_settings_file_is_one_line_before_any_rescoring(tmp_path, content):
+    """`eval rescore` used to score every record (judge calls paid), rewrite RESULTS, and only
+    then read the settings file: a traceback, RESULTS already rewritten."""
+    results = tmp_path / "r.jsonl"
+    results.write_bytes(lines([traj(0), traj(1, "Lyon")]))
+    before = results.read_bytes()
+    settings = tmp_path / "r.jsonl.settings.json"
+    if content is None:
+        settings.mkdir()
+    else:
+        settings.write_bytes(content)
+    code, _, err = invoke(["eval", "rescore", str(results)])
+    assert code == 2 and f"{settings}: " in one_line(err)
+    assert results.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.jsonl", "r.jsonl.settings.json"]
+    if content is not None:
+        assert settings.read_bytes() == content
+
+
 # ----------------------------------------------------------------------------- 4: merge
 
 

@@ -468,8 +468,11 @@ def run_summarize(results: str, *, rescore: bool = False, protocol: str | None =
     if not Path(results).is_file():
         raise BadInput(f"{command} {results}: no such file")
     if rescore:
+        if protocol is not None:
+            make_protocol(protocol)  # an unknown name: refused before any judge call
+        settings = _settings_of(results)  # likewise a bad settings file
         _rescore(results, protocol, judge_spec, judge_opts)
-        _rescored_settings(results, protocol, judge_spec)
+        _rescored_settings(results, settings, protocol, judge_spec)
     elif protocol is not None:
         raise BadInput("--protocol: with --summarize it needs --rescore (the records hold "
                        "their scores; --rescore re-scores them under --protocol)")
@@ -486,21 +489,32 @@ def run_summarize(results: str, *, rescore: bool = False, protocol: str | None =
     return summary
 
 
-def _rescored_settings(results: str, protocol: str | None, judge_spec: str) -> None:
+def _settings_of(results: str) -> dict | None:
+    """The settings RESULTS was generated with (None: no settings file), read before
+    rescoring: a bad one is BadInput before any judge call is paid or RESULTS rewritten."""
+    from marscli.agent.runner import read_settings, settings_path
+
+    try:
+        return read_settings(settings_path(results), "remove it (it only guards a resume of "
+                                                     "the eval) and re-run")
+    except FileNotFoundError:
+        return None
+
+
+def _rescored_settings(results: str, settings: dict | None, protocol: str | None,
+                       judge_spec: str) -> None:
     """After `--rescore`, the settings file names the judge (and protocol) the records now
     carry, so that a resume with them is not refused."""
     from marscli.agent.runner import settings_path
     from marscli.secrets import redact
 
-    path = settings_path(results)
-    if not path.is_file():
+    if settings is None:
         return
-    doc = orjson.loads(path.read_bytes())
-    doc["settings"].update(redact({"judge": judge_spec}))
+    settings.update(redact({"judge": judge_spec}))
     if protocol is not None:
-        doc["settings"]["protocol"] = protocol
-    with AtomicFile(path) as fh:
-        fh.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+        settings["protocol"] = protocol
+    with AtomicFile(settings_path(results)) as fh:
+        fh.write(orjson.dumps({"v": 1, "settings": settings}, option=orjson.OPT_INDENT_2))
 
 
 def _rescore(results: str, protocol: str | None, judge_spec: str,
