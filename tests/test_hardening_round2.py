@@ -106,6 +106,39 @@ def test_follow_a_file_truncated_in_place_exits_1(tmp_path):
     assert not (tmp_path / "s.jsonl").exists()
 
 
+def test_follow_a_file_rewritten_in_place_and_grown_exits_1(tmp_path):
+    """Truncated and written again, as long or longer: the same inode and no shrink seen, so
+    the follower used to read on from its offset, scoring the end of another file after the
+    start of this one (exit 0)."""
+    src = tmp_path / "t.jsonl"
+    with held(src):
+        src.write_bytes(lines([traj(0), traj(1)]))
+        p = follower(tmp_path, "t.jsonl", "s.jsonl")
+        wait_open(p, src)
+        with src.open("r+b") as fh:  # the same lengths: the old offset is a line boundary
+            fh.write(lines([traj(0, "Lyons"), traj(1, "Lyons"), traj(2)]))
+        (tmp_path / "t.jsonl.meta.json").write_text("{}")
+        _, err = p.communicate(timeout=60)
+    assert p.returncode == 1 and "was rewritten in place while being followed" in one_line(err)
+    assert not (tmp_path / "s.jsonl").exists() and not (tmp_path / "s.jsonl.meta.json").exists()
+
+
+def test_follow_rows_generator_stops_on_truncate_then_regrow(tmp_path):
+    """The library's check: rows already yielded, then the file truncated to nothing and
+    written again, longer, between two polls."""
+    src = tmp_path / "t.jsonl"
+    src.write_bytes(lines([traj(0)]))
+    with held(src), stage_inputs():
+        rows = follow_rows(str(src), poll_s=0.01)
+        assert next(rows)[1]["id"] == "q#0"
+        with src.open("r+b") as fh:
+            fh.truncate(0)
+            fh.write(lines([traj(0, "Lyons"), traj(1)]))
+        assert src.stat().st_size > len(lines([traj(0)]))
+        with pytest.raises(RuntimeFailure, match="was rewritten in place"):
+            next(rows)
+
+
 def test_follow_sidecar_hashes_the_bytes_it_scored(tmp_path):
     """A finished follow records the hash of exactly what it read, even when the file at the
     name is another one by the time the sidecar is written."""
