@@ -139,6 +139,31 @@ def test_follow_rows_generator_stops_on_truncate_then_regrow(tmp_path):
             next(rows)
 
 
+def test_follow_stopped_by_sigterm_ends_at_once_and_leaves_nothing_final(tmp_path):
+    """`kill PID` to a follower waiting for its writer: it ends within seconds with neither
+    output nor sidecar (make redoes `scored`), and nothing it left blocks the rerun."""
+    import signal
+
+    src = tmp_path / "t.jsonl"
+    with held(src):
+        src.write_bytes(lines([traj(0), traj(1, "Lyon")]))
+        p = follower(tmp_path, "t.jsonl", "s.jsonl")
+        wait_open(p, src)
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=60)
+        assert p.returncode == -signal.SIGTERM and time.monotonic() - t0 < 20
+        assert sorted(x.name for x in tmp_path.iterdir() if x.name.startswith("s.")) in (
+            [], ["s.jsonl.lock"])  # a lock no process holds: it blocks nobody
+        with src.open("ab") as fh:
+            fh.write(lines([traj(2)]))
+        (tmp_path / "t.jsonl.meta.json").write_text("{}")
+    rerun = follower(tmp_path, "t.jsonl", "s.jsonl")
+    _, err = rerun.communicate(timeout=60)
+    assert rerun.returncode == 0, err
+    assert [r["reward"]["accuracy"] for r in read_jsonl(tmp_path / "s.jsonl")] == [1.0, 0.0, 1.0]
+
+
 def test_follow_sidecar_hashes_the_bytes_it_scored(tmp_path):
     """A finished follow records the hash of exactly what it read, even when the file at the
     name is another one by the time the sidecar is written."""
