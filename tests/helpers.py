@@ -21,6 +21,7 @@ import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import orjson
 import pytest
@@ -63,16 +64,43 @@ def invoke(args: list[str], cwd: Path | None = None) -> tuple[int, str, str]:
 def kill_9_after_first_record(args: list[str], out: Path, timeout: float = 120) -> int:
     """Start `marscli ARGS`, SIGKILL it once OUT holds a complete line, and return how many
     lines it held after the kill (a kill that came too late fails the caller's checks)."""
-    proc = subprocess.Popen([*MARSCLI, *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=ENV)
-    deadline = time.monotonic() + timeout
-    while not (out.exists() and b"\n" in out.read_bytes()):
-        assert proc.poll() is None, f"marscli {args[0]} ended before it could be killed"
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    return out.read_bytes().count(b"\n")
+    return signal_after_first_record(args, out, signal.SIGKILL, timeout).lines
+
+
+class Stopped(NamedTuple):
+    code: int  # the exit status (-N: ended by signal N, as Popen says it)
+    lines: int  # the lines OUT held once it had ended
+    seconds: float  # from the signal to its end
+    stderr: str
+
+
+def signal_after_first_record(args: list[str], out: Path, sig: int, timeout: float = 120,
+                              stop_s: float = 60) -> Stopped:
+    """Start `marscli ARGS`, send it `sig` once OUT holds a complete line and wait for it to
+    end; a process still running `stop_s` seconds after the signal is killed and fails the
+    caller (a signal that is not acted on must not hang the test run)."""
+    import tempfile
+
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([*MARSCLI, *args], stdout=subprocess.DEVNULL, stderr=err,
+                                env=ENV)
+        deadline = time.monotonic() + timeout
+        while not (out.exists() and b"\n" in out.read_bytes()):
+            assert proc.poll() is None, f"marscli {args[0]} ended before it could be signalled"
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        proc.send_signal(sig)
+        t0 = time.monotonic()
+        try:
+            proc.wait(timeout=stop_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise AssertionError(f"marscli {args[0]} still ran {stop_s} s after signal "
+                                 f"{sig}") from None
+        seconds = time.monotonic() - t0
+        err.seek(0)
+        return Stopped(proc.returncode, out.read_bytes().count(b"\n"), seconds, err.read())
 
 
 # ----------------------------------------------------------------------------- files

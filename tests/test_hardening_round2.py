@@ -106,6 +106,64 @@ def test_follow_a_file_truncated_in_place_exits_1(tmp_path):
     assert not (tmp_path / "s.jsonl").exists()
 
 
+def test_follow_a_file_rewritten_in_place_and_grown_exits_1(tmp_path):
+    """Truncated and written again, as long or longer: the same inode and no shrink seen, so
+    the follower used to read on from its offset, scoring the end of another file after the
+    start of this one (exit 0)."""
+    src = tmp_path / "t.jsonl"
+    with held(src):
+        src.write_bytes(lines([traj(0), traj(1)]))
+        p = follower(tmp_path, "t.jsonl", "s.jsonl")
+        wait_open(p, src)
+        with src.open("r+b") as fh:  # the same lengths: the old offset is a line boundary
+            fh.write(lines([traj(0, "Lyons"), traj(1, "Lyons"), traj(2)]))
+        (tmp_path / "t.jsonl.meta.json").write_text("{}")
+        _, err = p.communicate(timeout=60)
+    assert p.returncode == 1 and "was rewritten in place while being followed" in one_line(err)
+    assert not (tmp_path / "s.jsonl").exists() and not (tmp_path / "s.jsonl.meta.json").exists()
+
+
+def test_follow_rows_generator_stops_on_truncate_then_regrow(tmp_path):
+    """The library's check: rows already yielded, then the file truncated to nothing and
+    written again, longer, between two polls."""
+    src = tmp_path / "t.jsonl"
+    src.write_bytes(lines([traj(0)]))
+    with held(src), stage_inputs():
+        rows = follow_rows(str(src), poll_s=0.01)
+        assert next(rows)[1]["id"] == "q#0"
+        with src.open("r+b") as fh:
+            fh.truncate(0)
+            fh.write(lines([traj(0, "Lyons"), traj(1)]))
+        assert src.stat().st_size > len(lines([traj(0)]))
+        with pytest.raises(RuntimeFailure, match="was rewritten in place"):
+            next(rows)
+
+
+def test_follow_stopped_by_sigterm_ends_at_once_and_leaves_nothing_final(tmp_path):
+    """`kill PID` to a follower waiting for its writer: it ends within seconds with neither
+    output nor sidecar (make redoes `scored`), and nothing it left blocks the rerun."""
+    import signal
+
+    src = tmp_path / "t.jsonl"
+    with held(src):
+        src.write_bytes(lines([traj(0), traj(1, "Lyon")]))
+        p = follower(tmp_path, "t.jsonl", "s.jsonl")
+        wait_open(p, src)
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=60)
+        assert p.returncode == -signal.SIGTERM and time.monotonic() - t0 < 20
+        assert sorted(x.name for x in tmp_path.iterdir() if x.name.startswith("s.")) in (
+            [], ["s.jsonl.lock"])  # a lock no process holds: it blocks nobody
+        with src.open("ab") as fh:
+            fh.write(lines([traj(2)]))
+        (tmp_path / "t.jsonl.meta.json").write_text("{}")
+    rerun = follower(tmp_path, "t.jsonl", "s.jsonl")
+    _, err = rerun.communicate(timeout=60)
+    assert rerun.returncode == 0, err
+    assert [r["reward"]["accuracy"] for r in read_jsonl(tmp_path / "s.jsonl")] == [1.0, 0.0, 1.0]
+
+
 def test_follow_sidecar_hashes_the_bytes_it_scored(tmp_path):
     """A finished follow records the hash of exactly what it read, even when the file at the
     name is another one by the time the sidecar is written."""
@@ -204,6 +262,26 @@ def test_a_settings_file_that_is_not_settings_is_one_line(tmp_path, content):
         assert out.exists()
 
 
+@pytest.mark.parametrize("content", [b"[1, 2]\n", b'{"v": 1, "sett', None])
+def test_rescore_with_a_bad_settings_file_is_one_line_before_any_rescoring(tmp_path, content):
+    """`eval rescore` used to score every record (judge calls paid), rewrite RESULTS, and only
+    then read the settings file: a traceback, RESULTS already rewritten."""
+    results = tmp_path / "r.jsonl"
+    results.write_bytes(lines([traj(0), traj(1, "Lyon")]))
+    before = results.read_bytes()
+    settings = tmp_path / "r.jsonl.settings.json"
+    if content is None:
+        settings.mkdir()
+    else:
+        settings.write_bytes(content)
+    code, _, err = invoke(["eval", "rescore", str(results)])
+    assert code == 2 and f"{settings}: " in one_line(err)
+    assert results.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.jsonl", "r.jsonl.settings.json"]
+    if content is not None:
+        assert settings.read_bytes() == content
+
+
 # ----------------------------------------------------------------------------- 4: merge
 
 
@@ -280,16 +358,21 @@ def rollout_args(tmp_path: Path, tiny_model: Path, *extra: str) -> list[str]:
             "--engine", "replay", "-n", "1", *extra]
 
 
-@pytest.mark.parametrize("target", ["p.jsonl", "t.jsonl", "t.jsonl.meta.json"])
+@pytest.mark.parametrize("target", ["p.jsonl", "t.jsonl", "t.jsonl.meta.json",
+                                    "ckpt/config.json"])
 def test_rollout_track_jsonl_onto_its_input_or_output_is_refused_before_work(
         tmp_path, tiny_model, target):
-    args = rollout_args(tmp_path, tiny_model, "--track", f"jsonl:{tmp_path / target}")
-    before = (tmp_path / "p.jsonl").read_bytes()
+    import shutil
+
+    ckpt = tmp_path / "ckpt"  # the policy, a copy: a tracker let in would write into it
+    shutil.copytree(tiny_model, ckpt)
+    args = rollout_args(tmp_path, ckpt, "--track", f"jsonl:{tmp_path / target}")
+    before = {p: p.read_bytes() for p in (tmp_path / "p.jsonl", ckpt / "config.json")}
     code, _, err = invoke(args)
     assert code == 2 and "a tracker would write into the stage's data" in one_line(err)
-    assert f"is an {'input' if target == 'p.jsonl' else 'output'} of this stage" in err
-    assert (tmp_path / "p.jsonl").read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.jsonl", "scene.png"]
+    assert f"is an {'output' if target.startswith('t.') else 'input'} of this stage" in err
+    assert {p: p.read_bytes() for p in before} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "p.jsonl", "scene.png"]
 
 
 def test_update_track_jsonl_onto_its_advantages_file_is_refused(tmp_path, tiny_model):
@@ -339,6 +422,33 @@ def test_read_only_tensorboard_folder_is_one_line_before_the_rollout(tmp_path, t
                                                      f"tensorboard:{ro}"))
     assert code == 2 and "cannot write" in one_line(err) and "Permission denied" in err
     assert not (tmp_path / "t.jsonl").exists() and not (tmp_path / "t.jsonl.meta.json").exists()
+
+
+@pytest.mark.parametrize("spec", ["tensorboard:{tmp}/tb", "jsonl:{tmp}/ckpt/config.json"])
+def test_eval_tracker_is_checked_before_the_benchmark_is_loaded(tmp_path, tiny_model, spec):
+    """A TSV benchmark's images go to `eval-images/` as it loads; the tracker used to be opened
+    after that (a read-only TensorBoard folder: exit 2 with the cache filled), and one into
+    the policy's folder was let in."""
+    import shutil
+
+    from helpers import HR_HEADER, hr_rows, invoke_read_only, write_tsv
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_model, ckpt)
+    config = (ckpt / "config.json").read_bytes()
+    tsv = write_tsv(tmp_path / "bench" / "hr_bench_4k.tsv", HR_HEADER, hr_rows())
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "tb").mkdir()
+    args = ["eval", str(tsv), "-o", str(tmp_path / "runs" / "r.jsonl"), "--policy", str(ckpt),
+            "--engine", "replay", "--mode", "direct", "--track", spec.format(tmp=tmp_path)]
+    code, _, err = invoke_read_only(tmp_path / "tb", args)
+    assert code == 2
+    if spec.startswith("tensorboard"):
+        assert "cannot write" in one_line(err) and "Permission denied" in err
+    else:
+        assert "is an input of this stage" in one_line(err)
+    assert list((tmp_path / "runs").iterdir()) == [] and list((tmp_path / "tb").iterdir()) == []
+    assert (ckpt / "config.json").read_bytes() == config
 
 
 def test_missing_wandb_is_one_line_before_the_rollout(tmp_path, tiny_model, monkeypatch):

@@ -1,5 +1,7 @@
 """kill -9 at random moments, then the same command again: rollout, eval, update, sft, and one
-`make rl-iter` of the tiny recipe.
+`make rl-iter` of the tiny recipe. And SIGTERM and SIGINT to a rollout on a real model: it stops
+within seconds and the same command again finishes it (`reward --follow`'s:
+tests/test_hardening_round2.py).
 
 Each stage is killed (its whole process group, SIGKILL) in 5 seeded trials, at moments drawn
 uniformly within the duration of an uninterrupted run of the same command, which is also the
@@ -35,8 +37,10 @@ import pytest
 from helpers import (
     MIXED,
     ZOOM_THEN_ANSWER,
+    marscli,
     max_diff,
     read_jsonl,
+    signal_after_first_record,
     strip_ms,
     varied_rows,
     weights,
@@ -268,6 +272,48 @@ def test_eval_survives_kill_9(zygote, tiny_model, tmp_path):
     ref_summary = orjson.loads((ref.parent / "r.summary.json").read_bytes())
     assert summary["benchmarks"] == ref_summary["benchmarks"]
     no_tmp(tmp_path)
+
+
+# ----------------------------------------------------------------------------- signals
+
+
+def hf_rollout(prompts: Path, policy: Path, out: Path) -> list[str]:
+    """A real model (the hf engine on the tiny model), one trajectory at a time: a record
+    every fraction of a second, so that a signal lands mid-run."""
+    return ["rollout", str(prompts), "-o", str(out), "--policy", str(policy), "--engine", "hf",
+            "--device", "cpu", "-n", "2", "--batch-size", "1", "--max-turns", "1",
+            "--max-turn-tokens", "4", "--seed", "3"]
+
+
+@pytest.fixture(scope="module")
+def hf_reference(tiny_model, tmp_path_factory) -> tuple[Path, dict]:
+    """The prompts and the records of an uninterrupted run, by id (timings aside)."""
+    d = tmp_path_factory.mktemp("signals")
+    prompts = write_prompts(d / "p.jsonl", [f"q{i:02d}" for i in range(12)])
+    res = marscli(*hf_rollout(prompts, tiny_model, d / "ref" / "t.jsonl"), timeout=300)
+    assert res.returncode == 0, res.stderr
+    return prompts, {r["id"]: strip_ms(r) for r in read_jsonl(d / "ref" / "t.jsonl")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_rollout_stops_at_a_signal_and_the_rerun_equals_one_run(tiny_model, hf_reference,
+                                                                 sig):
+    """`kill PID` (a Slurm job cancelled, a pod stopped) or Ctrl-C mid-rollout: it ends within
+    seconds, by the signal or with 128 + its number and no traceback, leaving no sidecar (make
+    redoes it); the same command again finishes it, equal to a run never interrupted."""
+    prompts, want = hf_reference
+    out = prompts.parent / sig.name / "t.jsonl"  # beside the reference: the same image paths
+    stopped = signal_after_first_record(hf_rollout(prompts, tiny_model, out), out, sig)
+    assert stopped.code in (-sig, 128 + sig) and stopped.seconds < 20, stopped
+    assert "Traceback" not in stopped.stderr, stopped.stderr
+    assert 0 < stopped.lines < len(want) and not Path(f"{out}.meta.json").exists()
+    res = marscli(*hf_rollout(prompts, tiny_model, out), timeout=300)
+    assert res.returncode == 0, res.stderr
+    got = read_jsonl(out)
+    assert len(got) == len(want) and {r["id"]: strip_ms(r) for r in got} == want
+    assert sorted(p.name for p in out.parent.iterdir()) == [
+        "t.jsonl", "t.jsonl.meta.json", "t.jsonl.settings.json"]  # no lock, no temporary
 
 
 # ----------------------------------------------------------------------------- checkpoints

@@ -170,3 +170,47 @@ def test_serve_refuses_a_missing_allow_dir(tiny_model, tmp_path):
 
     with pytest.raises(BadInput, match=r"^--allow-dir: \S+/nope: not a folder$"):
         serve(str(tiny_model), port=0, allow_dir=[str(Path(tmp_path) / "nope")])
+
+
+def test_checkpoint_replies_never_map_the_servers_disk(tiny_model, tmp_path, monkeypatch,
+                                                       capfd):
+    """The default folders (the working one): `/reload /proc/self/cwd` used to reply "TMP: no
+    config.json", and inside them a missing folder, a folder that is not a checkpoint and a
+    damaged one each got their own reply. Now: one reply, the reason in the server's log; only
+    another architecture is said, naming the policy as the client sent it."""
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    engine = Engine(load_processor(str(tiny_model)))
+    server = PolicyServer(None, start=lambda path: engine)  # default folders: the cwd
+    server.engine, server.policy, server.level = engine, str(tiny_model), None
+    assert server.folders.dirs == [tmp_path.resolve()]
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("x")
+    shutil.copytree(tiny_model, tmp_path / "broken")
+    (tmp_path / "broken" / "config.json").write_text("{")
+    http = PooledHTTPServer(("127.0.0.1", 0), make_handler(server), workers=4)
+    threading.Thread(target=http.serve_forever, args=(0.05,), daemon=True).start()
+    url = f"http://127.0.0.1:{http.server_port}"
+    try:
+        replies = [requests.post(f"{url}/{endpoint}", json={"policy": p}, timeout=30)
+                   for endpoint in ("reload", "wake")
+                   for p in ("/proc/self/cwd", str(tmp_path / "notes"), "notes", "missing",
+                             str(tmp_path / "broken"), str(tmp_path / "notes" / "a.txt"))]
+        assert {r.status_code for r in replies} == {400}
+        assert all(str(tmp_path) not in r.text for r in replies)
+        assert {r.json()["error"] for r in replies} == {
+            "policy: not a checkpoint this server may load (a folder under its --allow-dir)"}
+        log = capfd.readouterr().err
+        assert "no config.json" in log and "not valid JSON" in log  # the operator is told
+        # another architecture: said, naming what the client sent, not where it leads
+        shutil.copytree(tiny_model, tmp_path / "models" / "ckpt")
+        (tmp_path / "ckpt").symlink_to(tmp_path / "models" / "ckpt")
+        server.names = {"other.weight": [1]}
+        r = requests.post(f"{url}/reload", json={"policy": "ckpt"}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"].startswith(
+            "policy ckpt: other tensors than the served checkpoint's"), r.text
+        assert str(tmp_path) not in r.text and server.policy == str(tiny_model)
+    finally:
+        http.shutdown()
+        http.server_close()

@@ -137,6 +137,12 @@ class GenerationOptions:
         """The files besides the stage's data that decide its output (for the sidecar)."""
         return [f for f in (self.system_prompt, self.tools_config) if f]
 
+    def read_paths(self) -> list[str]:
+        """What a tracker must never write into: `input_files` and the policy's folder (none
+        for a hub id or a served model's name: nothing on this disk)."""
+        folder = [self.policy] if self.policy and os.path.isdir(self.policy) else []
+        return [*self.input_files(), *folder]
+
     @property
     def policy_name(self) -> str:
         """What records carry as `policy`: the checkpoint, or the served model's name."""
@@ -400,19 +406,12 @@ def check_settings(output: str, settings: dict, ids: set[str] | frozenset[str]) 
         with AtomicFile(path) as fh:
             fh.write(orjson.dumps({"v": 1, "settings": settings}, option=orjson.OPT_INDENT_2))
         return
-    if path.is_dir():
-        raise BadInput(f"{path}: is a folder, not a settings file — move it away")
     try:
-        old = orjson.loads(path.read_bytes())["settings"]
+        old = read_settings(path, "add --force to start over")
     except FileNotFoundError:
         raise BadInput(f"{output}: holds {len(ids)} records but no {path.name} says what made "
                        "them (an older marscli, or a merged file) — add --force to start over, "
                        "or pick another -o") from None
-    except (orjson.JSONDecodeError, KeyError, TypeError, IndexError):
-        old = None
-    if not isinstance(old, dict):
-        raise BadInput(f"{path}: not a settings file (expected {{\"v\": 1, \"settings\": "
-                       "{...}}) — add --force to start over")
     for key in ["weights", *settings, *(k for k in old if k not in settings)]:
         a, b = old.get(key), settings.get(key)
         if a == b or (key == "policy" and a and old.get("weights") and
@@ -426,6 +425,25 @@ def check_settings(output: str, settings: dict, ids: set[str] | frozenset[str]) 
         raise BadInput(f"{output}: {_option(key)} differs from the run that wrote its "
                        f"{len(ids)} records ({a} → {b}) — re-run with the same settings to "
                        "resume, or add --force to start over")
+
+
+def read_settings(path: str | Path, fix: str) -> dict:
+    """The settings a settings file records (`{"v": 1, "settings": {...}}`); BadInput, one
+    line naming it and ending in `fix`, when it is a folder or anything else. A missing file
+    is FileNotFoundError: what that means is the caller's to say."""
+    import orjson
+
+    path = Path(path)
+    if path.is_dir():
+        raise BadInput(f"{path}: is a folder, not a settings file — move it away")
+    try:
+        settings = orjson.loads(path.read_bytes())["settings"]
+    except (orjson.JSONDecodeError, KeyError, TypeError, IndexError):
+        settings = None
+    if not isinstance(settings, dict):
+        raise BadInput(f"{path}: not a settings file (expected {{\"v\": 1, \"settings\": "
+                       f"{{...}}}}) — {fix}")
+    return settings
 
 
 def start_over(output: str, *also: Path) -> None:

@@ -9,8 +9,8 @@
   stage may be one of those files. A bad input ends the stage's memory.
 - `follow_rows(path)` reads a file as another stage appends to it, until that stage's sidecar
   appears (`reward --follow`), watching that the file stays the one it opened (same inode,
-  never shorter than what was read). `iter_rows` refuses a file another process is still
-  writing (it holds the file's lock: `outputs.live_writer`).
+  never shorter than what was read, the last bytes read still there). `iter_rows` refuses a
+  file another process is still writing (it holds the file's lock: `outputs.live_writer`).
 - `dumps(row)`: one record as one line; `get_field(row, "a.b", type, ...)`: a field, checked,
   its errors naming FILE:LINE. Writing whole files is `records.outputs`.
 """
@@ -32,6 +32,9 @@ from marscli.records.provenance import current_inputs
 SCHEMA_VERSION = 1
 _DUMP_OPTS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
 MAX_ROW_BYTES = 16 << 20  # one JSONL line; a bigger one is refused (MARSCLI_MAX_ROW_BYTES)
+# the last bytes a follower read, compared with the file at each poll: a file truncated and
+# written again in place keeps its inode and may grow past what was read
+FOLLOW_CHECK_BYTES = 4096
 ROW_LIMIT_ENV = "MARSCLI_MAX_ROW_BYTES"
 
 
@@ -127,8 +130,9 @@ def follow_rows(path: str, *, grace_s: float = 10.0, poll_s: float = 0.1
     pid: this machine only): when no live process has held it for `grace_s` seconds and no
     sidecar has come, the writer died, and RuntimeFailure says so rather than waiting forever.
     A torn last line that a resumed writer cuts off (AppendJsonl does) is dropped unread. A
-    file replaced under its name (a new inode, or none) or truncated below what was read ends
-    it with RuntimeFailure (`_same_file`): what was read is no longer that file."""
+    file replaced under its name (a new inode, or none), truncated below what was read, or
+    rewritten in place (its last bytes read are others now) ends it with RuntimeFailure
+    (`_same_file`): what was read is no longer that file."""
     from time import monotonic, sleep
 
     from marscli.records.outputs import writer_alive  # outputs imports this module (dumps)
@@ -154,13 +158,15 @@ def follow_rows(path: str, *, grace_s: float = 10.0, poll_s: float = 0.1
     inputs = current_inputs()
     entry = inputs.remember(path, fh)
     h, n, done = hashlib.sha256(), 0, 0  # `done`: the offset after the last complete line
+    last = b""  # the bytes before `done`, up to FOLLOW_CHECK_BYTES of them
     try:
         while True:
             finished = sidecar.exists()  # before the read: all it covers is read below
-            _same_file(path, fh, done)  # after it: a sidecar seen is this file's
+            _same_file(path, fh, done, last)  # after it: a sidecar seen is this file's
             fh.seek(done)  # an unfinished last line is read again: a resumed writer may cut it
             data = fh.read()
             *lines, tail = data.split(b"\n")
+            last = (last + data[: len(data) - len(tail)])[-FOLLOW_CHECK_BYTES:]
             for raw in lines:
                 n += 1
                 done += len(raw) + 1
@@ -189,11 +195,12 @@ def follow_rows(path: str, *, grace_s: float = 10.0, poll_s: float = 0.1
         fh.close()
 
 
-def _same_file(path: str, fh: Any, done: int) -> None:
+def _same_file(path: str, fh: Any, done: int, last: bytes) -> None:
     """RuntimeFailure when the file being followed is no longer the one read: its name leads
-    to another file (replaced, e.g. by `rollout --force`) or to none, or it shrank below what
-    was read (truncated in place). A torn tail cut by a resumed writer shrinks it to `done`
-    at least, which is fine."""
+    to another file (replaced, e.g. by `rollout --force`) or to none, it shrank below what
+    was read (truncated in place), or the `last` bytes read before `done` are others now
+    (truncated and written again in place: same inode, as long or longer). A torn tail cut by
+    a resumed writer shrinks it to `done` at least, which is fine."""
     mine = os.fstat(fh.fileno())
     try:
         now = os.stat(path)
@@ -207,6 +214,10 @@ def _same_file(path: str, fh: Any, done: int) -> None:
         raise RuntimeFailure(f"{path}: shrank from {done} to {mine.st_size} bytes while being "
                              "followed (truncated in place) — rows already read are gone from "
                              "it; re-run reward once its writer has finished")
+    if os.pread(fh.fileno(), len(last), done - len(last)) != last:
+        raise RuntimeFailure(f"{path}: was rewritten in place while being followed (its bytes "
+                             f"before offset {done} changed) — the rows read are not that "
+                             "file's; re-run reward once its writer has finished")
 
 
 def _parse(raw: bytes, path: str, n: int) -> dict:

@@ -141,6 +141,12 @@ def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
     judge = make_judge(judge_spec, judge_opts)  # a bad spec fails before anything is read
     stack = contextlib.ExitStack()
     try:
+        # opened before any work (loading the benchmark may fill the image cache): a tracker
+        # that cannot write, or would write into the stage's data, fails first
+        tracker = stats_tracker(track, stage="eval", output=output,
+                                inputs=[bench, image_dir, *gen.read_paths()],
+                                outputs=[summary_path(output), image_cache(output)])
+        stack.callback(tracker.close)  # on a failure; on success log_stats closes it
         ctx = LoadContext(source=bench, cache_dir=image_cache(output),
                           image_dir=Path(image_dir) if image_dir else None, benchmark=benchmark,
                           split=split, keep=lambda pid: in_shard(pid, shard))
@@ -149,11 +155,6 @@ def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
         if not rows and not loaded.rows:
             raise BadInput(f"{bench}: no items")
         check_images(bench, rows, loaded.unit, loaded.where)
-        # opened before any work: a tracker that cannot write fails first
-        tracker = stats_tracker(track, stage="eval", output=output,
-                                inputs=[bench, *gen.input_files()],
-                                outputs=[summary_path(output), image_cache(output)])
-        stack.callback(tracker.close)  # on a failure; on success log_stats closes it
         _report_loaded(loaded, len(rows), shard)
         if samples > 1 and gen.temperature == 0:
             print(f"warning: --samples {samples} with --temperature 0: the samples of an item "
@@ -467,8 +468,11 @@ def run_summarize(results: str, *, rescore: bool = False, protocol: str | None =
     if not Path(results).is_file():
         raise BadInput(f"{command} {results}: no such file")
     if rescore:
+        if protocol is not None:
+            make_protocol(protocol)  # an unknown name: refused before any judge call
+        settings = _settings_of(results)  # likewise a bad settings file
         _rescore(results, protocol, judge_spec, judge_opts)
-        _rescored_settings(results, protocol, judge_spec)
+        _rescored_settings(results, settings, protocol, judge_spec)
     elif protocol is not None:
         raise BadInput("--protocol: with --summarize it needs --rescore (the records hold "
                        "their scores; --rescore re-scores them under --protocol)")
@@ -485,21 +489,32 @@ def run_summarize(results: str, *, rescore: bool = False, protocol: str | None =
     return summary
 
 
-def _rescored_settings(results: str, protocol: str | None, judge_spec: str) -> None:
+def _settings_of(results: str) -> dict | None:
+    """The settings RESULTS was generated with (None: no settings file), read before
+    rescoring: a bad one is BadInput before any judge call is paid or RESULTS rewritten."""
+    from marscli.agent.runner import read_settings, settings_path
+
+    try:
+        return read_settings(settings_path(results), "remove it (it only guards a resume of "
+                                                     "the eval) and re-run")
+    except FileNotFoundError:
+        return None
+
+
+def _rescored_settings(results: str, settings: dict | None, protocol: str | None,
+                       judge_spec: str) -> None:
     """After `--rescore`, the settings file names the judge (and protocol) the records now
     carry, so that a resume with them is not refused."""
     from marscli.agent.runner import settings_path
     from marscli.secrets import redact
 
-    path = settings_path(results)
-    if not path.is_file():
+    if settings is None:
         return
-    doc = orjson.loads(path.read_bytes())
-    doc["settings"].update(redact({"judge": judge_spec}))
+    settings.update(redact({"judge": judge_spec}))
     if protocol is not None:
-        doc["settings"]["protocol"] = protocol
-    with AtomicFile(path) as fh:
-        fh.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+        settings["protocol"] = protocol
+    with AtomicFile(settings_path(results)) as fh:
+        fh.write(orjson.dumps({"v": 1, "settings": settings}, option=orjson.OPT_INDENT_2))
 
 
 def _rescore(results: str, protocol: str | None, judge_spec: str,

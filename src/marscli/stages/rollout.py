@@ -86,7 +86,7 @@ def run_rollout(prompts: str, output: str, gen: GenerationOptions | None = None,
         tracker = None
     else:  # opened before any work: a tracker that cannot write fails first
         tracker = stats_tracker(track, stage="rollout", output=output,
-                                inputs=[prompts, *gen.input_files()],
+                                inputs=[prompts, *gen.read_paths()],
                                 outputs=[media] if media else [])
     try:
         stats = _run(prompts, output, gen, rows, n, shard, progress, force, media, base_prompt,

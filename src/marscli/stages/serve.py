@@ -22,11 +22,14 @@ Endpoints (JSON in and out; errors as `{"error": reason}`):
   prefix cache, the multimodal processor cache and the encoder cache are cleared, so no
   KV block or image feature computed with the old weights survives. Refused with 409 while
   requests are in flight (a rollout's replies would mix two policies; the client also checks
-  every reply's `policy`). A bad checkpoint (no folder, unreadable or truncated weights,
-  other tensor names or shapes) is refused with 400 and the reason before any weight moves,
-  so the old weights stay. Reloading the policy already held is a no-op, unless its folder's
-  files changed (`update --out CKPT --force`): the server knows a policy by its fingerprint
-  (records.provenance.weights_fingerprint, the one rollout records), not by its path.
+  every reply's `policy`). A bad checkpoint is refused with 400 before any weight moves, so
+  the old weights stay: one generic reply for anything that is not a checkpoint it may load
+  (no folder, not a checkpoint, unreadable or truncated weights; the reason in the server's
+  log), and "other tensors" for one of another architecture. Refusals name the policy as the
+  client sent it, never the path it resolves to. Reloading the policy already held is a
+  no-op, unless its folder's files changed (`update --out CKPT --force`): the server knows a
+  policy by its fingerprint (records.provenance.weights_fingerprint, the one rollout
+  records), not by its path.
 - `POST /sleep` `{"level": 1|2}` (default 1) → `{"policy", "asleep", "level", "sleep_s"}`:
   the engine's memory given back between rollouts (the trainer's turn on the same GPUs). With
   vLLM's sleep mode (CUDA, ROCm: `enable_sleep_mode`, unless `--no-sleep-mode`) in place:
@@ -91,12 +94,14 @@ from marscli.stages.serve_guard import (
     IDLE_S,
     MAX_INFLIGHT_PIXELS,
     MAX_REQUEST_PIXELS,
+    NOT_A_CHECKPOINT,
     NOT_ALLOWED,
     Folders,
     HttpFailure,
     PixelBudget,
     PooledHTTPServer,
     header_pixels,
+    log_refused,
 )
 
 MAX_BATCH = 65536  # --max-batch: sequences vLLM batches at once
@@ -262,23 +267,26 @@ class PolicyServer:
 
     def reload(self, policy: Any) -> dict:
         """Hold `policy`: new weights into the running engine, or, asleep, a wake with it."""
-        path = _policy_path(policy)
-        if path is None:
+        if policy is None:
             raise HttpFailure(400, 'expected {"policy": CHECKPOINT_FOLDER}')
+        path = _policy_path(policy)
         with self._lock:
-            return self._wake(path) if self.level is not None else self._reload(path)
+            if self.level is not None:
+                return self._wake(path, policy)
+            return self._reload(path, policy)
 
     def wake(self, policy: Any) -> dict:
         """Wake with `policy` (default: the one held). An awake server stays awake: a policy
         it does not hold is reloaded, as /reload does."""
-        path = _policy_path(policy)
+        path = None if policy is None else _policy_path(policy)
         with self._lock:
             if self.level is None:
-                return self._reload(path) if path else self._state(woke=False, reloaded=False)
+                return (self._reload(path, policy) if path else
+                        self._state(woke=False, reloaded=False))
             if path is None and self.policy is None:
                 raise HttpFailure(400, "this server has held no policy yet: wake it with "
                                        '{"policy": CHECKPOINT_FOLDER}')
-            return self._wake(path or self.policy)
+            return self._wake(path, policy) if path else self._wake(self.policy, self.policy)
 
     def sleep(self, level: Any) -> dict:
         """Give the engine's memory back: HttpFailure 400 (bad level), 409 (asleep already, or
@@ -322,14 +330,24 @@ class PolicyServer:
         except engine.loop.Busy as e:
             raise HttpFailure(409, f"{e}: sleep between rollouts, not during one") from None
 
-    def _check(self, path: str) -> None:
-        """HttpFailure 400 unless `path` is a checkpoint this server can hold (before any
-        weight moves: a refused one leaves everything as it was), under --allow-dir."""
+    def _check(self, path: str, asked: str) -> None:
+        """HttpFailure 400 unless `path` (what the client's `asked` resolves to) is a
+        checkpoint this server can hold, under --allow-dir (before any weight moves: a refused
+        one leaves everything as it was). Whatever else is wrong with a folder gets the one
+        generic reply, the reason going to the log: a reply that said "no config.json" or
+        "truncated" with the resolved path would map the server's disk (`/proc/self/cwd`).
+        Only another architecture, which the client must act on, is said, naming `asked`."""
         self.folders.checkpoint(path)
         try:
-            check_compatible(path, self.names)
+            check_complete(path)
+            differ = tensor_difference(path, self.names)
         except BadInput as e:
-            raise HttpFailure(400, str(e)) from None
+            log_refused(f"policy {asked}: {e}")
+            raise HttpFailure(400, NOT_A_CHECKPOINT) from None
+        if differ:
+            raise HttpFailure(400, f"policy {asked}: other tensors than the served "
+                                   f"checkpoint's ({len(differ)} differ, e.g. {differ[0]}): "
+                                   "start another server for it")
 
     def _start(self, path: str) -> None:
         """A new engine on `path` (the first policy, or the wake of a released engine)."""
@@ -337,10 +355,11 @@ class PolicyServer:
         self.info = self.engine.config()
         self.names = self.names or _tensor_shapes(path)
 
-    def _wake(self, path: str) -> dict:
-        """Wake a sleeping server with `path`: in place with vLLM's sleep mode (weights woken,
-        `path` loaded when they are not already its, then the KV cache), else a new engine."""
-        self._check(path)
+    def _wake(self, path: str, asked: str) -> dict:
+        """Wake a sleeping server with `path` (`asked`, as the client named it): in place with
+        vLLM's sleep mode (weights woken, `path` loaded when they are not already its, then the
+        KV cache), else a new engine."""
+        self._check(path, asked)
         t0 = time.perf_counter()
         fingerprint = weights_fingerprint(path)
         changed = path != self.policy or fingerprint != self.fingerprint
@@ -348,10 +367,11 @@ class PolicyServer:
             try:
                 self._start(path)
             except Exception as e:  # nothing was built: still asleep as before
-                raise HttpFailure(400, f"{path}: starting the engine failed ({_why(e)}); "
-                                       "still asleep") from None
+                log_refused(f"policy {asked}: starting the engine failed ({_why(e)})")
+                raise HttpFailure(400, f"policy {asked}: starting the engine failed (the "
+                                       "reason is in the server's log); still asleep") from None
         else:
-            self._wake_in_place(path, reload=changed or self.level == 2)
+            self._wake_in_place(path, asked, reload=changed or self.level == 2)
         with self._gate:
             self.policy, self.level, self.fingerprint = path, None, fingerprint
         self.wakes += 1
@@ -360,21 +380,20 @@ class PolicyServer:
         print(f"serve: awake with {path} in {dt:.2f} s", file=sys.stderr)
         return self._state(woke=True, reloaded=changed, load_s=round(dt, 4))
 
-    def _wake_in_place(self, path: str, reload: bool) -> None:
+    def _wake_in_place(self, path: str, asked: str, reload: bool) -> None:
         level, old = self.level, self.policy
         try:
             self.engine.loop.call(lambda llm: wake_weights(llm, path if reload else None))
         except Exception as e:  # half-loaded: the old weights back, asleep as before
             self._restore(e, lambda llm: (wake_weights(llm, old), llm.sleep(level=level)))
-            raise HttpFailure(400, f"{path}: loading failed ({_why(e)}); still asleep with "
-                                   f"{old}") from None
+            raise _load_failure(asked, e, f"still asleep with {old}") from None
 
-    def _reload(self, path: str) -> dict:
+    def _reload(self, path: str, asked: str) -> dict:
         """New weights into the running engine; HttpFailure 400 (bad checkpoint: nothing
         moved) or 409 (requests in flight)."""
         if path == self.policy and weights_fingerprint(path) == self.fingerprint:
             return self._state(load_s=0.0, reloaded=False)
-        self._check(path)
+        self._check(path, asked)
         fingerprint = weights_fingerprint(path)
         loop = self.engine.loop
         if loop.inflight:
@@ -388,8 +407,7 @@ class PolicyServer:
         except Exception as e:  # half-loaded: back to the old weights, or stop serving
             old = self.policy
             self._restore(e, lambda llm: load_weights(llm, old))
-            raise HttpFailure(400, f"{path}: loading failed ({_why(e)}); still serving "
-                                   f"{old}") from None
+            raise _load_failure(asked, e, f"still serving {old}") from None
         self.policy, self.fingerprint, self.reloads = path, fingerprint, self.reloads + 1
         dt = time.perf_counter() - t0
         print(f"serve: reloaded {path} in {dt:.2f} s", file=sys.stderr)
@@ -404,17 +422,27 @@ class PolicyServer:
             os._exit(1)
 
 
-def _policy_path(policy: Any) -> str | None:
-    """The absolute folder a request names (the server's cwd is not the client's), or None."""
-    if policy is None:
-        return None
+def _policy_path(policy: Any) -> str:
+    """The absolute folder a request names (the server's cwd is not the client's)."""
     if not isinstance(policy, str) or not policy:
         raise HttpFailure(400, 'policy: expected a checkpoint folder, {"policy": FOLDER}')
-    return str(Path(policy).resolve())
+    try:
+        return str(Path(policy).resolve())
+    except (OSError, RuntimeError) as e:  # a symlink loop
+        log_refused(f"policy {policy}: {e}")
+        raise HttpFailure(400, NOT_A_CHECKPOINT) from None
 
 
 def _why(e: BaseException) -> str:
     return str(e) if isinstance(e, MarsError) else f"{type(e).__name__}: {e}"
+
+
+def _load_failure(asked: str, e: BaseException, state: str) -> HttpFailure:
+    """A load that failed half-way: the reason (vLLM's, full of the server's paths) to the
+    log, the client told which policy and what the server holds now."""
+    log_refused(f"policy {asked}: loading failed ({_why(e)})")
+    return HttpFailure(400, f"policy {asked}: loading failed (the reason is in the server's "
+                            f"log); {state}")
 
 
 # ----------------------------------------------------------------------------- weights
@@ -435,23 +463,26 @@ def _tensor_shapes(path: str) -> dict[str, list[int]]:
     return shapes
 
 
-def check_compatible(path: str, held: dict[str, list[int]] | None) -> None:
-    """BadInput unless `path` is a complete checkpoint with the held tensors' names and shapes
-    (a checkpoint of another architecture or size cannot go into this engine; `held` None: a
-    server that has held nothing yet takes any)."""
+def check_complete(path: str) -> None:
+    """BadInput unless `path` is a complete checkpoint: folder, config, headers and sizes of
+    the weight files, at least one of them."""
     from marscli.qwen.policy import check_checkpoint
 
-    check_checkpoint(path)  # folder, config, headers and sizes of the weight files
+    check_checkpoint(path)
     if not _weight_files(path):
         raise BadInput(f"--policy: {path}: no *.safetensors weights")
+
+
+def tensor_difference(path: str, held: dict[str, list[int]] | None) -> list[str]:
+    """The tensors whose names or shapes differ from the held ones, sorted (a checkpoint of
+    another architecture or size cannot go into this engine); none when `held` is None (a
+    server that has held nothing yet takes any)."""
     if held is None:
-        return
+        return []
     shapes = _tensor_shapes(path)
-    if shapes != held:
-        diff = sorted(set(shapes) ^ set(held)) or sorted(
-            k for k in shapes if shapes[k] != held[k])
-        raise BadInput(f"--policy: {path}: other tensors than the served checkpoint's "
-                       f"({len(diff)} differ, e.g. {diff[0]}): start another server for it")
+    if shapes == held:
+        return []
+    return sorted(set(shapes) ^ set(held)) or sorted(k for k in shapes if shapes[k] != held[k])
 
 
 def load_weights(llm: Any, path: str) -> None:

@@ -3,8 +3,9 @@
 - `Folders`: the server opens images and loads checkpoints only under the folders it was
   started with (`--allow-dir`; by default the working folder and the folder holding the first
   policy), resolved, so `..` and symlinks cannot lead out. Anything else, and any file that
-  is missing, not a regular file or not an image, gets the same one-line reply: a client learns
-  nothing about the server's disk from it (the reason goes to the server's log).
+  is missing, not a regular file or not an image (a folder that is missing, not a checkpoint
+  or a damaged one), gets the same one-line reply: a client learns nothing about the server's
+  disk from it (the reason goes to the server's log, `log_refused`).
 - `PixelBudget`: an image's size is read from its header before any decoding. A request whose
   images add up to more than `--max-request-pixels` is refused (413); decoding waits while the
   requests being decoded hold `--max-inflight-pixels` (503 + Retry-After after a short wait),
@@ -42,6 +43,7 @@ MAX_REQUEST_PIXELS = 100_000_000  # one request's images (rollout's own source l
 MAX_INFLIGHT_PIXELS = 200_000_000  # all requests' images being decoded at once (~600 MB RGB)
 BUDGET_WAIT_S = 2.0  # how long a request waits for decoding room before its 503
 NOT_ALLOWED = "not an image this server may read"
+NOT_A_CHECKPOINT = "policy: not a checkpoint this server may load (a folder under its --allow-dir)"
 
 
 class Folders:
@@ -65,16 +67,17 @@ class Folders:
         """An image file the server may open: resolved, allowed and a regular file."""
         p = self.allows(path)
         if p is None or not p.is_file():
-            _log(f"images[{i}]: {path}: {'outside --allow-dir' if p is None else 'no file'}")
+            log_refused(f"images[{i}]: {path}: "
+                        f"{'outside --allow-dir' if p is None else 'no file'}")
             raise HttpFailure(400, f"images[{i}]: {NOT_ALLOWED}")
         return p
 
     def checkpoint(self, path: str) -> str:
         p = self.allows(path)
         if p is None or not p.is_dir():
-            _log(f"policy {path}: {'outside --allow-dir' if p is None else 'not a folder'}")
-            raise HttpFailure(400, "policy: not a checkpoint this server may load (a folder "
-                                   "under its --allow-dir)")
+            log_refused(f"policy {path}: "
+                        f"{'outside --allow-dir' if p is None else 'not a folder'}")
+            raise HttpFailure(400, NOT_A_CHECKPOINT)
         return str(p)
 
 
@@ -115,7 +118,7 @@ def header_pixels(path: Path, i: int) -> int:
         with Image.open(path) as im:
             w, h = im.size
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
-        _log(f"images[{i}]: {path}: {type(e).__name__}: {e}")
+        log_refused(f"images[{i}]: {path}: {type(e).__name__}: {e}")
         raise HttpFailure(400, f"images[{i}]: {NOT_ALLOWED}") from None
     return w * h
 
@@ -158,5 +161,6 @@ class PooledHTTPServer(HTTPServer):
                 self.shutdown_request(request)
 
 
-def _log(line: str) -> None:
+def log_refused(line: str) -> None:
+    """Why a request was refused, for the server's operator (never in the reply)."""
     print(f"serve: refused {line}", file=sys.stderr)
