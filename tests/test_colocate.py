@@ -125,8 +125,10 @@ def test_the_colocated_loop_writes_what_the_plain_loop_writes(start, tmp_path):
     assert weights[0] != (start["run"] / "ckpt-0" / "model.safetensors").read_bytes()
     # eval on the same servers, woken from their last sleep with the checkpoint it evaluates
     for k in (0, 2):
-        metas = sorted((colocated / "eval").glob(f"ckpt-{k}.jsonl*.meta.json"))
-        assert {orjson.loads(m.read_bytes())["config"]["engine"] for m in metas} == {"server"}
+        configs = [orjson.loads(m.read_bytes())["config"] for m in
+                   (colocated / "eval").glob(f"ckpt-{k}.jsonl.shard-*.meta.json")]
+        assert [c["engine"] for c in configs] == ["server", "server"]
+        assert len({c["engine_options"]["base_url"] for c in configs}) == 2
         answers = [{r["id"]: r["final_answer"] for r in map(orjson.loads, (
             run / "eval" / f"ckpt-{k}.jsonl").read_bytes().splitlines())}
             for run in (plain, colocated)]
