@@ -274,6 +274,39 @@ def test_vision_placeholders_never_sampled(vision_loving_model, tmp_path):
     assert sum(lp < -5 for g in gens for lp in g.logprobs) > len(sampled) // 2
 
 
+@vllm_test
+def test_a_sharded_export_loads_in_vllm_as_the_single_file(engine, hf_model, tiny_model, tmp_path):
+    """The HF export as `update` writes it when the model is over one shard (WeightShards:
+    several files and transformers' index), read by vLLM's own loader, at start-up and by
+    `reload_weights` in place (what `serve` does): the greedy tokens and log-probs of the
+    single-file checkpoint."""
+    from marscli.engines import GenRequest, SamplingParams, make_engine
+    from marscli.stages.serve import load_weights
+    from marscli.train.checkpoint import WeightShards, save_checkpoint
+
+    out = tmp_path / "sharded"
+    params = list(hf_model.named_parameters())
+    shards = WeightShards(out, [(n, list(p.shape)) for n, p in params], "float32",
+                          max_bytes=sum(4 * p.numel() for _, p in params) // 3)
+    for n, p in params:
+        shards.put(n, p.detach())
+    shards.close()
+    save_checkpoint(hf_model, out, str(tiny_model), "float32")
+    assert len(list(out.glob("model-*.safetensors"))) >= 3
+    assert (out / "model.safetensors.index.json").is_file()
+
+    toks, feats, _ = two_image_prompt(engine, tmp_path)
+    req, greedy = [GenRequest(toks, feats, 12)], SamplingParams(temperature=0.0)
+    want = engine.generate(req, greedy)[0]
+    sharded = make_engine("vllm", str(out), max_model_len=2048, max_images=2)
+    got = sharded.generate(req, greedy)[0]
+    assert got.tokens == want.tokens
+    assert max(abs(a - b) for a, b in zip(got.logprobs, want.logprobs, strict=True)) < 1e-5
+    load_weights(engine.llm, str(out))  # the same weights, read from the shards in place
+    again = engine.generate(req, greedy)[0]
+    assert again.tokens == want.tokens and again.logprobs == want.logprobs
+
+
 def marscli_has(command: str, python: str) -> bool:
     r = subprocess.run([python, "-m", "marscli", command, "--help"], check=False,
                        capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1"})
