@@ -375,6 +375,19 @@ def test_rollout_track_jsonl_onto_its_input_or_output_is_refused_before_work(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "p.jsonl", "scene.png"]
 
 
+def test_rollout_track_jsonl_onto_its_search_index_is_refused_before_work(tmp_path, tiny_model):
+    from marscli.search.text_index import build_text_index
+
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"id": "1", "title": "t", "text": "a fact"}])
+    index = tmp_path / "idx.sqlite"
+    build_text_index(str(corpus), index, progress=False)
+    before = index.read_bytes()
+    code, _, err = invoke(rollout_args(tmp_path, tiny_model, "--text-search", f"local:{index}",
+                                       "--track", f"jsonl:{index}"))
+    assert code == 2 and "idx.sqlite is an input of this stage" in one_line(err)
+    assert index.read_bytes() == before and not (tmp_path / "t.jsonl").exists()
+
+
 def test_update_track_jsonl_onto_its_advantages_file_is_refused(tmp_path, tiny_model):
     from marscli.qwen.policy import load_processor
     from marscli.stages.update import run_update

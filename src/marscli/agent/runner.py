@@ -138,10 +138,15 @@ class GenerationOptions:
         return [f for f in (self.system_prompt, self.tools_config) if f]
 
     def read_paths(self) -> list[str]:
-        """What a tracker must never write into: `input_files` and the policy's folder (none
-        for a hub id or a served model's name: nothing on this disk)."""
+        """What a tracker must never write into: `input_files`, the policy's folder (none for
+        a hub id or a served model's name: nothing on this disk) and the local search indexes
+        (`--text-search local:INDEX`, `--image-search local:INDEX`)."""
+        from marscli.search import parse_spec
+
         folder = [self.policy] if self.policy and os.path.isdir(self.policy) else []
-        return [*self.input_files(), *folder]
+        indexes = [arg for name, arg in map(parse_spec, filter(None, (
+            self.text_search, self.image_search))) if name == "local" and arg]
+        return [*self.input_files(), *folder, *indexes]
 
     @property
     def policy_name(self) -> str:
