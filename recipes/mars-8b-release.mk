@@ -49,8 +49,10 @@
 #     samplers differ in their kernels, so the same seed gives other tokens.
 #  2. Tool responses are truncated at 8,192 characters (marscli's agent, fixed); the release
 #     truncates at 8,192 tokens (max_tool_response_length, right side).
-#  3. No prompt limit: the release refuses prompts over 16,384 tokens (data.truncation=error);
-#     marscli counts prompt tokens in neither budget.
+#  3. The prompt limit: the release's 16,384 tokens (data.max_prompt_length with
+#     data.truncation=error, train_multi_node.sh) stops its training at the first longer prompt;
+#     `rollout --max-prompt-tokens 16384` (MAX_PROMPT_TOKENS) refuses that row alone (stop
+#     prompt_too_long, scored 0, left out of the advantages) and goes on.
 #  4. No dual clip: verl clips the loss of negative-advantage tokens at 3·|A| (clip_ratio_c=3);
 #     marscli's losses do not.
 #  5. No sequence parallelism (the release: Ulysses SP 2, 16k tokens per GPU): a micro-batch
@@ -93,10 +95,12 @@ PROMPTS_PER_ITER ?= 128
 N ?= 8
 MAX_TURNS ?= 10
 PRESENCE_PENALTY ?= 1.5  # the release's sampling, in training and evaluation  [release]
+MAX_PROMPT_TOKENS ?= 16384  # data.max_prompt_length                                  [release]
 ROLLOUT_OPTS ?= -n $(N) --engine $(ENGINE) --device $(DEVICE) --tensor-parallel $(TP) \
   --temperature 1.0 --top-p 1.0 --top-k 0 --presence-penalty $(PRESENCE_PENALTY) \
   --max-turns $(MAX_TURNS) \
-  --max-response-tokens 16384 --max-turn-tokens 16384 $(AGENT_OPTS)
+  --max-response-tokens 16384 --max-turn-tokens 16384 --max-prompt-tokens $(MAX_PROMPT_TOKENS) \
+  $(AGENT_OPTS)
 REWARD_OPTS ?= --judge $(JUDGE) --protocol release --format-weight 0.5 --max-unscored 0.05 \
   --judge-timeout 300 --judge-concurrency 4
 ESTIMATOR ?= $(if $(filter 1,$(BN_GSPO)),bn-gspo,grpo)

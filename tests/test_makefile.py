@@ -153,6 +153,7 @@ def test_release_recipe_runs_what_the_release_runs(tmp_path):
     assert "gpt-4o-2024-11-20" in ev and "--top-k 20" in ev and "--samples 1" in ev
     rollout = only(lines, "rollout")
     assert "--max-turns 10" in rollout and "--max-response-tokens 16384" in rollout
+    assert "--max-prompt-tokens 16384" in rollout  # data.max_prompt_length
     bn = rl_iter("mars-8b-release", tmp_path, "BN_GSPO=1")
     assert "--estimator bn-gspo" in only(bn, "advantages")
     assert "--loss gspo --agg token-mean" in only(bn, "update")
