@@ -184,8 +184,9 @@ def _check_utf8(file: Path, line: int, row: dict) -> None:
     cell's column."""
     for key, value in row.items():
         for cell in value if isinstance(value, list) else [value]:  # extra cells: a list
-            bad = _SURROGATE.search(cell) if isinstance(cell, str) and not cell.isascii() \
-                else None
+            if not isinstance(cell, str) or cell.isascii():
+                continue
+            bad = _SURROGATE.search(cell)
             if bad:
                 raise BadInput(f"{file}:{line}: {clip(key or 'extra cells')}: not valid UTF-8 "
                                f"(byte 0x{ord(bad[0]) - 0xdc00:02x}) — save the file as UTF-8")
