@@ -275,7 +275,7 @@ def test_vision_placeholders_never_sampled(vision_loving_model, tmp_path):
 
 
 @vllm_test
-def test_a_sharded_export_loads_in_vllm_as_the_single_file(engine, hf_model, tiny_model, tmp_path):
+def test_a_sharded_export_loads_in_vllm_as_the_single_file(hf_model, tiny_model, tmp_path):
     """The HF export as `update` writes it when the model is over one shard (WeightShards:
     several files and transformers' index), read by vLLM's own loader, at start-up and by
     `reload_weights` in place (what `serve` does): the greedy tokens and log-probs of the
@@ -295,16 +295,19 @@ def test_a_sharded_export_loads_in_vllm_as_the_single_file(engine, hf_model, tin
     assert len(list(out.glob("model-*.safetensors"))) >= 3
     assert (out / "model.safetensors.index.json").is_file()
 
-    toks, feats, _ = two_image_prompt(engine, tmp_path)
+    # engines of its own: the module's `engine` lost vLLM's process groups when an engine of
+    # an earlier test was freed
+    single = make_engine("vllm", str(tiny_model), max_model_len=2048, max_images=2)
+    toks, feats, _ = two_image_prompt(single, tmp_path)
     req, greedy = [GenRequest(toks, feats, 12)], SamplingParams(temperature=0.0)
-    want = engine.generate(req, greedy)[0]
+    want = single.generate(req, greedy)[0]
+    load_weights(single.llm, str(out))  # the same weights, read from the shards in place
+    again = single.generate(req, greedy)[0]
+    assert again.tokens == want.tokens and again.logprobs == want.logprobs
     sharded = make_engine("vllm", str(out), max_model_len=2048, max_images=2)
     got = sharded.generate(req, greedy)[0]
     assert got.tokens == want.tokens
     assert max(abs(a - b) for a, b in zip(got.logprobs, want.logprobs, strict=True)) < 1e-5
-    load_weights(engine.llm, str(out))  # the same weights, read from the shards in place
-    again = engine.generate(req, greedy)[0]
-    assert again.tokens == want.tokens and again.logprobs == want.logprobs
 
 
 def marscli_has(command: str, python: str) -> bool:
