@@ -697,10 +697,12 @@ def serve_ctl(url: str, action: str, policy: str | None = None, level: int | Non
     check_range("--timeout", timeout, 0, lo_open=True)
     check_range("--retries", retries, 0)
     client = ServeClient(url, timeout=timeout, retries=retries)
-    reply = client.health() if action == "health" or if_awake else None
-    if action == "sleep" and not (reply or {}).get("asleep"):
-        reply = client.sleep(1 if level is None else level)
-    elif action == "wake":
+    if action == "wake":
         reply = client.wake(policy)
+    elif action == "health":
+        reply = client.health()
+    else:
+        health = client.health() if if_awake else {}
+        reply = health if health.get("asleep") else client.sleep(1 if level is None else level)
     sys.stdout.write(orjson.dumps(reply).decode() + "\n")
     return reply
