@@ -170,7 +170,9 @@ class TrainModel:
     def export_specs(self) -> list[tuple[str, list[int]]]:
         """Every parameter's HF name and full shape, in the order `export_weights` gives them
         (the same on every rank; under ZeRO-3 the shape DeepSpeed partitioned)."""
-        return [(name.removeprefix("lm."), list(getattr(p, "ds_shape", p.shape)))
+        from marscli.train.partitions import full_shape
+
+        return [(name.removeprefix("lm."), full_shape(p))
                 for name, p in self.module.named_parameters()]
 
     def export_weights(self, dtype: str,
