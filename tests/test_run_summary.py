@@ -148,3 +148,131 @@ def test_iterations_between_evaluations_keep_their_rollout_columns(tmp_path):
     assert mid["rollout_found"] == 50.0  # 2 of 4 rollouts zoom on the logo
     assert rows[2]["zoom_calls"] == pytest.approx(0.8)
     assert "75.0" in table and "66.7" in table
+
+
+# --------------------------------------------------------------------------- per question kind
+
+LOGO, HIT, MISS = [600, 600, 700, 700], [500, 500, 750, 750], [0, 0, 250, 250]
+MALFORMED = '<tool_call>{"name": "image_search_tool", "arguments": </tool_call>'  # never run
+
+
+def call(name: str, **arguments) -> str:
+    return "<thinking>t</thinking><tool_call>" + orjson.dumps(
+        {"name": name, "arguments": arguments}).decode() + "</tool_call>"
+
+
+IMAGE = call("image_search_tool")
+
+
+def text(query: str) -> str:
+    return call("text_search_tool", query=query)
+
+
+def kind_record(kind: str, acc: float, *turns: str, zoom: list[int] | None = None) -> dict:
+    """A toy trajectory about the company Zirbi: an optional first zoom (its crop in `images`,
+    where the zoom hit rate reads it), then `turns` (model turns), then the answer."""
+    images = [{"path": "scene.png"}]
+    if zoom:
+        images.append({"path": "c1.png", "from": 0, "bbox_2d": zoom})
+        turns = (call("image_zoom_in_tool", bbox_2d=zoom), *turns)
+    segments = [{"role": "prompt", "text": "q"}]
+    for t in turns:
+        segments += [{"role": "model", "text": t}, {"role": "tool", "text": "result"}]
+    segments.append({"role": "model", "text": "<answer>a</answer>"})
+    return {"toy": {"entity": "Zirbi", "logo_box": LOGO, "size": 1000}, "category": kind,
+            "images": images, "segments": segments, "tool_calls": {}, "score": {"accuracy": acc}}
+
+
+SEED_RECORDS = [
+    [kind_record("perception", 1, zoom=HIT),
+     kind_record("perception", 0, zoom=MISS),  # zooms, but not on the logo
+     kind_record("perception", 0),
+     kind_record("knowledge", 1, text("zirbi city")),  # the name, in another case
+     kind_record("knowledge", 0, text("Maske city")),  # the wrong company: not found
+     kind_record("both", 1, IMAGE, text("Zirbi founder")),  # the chain: found
+     kind_record("both", 0, text("Zirbi founder"), IMAGE),  # guessed the name first: not found
+     kind_record("both", 0, MALFORMED, text("Zirbi founder"))],  # no image search: not found
+    [kind_record("perception", 1, zoom=HIT),
+     kind_record("perception", 0, zoom=HIT),
+     kind_record("knowledge", 1, text("Zirbi city")),
+     kind_record("knowledge", 0),
+     kind_record("both", 1, IMAGE, text("Zirbi"), zoom=HIT)],
+]
+# per seed and kind, by hand: (accuracy, zoom, text, image, found) %
+EXPECTED = [
+    {"perception": (33.33, 66.67, 0.0, 0.0, 33.33), "knowledge": (50.0, 0.0, 100.0, 0.0, 50.0),
+     "both": (33.33, 0.0, 100.0, 66.67, 33.33)},
+    {"perception": (50.0, 100.0, 0.0, 0.0, 100.0), "knowledge": (50.0, 0.0, 50.0, 0.0, 50.0),
+     "both": (100.0, 100.0, 100.0, 100.0, 100.0)},
+]
+KIND_FIELDS = ("accuracy", "zoom", "text", "image", "found")
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+
+
+def test_tool_calls_parse_model_turns_and_skip_malformed_ones():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("run_summary", ROOT / "scripts/run_summary.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rec = kind_record("both", 1, MALFORMED, IMAGE, text("Zirbi"), IMAGE + text("x"))
+    rec["segments"].insert(1, {"role": "tool", "text": text("not the model's")})
+    # the malformed call, the tool segment and the two-call turn (a format error) are no calls
+    assert mod.tool_calls(rec) == [("image", {}), ("text", {"query": "Zirbi"})]
+
+
+def test_per_kind_accuracy_tool_share_and_found_over_seeds(tmp_path):
+    cats = {"perception": 40.0, "knowledge": 50.0, "both": 60.0}
+    runs = [make_run(tmp_path, name, [40.0], cats_of=lambda _: cats)
+            for name in ("demo", "demo-seed1")]
+    for run, recs in zip(runs, SEED_RECORDS, strict=True):
+        write_evals(run, 0, recs)
+        rollouts = [{k: v for k, v in r.items() if k != "score"} for r in recs]
+        write_jsonl(run / "iter-0" / "rollouts.jsonl", rollouts)
+        scored = [{**r, "reward": {"accuracy": r["score"]["accuracy"]}} for r in recs]
+        if run.name == "demo-seed1":  # an unscored rollout has no accuracy: left out
+            scored[3]["reward"] = {"status": "unscored", "error": "judge down"}
+        write_jsonl(run / "iter-0" / "scored.jsonl", scored)
+    png = tmp_path / "kinds.png"
+    table = summarize(runs[0], iters=0, opts=("--seeds", "2", "--plot", str(png)))
+    (row,) = orjson.loads((runs[0] / "summary.json").read_bytes())["iterations"]
+    kinds = row["kinds"]
+    assert list(kinds) == ["perception", "knowledge", "both"]
+    for kind, st in kinds.items():
+        for s, seed in enumerate(st["per_seed"]):
+            assert seed["seed"] == s
+            for field, want in zip(KIND_FIELDS, EXPECTED[s][kind], strict=True):
+                # the rollouts are the test records again, but for seed 1's unscored one
+                rollout_want = 100.0 if (s, kind, field) == (1, "knowledge", "accuracy") else want
+                assert seed[f"test_{field}"] == want, (s, kind, field)
+                assert seed[f"rollout_{field}"] == rollout_want, (s, kind, field)
+        for field in KIND_FIELDS:
+            # two seeds: sd = |a - b| / sqrt(2), so the half-width t(1) * sd / sqrt(2) is
+            # 12.706 * |a - b| / 2
+            a, b = (EXPECTED[s][kind][KIND_FIELDS.index(field)] for s in (0, 1))
+            assert st[f"test_{field}"] == pytest.approx((a + b) / 2, abs=1e-3)
+            assert st[f"test_{field}_ci95"] == pytest.approx(12.706 * abs(a - b) / 2, abs=1e-3)
+    assert kinds["knowledge"]["rollout_accuracy"] == 75.0  # seeds 50 and 100
+    assert kinds["knowledge"]["rollout_accuracy_ci95"] == pytest.approx(12.706 * 25)
+    assert kinds["both"]["per_seed"][0]["test_items"] == 3
+    assert row["test_accuracy"] == 40.0  # the existing fields stay
+    # the table by kind: perception's test accuracy 33.33 and 50 is 41.7 ± 105.9
+    lines = table.splitlines()
+    assert any("by question kind" in line for line in lines)
+    assert any("perception" in line and "41.7 ± 105.9" in line for line in lines)
+    assert any("knowledge" in line and "50.0 ± 0.0" in line for line in lines)
+    assert any("both" in line and "66.7 ± 423.6" in line for line in lines)  # found 33.33, 100
+    assert "by category" not in table  # the table by kind has it
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_world_without_categories_prints_no_kind_table(tmp_path):
+    run = make_run(tmp_path, "demo", [30.0])
+    write_evals(run, 0, [{k: v for k, v in kind_record("perception", 1).items()
+                          if k != "category"}])
+    table = summarize(run, iters=0)
+    (row,) = orjson.loads((run / "summary.json").read_bytes())["iterations"]
+    assert row["kinds"] == {} and "by question kind" not in table
