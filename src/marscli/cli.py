@@ -456,8 +456,13 @@ def toy_world(
         help="Amount of muted clutter in the scenes, as a multiple of the default (0: the "
              "background gradient alone).")] = 1.0,
     direct: Annotated[float, typer.Option(
-        help="Share of the cold-start (sft) perception rows whose expert answers without "
-             "zooming: a teacher that under-uses the tool, for RL to learn when to zoom.")] = 0.0,
+        help="Share of the cold-start (sft) rows of each kind whose expert answers without a "
+             "tool: a teacher that under-uses the tools, for RL to learn when to use them.")] = 0.0,
+    avoid_seeds: Annotated[str, typer.Option(
+        help="Seeds of worlds (with as many --entities) whose logos this world must not "
+             "reuse, comma-separated: a pre-training world disjoint from the demo's.")] = "",
+    avoid_entities: Annotated[int | None, typer.Option(
+        help="Entities of the --avoid-seeds worlds (default: --entities).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace a non-empty OUT.")] = False,
 ) -> None:
     """Write a synthetic MARS-like world (logos, scenes, corpus, prompts, expert replies)."""
@@ -466,7 +471,8 @@ def toy_world(
 
         toy_main(out, entities=entities, seed=seed, train=train, test=test, sft=sft, size=size,
                  grid=grid, kinds=kinds, zoom_cells=zoom_cells, perceive=perceive,
-                 clutter=clutter, direct=direct, force=force)
+                 clutter=clutter, direct=direct, avoid_seeds=avoid_seeds,
+                 avoid_entities=avoid_entities, force=force)
 
 
 @app.command()

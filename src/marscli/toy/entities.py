@@ -90,12 +90,26 @@ def _unique(rng: random.Random, make, n: int, taken: set[str]) -> list[str]:
     return out
 
 
-def make_entities(rng: random.Random, n: int, n_cities: int = 8,
-                  n_extra: int = 0) -> tuple[list[Entity], list[str], list[str]]:
+def syllables() -> list[str]:
+    """Every piece a name is built of, capitalised and not (onset+vowel, onset+vowel+coda, the
+    clusters): a tokenizer trained on these and on no name splits every world's names alike, so
+    a model pre-trained on some worlds meets the same kind of token sequences in any other."""
+    heads = [o + v for o in ONSETS for v in VOWELS]
+    pieces = heads + [h + c for h in heads for c in CODAS] + list(CLUSTERS) + list(CODAS)
+    return pieces + [p.capitalize() for p in heads + [h + c for h in heads for c in CODAS]]
+
+
+def make_entities(rng: random.Random, n: int, n_cities: int = 8, n_extra: int = 0,
+                  avoid: frozenset[tuple[str, str]] = frozenset(),
+                  ) -> tuple[list[Entity], list[str], list[str]]:
     """`n` entities, the world's city names, and `n_extra` spare company-like names (for
-    distractor passages: companies that have no logo in the world)."""
-    if not 1 <= n <= MAX_ENTITIES:
-        raise ValueError(f"entities: {n} — must be 1..{MAX_ENTITIES}")
+    distractor passages: companies that have no logo in the world). No logo takes a
+    (shape, colour) pair of `avoid` (another world's logos: a pre-training world disjoint from
+    the demo's)."""
+    pairs = [(s, c) for s in SHAPES for c in COLOURS]
+    if not 1 <= n <= 2 * (len(pairs) - len(avoid & set(pairs))):
+        raise ValueError(f"entities: {n} — must be 1..{2 * (len(pairs) - len(avoid))} "
+                         f"(distinct logos{' outside the avoided worlds' if avoid else ''})")
     taken: set[str] = set()
     names = _unique(rng, _company, n + n_extra, taken)
     names, extra = names[:n], names[n:]
@@ -103,8 +117,8 @@ def make_entities(rng: random.Random, n: int, n_cities: int = 8,
     cities = _unique(rng, _place, min(n_cities, max(2, n)), taken)
     # Distinct (shape, colour, plate) triples: each shape+colour pair is used once (random
     # plate) before any is used again (with the other plate).
-    pairs = [(s, c) for s in SHAPES for c in COLOURS]
     rng.shuffle(pairs)
+    pairs = [p for p in pairs if p not in avoid]
     plates = list(PLATES)
     ents: list[Entity] = []
     for i, name in enumerate(names):

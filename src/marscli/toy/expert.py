@@ -3,8 +3,10 @@
 One string per assistant turn, in the protocol (`<thinking>..</thinking>` then one tool call or
 the answer). Thinking texts are short fixed templates: a tiny model has to learn them.
 - perception: zoom on the logo's grid cell, then answer.
-- knowledge: image search, "Result k matches the logo: Name", text search "Name keyword", answer.
-- both: zoom first, then as knowledge.
+- knowledge: text search "Name keyword" for the company the question names, then answer.
+- both: image search, "Result k matches the logo: Name", then as knowledge.
+With `direct`, any kind is answered at once without a tool: the cold start's under-use of tools
+(the toy world's `--direct`), which RL has to unlearn.
 The replay engine feeds them through the real agent and tools; they hold for what the tools
 return because the world was built so (tests check it: the zoom crop holds the logo, the image
 search list holds the entity at rank k, the text index returns the fact for the query).
@@ -46,40 +48,50 @@ def perception_answer(entity: Entity, attr: str) -> str:
 
 
 DIRECT = "The logo is big enough. I answer without zooming."
+DIRECT_SEARCH = "I know this company. I answer without searching."
 
 
-def direct_answer(entity: Entity, attr: str) -> str:
-    """A perception answer without the zoom: what a cold-start teacher writes when it does not
-    zoom (the toy world's `--direct` share of the SFT rows). Seen at the scene's resolution the
-    logo is a few pixels, so a policy that answers so is mostly guessing: RL has to learn that
-    zooming pays."""
-    return _turn(DIRECT, f"<answer>{gold(entity, attr)}</answer>")
+def direct_answer(entity: Entity, attr: str, thinking: str = DIRECT) -> str:
+    """An answer without a tool: what a cold-start teacher writes when it does not zoom or
+    search (the toy world's `--direct` share of the SFT rows). Seen at the scene's resolution
+    the logo is a few pixels, and another world's facts are not in the model, so a policy that
+    answers so is mostly guessing: RL has to learn that the tools pay."""
+    return _turn(thinking, f"<answer>{gold(entity, attr)}</answer>")
 
 
-def search_turns(entity: Entity, attr: str, rank: int) -> list[str]:
-    """Image search, pick result `rank` (1-based), text search, answer."""
+def fact_turns(entity: Entity, attr: str, thinking: str) -> list[str]:
+    """Text search "Name keyword" (after `thinking`), then the answer copied from the result."""
     n, kw = entity.name, KEYWORD[attr]
     final = {"city": f"{n} was founded in {entity.city}.",
              "founder": f"{n} was founded by {entity.founder}.",
              "year": f"{n} was founded in {entity.year}."}[attr]
-    return [
-        _turn("I need the company of this logo. I search for the image.",
-              _call("image_search_tool", {})),
-        _turn(f"Result {rank} matches the logo: {n}. I search for its {kw}.",
-              _call("text_search_tool", {"query": f"{n} {kw}"})),
-        _turn(final, f"<answer>{entity.attribute(attr)}</answer>"),
-    ]
+    return [_turn(thinking, _call("text_search_tool", {"query": f"{n} {kw}"})),
+            _turn(final, f"<answer>{entity.attribute(attr)}</answer>")]
+
+
+def search_turns(entity: Entity, attr: str, rank: int) -> list[str]:
+    """Image search, pick result `rank` (1-based), text search, answer."""
+    return [_turn("I need the company of this logo. I search for the image.",
+                  _call("image_search_tool", {})),
+            *fact_turns(entity, attr, f"Result {rank} matches the logo: {entity.name}. "
+                                      f"I search for its {KEYWORD[attr]}.")]
 
 
 def expert_replies(kind: str, attr: str, entity: Entity, zoom_box: list[int],
-                   rank: int, direct: bool = False) -> list[str]:
-    """The expert's turns; `direct`: a perception question answered without zooming."""
+                   rank: int, direct: bool = False, guess: Entity | None = None) -> list[str]:
+    """The expert's turns; `direct`: the question answered at once, without a tool. A search
+    question's direct answer is `guess`'s fact (another company's: a teacher that answers from
+    a memory it does not have), never the gold one, so that the cold start cannot memorise the
+    facts of the world RL is tested on."""
+    if kind not in ("perception", "knowledge", "both"):
+        raise ValueError(f"unknown kind {kind!r}")
+    if direct and kind == "perception":
+        return [direct_answer(entity, attr)]
+    if direct:
+        return [direct_answer(guess or entity, attr, DIRECT_SEARCH)]
     if kind == "perception":
-        if direct:
-            return [direct_answer(entity, attr)]
         return [zoom_turn(zoom_box), perception_answer(entity, attr)]
     if kind == "knowledge":
-        return search_turns(entity, attr, rank)
-    if kind == "both":
-        return [zoom_turn(zoom_box), *search_turns(entity, attr, rank)]
-    raise ValueError(f"unknown kind {kind!r}")
+        return fact_turns(entity, attr, f"I need the {KEYWORD[attr]} of {entity.name}. "
+                                        "I search for it.")
+    return search_turns(entity, attr, rank)

@@ -2,12 +2,11 @@
 
 Three kinds, as in MARS:
 - `perception`: the logo's shape colour, shape or letter; answerable from a crop of the logo.
-- `knowledge`: the logo's company's city, founder or founding year; image search names the
-  company (its top-5 list holds the true logo among logos that look different), text search
-  gives the fact.
-- `both`: the same facts, but the top-5 list holds look-alikes (same colour, or same shape), so
-  the logo must be seen up close (zoom) to pick the right result; the question says to look
-  closely, so the two kinds can be told apart from the text.
+- `knowledge`: a named company's city, founder or founding year ("Who founded Zorba?"): text
+  search gives the fact, which no model of another world can know.
+- `both`: the same facts of the company whose logo is in the image: image search names the
+  company (its top-5 list holds the true logo among logos that differ from it in colour and
+  shape), then text search gives the fact.
 """
 
 from __future__ import annotations
@@ -30,13 +29,12 @@ _PERCEPTION_Q = {"colour": "What colour is the shape on the logo in this image?"
                  "letter": "Which letter is on the logo in this image?"}
 
 
-def question(kind: str, attr: str) -> str:
+def question(kind: str, attr: str, entity: Entity) -> str:
     if kind == "perception":
         return _PERCEPTION_Q[attr]
     if kind == "knowledge":
-        return _FACT_Q[attr].format(subject="the company whose logo appears in this image")
-    return "Look closely at the small logo in this image. " + _FACT_Q[attr].format(
-        subject="its company")
+        return _FACT_Q[attr].format(subject=entity.name)
+    return _FACT_Q[attr].format(subject="the company whose logo appears in this image")
 
 
 def gold(entity: Entity, attr: str) -> str:
@@ -60,21 +58,17 @@ def plan(rng: random.Random, n: int, n_entities: int,
     return out
 
 
-def search_hits(rng: random.Random, entities: list[Entity], true: int,
-                lookalike: bool) -> list[int]:
+def search_hits(rng: random.Random, entities: list[Entity], true: int) -> list[int]:
     """Entity indexes of the image-search list: the true one at a random rank among
-    distractors; look-alikes (same colour, then same shape) first when `lookalike`, logos that
-    differ in both colour and shape first otherwise."""
+    distractors, logos that differ from it in both colour and shape first (so that the scene's
+    logo tells which result is its own)."""
     t = entities[true].logo
     others = [i for i in range(len(entities)) if i != true]
     rng.shuffle(others)
 
     def tier(i: int) -> int:
         o = entities[i].logo
-        same_colour, same_shape = o.colour == t.colour, o.shape == t.shape
-        if lookalike:
-            return 0 if same_colour else 1 if same_shape else 2
-        return 0 if not (same_colour or same_shape) else 1
+        return 0 if not (o.colour == t.colour or o.shape == t.shape) else 1
 
     picked = sorted(others, key=tier)[:HITS - 1]  # stable: random order within a tier
     picked.insert(rng.randint(0, len(picked)), true)

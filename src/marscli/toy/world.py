@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import time
 from pathlib import Path
 
@@ -18,8 +19,8 @@ from marscli.errors import BadInput, check_range
 from marscli.records.jsonl import dumps
 from marscli.records.outputs import AtomicDir
 from marscli.toy.corpus import make_corpus
-from marscli.toy.entities import MAX_ENTITIES, Entity, make_entities
-from marscli.toy.expert import DIRECT, expert_replies
+from marscli.toy.entities import MAX_ENTITIES, Entity, make_entities, syllables
+from marscli.toy.expert import DIRECT, DIRECT_SEARCH, expert_replies
 from marscli.toy.perceive import SYSTEM, WHERE, perception_rows
 from marscli.toy.prompts import KINDS, gold, plan, question, search_hits
 from marscli.toy.render import LOGO_MAX, render_logo, render_scene
@@ -56,6 +57,14 @@ def parse_kinds(kinds: str) -> tuple[str, ...]:
     return kind_list
 
 
+def parse_seeds(seeds: str) -> tuple[int, ...]:
+    """`--avoid-seeds 0,1,2` → (0, 1, 2); BadInput for a part that is not an integer."""
+    try:
+        return tuple(sorted({int(x) for x in seeds.split(",") if x.strip()}))
+    except ValueError:
+        raise BadInput(f"--avoid-seeds {seeds!r}: integers, comma-separated") from None
+
+
 def check_options(entities: int, train: int, test: int, sft: int, size: int, grid: int,
                   zoom_cells: int = 1, perceive: int = 0, clutter: float = 1.0,
                   direct: float = 0.0) -> None:
@@ -79,6 +88,32 @@ def check_options(entities: int, train: int, test: int, sft: int, size: int, gri
                        f"{MIN_CELL} px — use --size >= {MIN_CELL * grid}")
 
 
+def world_entities(seed: int, entities: int, avoid: tuple[int, ...] = (),
+                   avoid_entities: int | None = None,
+                   ) -> tuple[list[Entity], list[str], list[str]]:
+    """The entities, cities and shop names of the world of `seed` (cheap: nothing is drawn),
+    none of whose logos shares a (shape, colour) pair with a world of a seed in `avoid` (built
+    with `avoid_entities` entities, default as many)."""
+    if seed in avoid:
+        raise BadInput(f"--avoid-seeds: {seed} is this world's own --seed")
+    pairs = frozenset((e.logo.shape, e.logo.colour) for s in avoid
+                      for e in world_entities(s, avoid_entities or entities)[0])
+    try:
+        return make_entities(_rng(seed, "entities"), entities, n_extra=max(2, entities // 4),
+                             avoid=pairs)
+    except ValueError as e:
+        raise BadInput(f"--entities: {e}") from None
+
+
+def name_free_text(text: str, names: list[str]) -> str:
+    """`text` without the world's names, and every syllable names are made of (`syllables.txt`:
+    the text a tokenizer for any world is trained on, `tiny-model --text`)."""
+    cut = re.compile(r"\b(" + "|".join(map(re.escape, sorted(names, key=len, reverse=True)))
+                     + r")\b", re.IGNORECASE)
+    pieces = syllables()  # on lines of their own and after a space: both forms are tokens
+    return cut.sub("", text) + "\n".join(pieces) + "\n" + " ".join(pieces) + "\n"
+
+
 def max_logo_area(grid: int) -> float:
     """The largest fraction of a scene a logo can cover."""
     return (LOGO_MAX / grid) ** 2
@@ -100,9 +135,11 @@ def _split_rows(split: str, n: int, seed: int, ents: list[Entity], tmp: Path, si
                 clutter: float = 1.0, direct: float = 0.0) -> list[dict]:
     rows = []
     planned = plan(_rng(seed, "plan", split), n, len(ents), kinds)
-    perception = [i for i, (kind, _, _) in enumerate(planned) if kind == "perception"]
-    # exactly round(direct x count) of the SFT perception rows, drawn by a keyed RNG of their own
-    no_zoom = set(_rng(seed, "direct", split).sample(perception, round(direct * len(perception))))
+    no_tool = set()
+    for kind in kinds:  # exactly round(direct x count) of each kind's rows, a keyed RNG each
+        of_kind = [i for i, (k, _, _) in enumerate(planned) if k == kind]
+        rng = _rng(seed, "direct", split, *(() if kind == "perception" else (kind,)))
+        no_tool.update(rng.sample(of_kind, round(direct * len(of_kind))))
     for i, (kind, attr, k) in enumerate(planned):
         e = ents[k]
         rid = f"{split}-{i:04d}"
@@ -110,16 +147,18 @@ def _split_rows(split: str, n: int, seed: int, ents: list[Entity], tmp: Path, si
                                                zoom_cells, clutter)
         rel = f"images/{rid}.png"
         im.save(tmp / rel, format="PNG", compress_level=PNG_LEVEL)
-        hits = search_hits(_rng(seed, "hits", split, i), ents, k, lookalike=kind == "both")
+        hits = search_hits(_rng(seed, "hits", split, i), ents, k)
         rank = hits.index(k) + 1
-        row = {"v": 1, "id": rid, "image": rel, "question": question(kind, attr),
+        row = {"v": 1, "id": rid, "image": rel, "question": question(kind, attr, e),
                "answer": [gold(e, attr)], "category": kind,
                "image_search": [{"title": ents[h].name, "thumbnail": f"logos/{ents[h].slug}.png"}
                                 for h in hits],
                "toy": {"entity": e.name, "attribute": attr, "logo_box": logo_box,
                        "size": size, "zoom_box": zoom_box, "hit": rank}}
         if split == "sft":
-            row["replies"] = expert_replies(kind, attr, e, zoom_box, rank, i in no_zoom)
+            wrong = [x for x in ents if gold(x, attr) != gold(e, attr)] or ents
+            guess = _rng(seed, "guess", split, i).choice(wrong)  # a fact, but not this one
+            row["replies"] = expert_replies(kind, attr, e, zoom_box, rank, i in no_tool, guess)
         rows.append(row)
     return rows
 
@@ -157,10 +196,13 @@ def _vocab(corpus: list[dict], splits: dict[str, list[dict]], ents: list[Entity]
 def build_world(out: str | Path, entities: int = 24, seed: int = 0, train: int = 240,
                 test: int = 60, sft: int = 120, size: int = 1024, grid: int = 8,
                 kinds: tuple[str, ...] = KINDS, zoom_cells: int = 1, perceive: int = 0,
-                clutter: float = 1.0, direct: float = 0.0, force: bool = False) -> dict:
+                clutter: float = 1.0, direct: float = 0.0, avoid: tuple[int, ...] = (),
+                avoid_entities: int | None = None, force: bool = False) -> dict:
     """Write the toy world to folder `out` (see the README it writes); return statistics.
 
     Built in `OUT.tmp-PID` and renamed onto `out`; a non-empty `out` is refused unless `force`.
+    `avoid`: seeds of worlds (of `avoid_entities` entities, default as many) whose logos this
+    one must not reuse.
     """
     check_options(entities, train, test, sft, size, grid, zoom_cells, perceive, clutter, direct)
     out = Path(out)
@@ -170,8 +212,7 @@ def build_world(out: str | Path, entities: int = 24, seed: int = 0, train: int =
         tmp = ad.tmp
         (tmp / "logos").mkdir()
         (tmp / "images").mkdir()
-        ents, cities, shops = make_entities(_rng(seed, "entities"), entities,
-                                            n_extra=max(2, entities // 4))
+        ents, cities, shops = world_entities(seed, entities, avoid, avoid_entities)
         for e in ents:
             render_logo(e.logo, LOGO_SIDE).save(tmp / "logos" / f"{e.slug}.png", format="PNG",
                                                 compress_level=PNG_LEVEL)
@@ -188,10 +229,16 @@ def build_world(out: str | Path, entities: int = 24, seed: int = 0, train: int =
             scenes = _split_rows("perceive", perceive, seed, ents, tmp, size, grid,
                                  ("perception",), zoom_cells, clutter)
             _write_jsonl(tmp / "perceive.jsonl", perception_rows(scenes, tmp, PNG_LEVEL))
-        extra = ([DIRECT] if direct else []) + ([SYSTEM, WHERE] if perceive else [])
-        (tmp / "vocab.txt").write_text(_vocab(corpus, splits, ents, extra), encoding="utf-8")
+        searches = direct and set(kinds) - {"perception"}
+        extra = (([DIRECT] if direct else []) + ([DIRECT_SEARCH] if searches else [])
+                 + ([SYSTEM, WHERE] if perceive else []))
+        text = _vocab(corpus, splits, ents, extra)
+        (tmp / "vocab.txt").write_text(text, encoding="utf-8")
+        names = [e.name for e in ents] + [e.founder for e in ents] + cities + shops
+        (tmp / "syllables.txt").write_text(name_free_text(text, names), encoding="utf-8")
         world = {"v": 1, "seed": seed, "size": size, "grid": grid, "clutter": clutter,
-                 "direct": direct, "cities": cities,
+                 "direct": direct, "avoid": {"seeds": list(avoid), "entities": avoid_entities or entities},
+                 "cities": cities,
                  "shops": shops, "entities": [e.to_dict() for e in ents],
                  "splits": counts}
         (tmp / "world.json").write_bytes(orjson.dumps(world, option=orjson.OPT_INDENT_2) + b"\n")
@@ -234,12 +281,14 @@ for `--engine replay` |
 | `perceive.jsonl` | {2 * stats['perceive']} message rows of perception pre-training (read the \
 crop, ground the logo) on scenes of their own, for `marscli sft` |
 | `vocab.txt` | all the world's text, for `marscli tiny-model --text` |
+| `syllables.txt` | the same without the world's names, and the syllables names are made of: \
+a tokenizer for any world (`tiny-model --text`) |
 
 Prompt rows: `{{v, id, image, question, answer, category, image_search, toy}}`. `category` is
 `perception` (shape colour, shape or letter of the logo: zoom, answer), `knowledge` (city,
-founder or year of the logo's company: image search, text search, answer) or `both` (zoom,
-image search, text search, answer; the image-search list holds look-alike logos, so the logo
-must be seen up close). `image_search` is the precomputed top-5 for `--image-search data` (the
+founder or year of a company the question names: text search, answer) or `both` (the same of
+the logo's company: image search, text search, answer; the image-search list's other logos differ
+from the true one in colour and shape). `image_search` is the precomputed top-5 for `--image-search data` (the
 true logo at a seeded rank); `toy` holds the entity, the attribute, the logo's box in pixels
 (of the `size`-pixel scene), the expert's zoom box (0..1000, the logo's grid cell or block of
 cells) and the true result's rank.
