@@ -237,9 +237,9 @@ def build_world(out: str | Path, entities: int = 24, seed: int = 0, train: int =
         names = [e.name for e in ents] + [e.founder for e in ents] + cities + shops
         (tmp / "syllables.txt").write_text(name_free_text(text, names), encoding="utf-8")
         world = {"v": 1, "seed": seed, "size": size, "grid": grid, "clutter": clutter,
-                 "direct": direct, "avoid": {"seeds": list(avoid), "entities": avoid_entities or entities},
-                 "cities": cities,
-                 "shops": shops, "entities": [e.to_dict() for e in ents],
+                 "direct": direct,
+                 "avoid": {"seeds": list(avoid), "entities": avoid_entities or entities},
+                 "cities": cities, "shops": shops, "entities": [e.to_dict() for e in ents],
                  "splits": counts}
         (tmp / "world.json").write_bytes(orjson.dumps(world, option=orjson.OPT_INDENT_2) + b"\n")
         stats = {"entities": entities, **counts, "perceive": perceive,
@@ -287,11 +287,11 @@ a tokenizer for any world (`tiny-model --text`) |
 Prompt rows: `{{v, id, image, question, answer, category, image_search, toy}}`. `category` is
 `perception` (shape colour, shape or letter of the logo: zoom, answer), `knowledge` (city,
 founder or year of a company the question names: text search, answer) or `both` (the same of
-the logo's company: image search, text search, answer; the image-search list's other logos differ
-from the true one in colour and shape). `image_search` is the precomputed top-5 for `--image-search data` (the
-true logo at a seeded rank); `toy` holds the entity, the attribute, the logo's box in pixels
-(of the `size`-pixel scene), the expert's zoom box (0..1000, the logo's grid cell or block of
-cells) and the true result's rank.
+the logo's company: image search, text search, answer; the image-search list's other logos
+differ from the true one in colour and shape). `image_search` is the precomputed top-5 for
+`--image-search data` (the true logo at a seeded rank); `toy` holds the entity, the attribute,
+the logo's box in pixels (of the `size`-pixel scene), the expert's zoom box (0..1000, the logo's
+grid cell or block of cells) and the true result's rank.
 
 All answers are single words of the corpus: a city, a surname, a year, a colour, a shape, a
 capital letter. The scene clutter is muted (saturation <= 0.35); logo colours are saturated.
