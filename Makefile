@@ -341,6 +341,7 @@ demo: setup
 	$(MARSCLI) ask $$(ls runs/$(DEMO_NAME)/world/images/test-*.png | head -1) \
 	  "What colour is the shape on the logo in this image?" \
 	  --policy runs/$(DEMO_NAME)/ckpt-$(DEMO_ITERS) --system-prompt recipes/toy-system.txt \
+	  $(if $(subst perception,,$(KINDS)),--text-search local:runs/$(DEMO_NAME)/world/text.sqlite --image-search data) \
 	  --max-turns 3 --max-turn-tokens 64 --crops-dir runs/$(DEMO_NAME)/ask-crops
 
 .PHONY: demo-seeds

@@ -359,6 +359,37 @@ def test_tiny_vlm_chains_its_perception_phases_then_the_agents_format(tmp_path):
     assert [p.split()[-1] for p in probes] == [f"{run}-3", run]
 
 
+def test_no_pre_training_world_shares_a_seed_or_a_logo_with_the_demos_worlds(tmp_path):
+    """`make tiny-vlm VLM_GENERAL=1` learns to see, search and read on worlds of its own: none
+    is the demo's default world (seed 0) or the two others of issue 35 (1, 2), none draws a logo
+    (shape and colour) of theirs, and its tokenizer is trained on names of none of them."""
+    from marscli.toy.world import world_entities
+
+    def opts(cmd: str) -> dict[str, str]:
+        args = shlex.split(cmd)
+        return {a: b for a, b in itertools.pairwise(args) if a.startswith("--")}
+
+    lines = dry_run("tiny-vlm", "RECIPE=recipes/tiny.mk", f"VLM_RUN={tmp_path}/vlm",
+                    "VLM_GENERAL=1")
+    pre = [opts(x) for x in lines if " toy-world " in x]
+    demo = opts(next(x for x in dry_run(f"{tmp_path}/world.meta.json", f"RUN={tmp_path}")
+                     if " toy-world " in x))
+    assert len(pre) == 2 and demo["--seed"] == "0"
+    demo_logos = {(e.logo.shape, e.logo.colour) for s in (0, 1, 2)
+                  for e in world_entities(s, int(demo["--entities"]))[0]}
+    for o in pre:
+        seed = int(o["--seed"])
+        assert seed not in (0, 1, 2)
+        avoid = tuple(int(x) for x in o["--avoid-seeds"].split(","))
+        assert o["--avoid-entities"] == demo["--entities"]
+        ents = world_entities(seed, int(o["--entities"]), avoid, int(o["--avoid-entities"]))[0]
+        assert not {(e.logo.shape, e.logo.colour) for e in ents} & demo_logos, seed
+    model = next(x for x in lines if " tiny-model " in x)
+    assert f"--text {tmp_path}/vlm-world/syllables.txt " in model  # names of no world
+    replay = next(x for x in lines if "--engine replay" in x)  # the three tools' trajectories
+    assert f"--text-search local:{tmp_path}/vlm-agent/text.sqlite --image-search data" in replay
+
+
 def test_the_committed_tiny_vlm_is_what_make_tiny_vlm_builds(tmp_path):
     """recipes/tiny-vlm (the demo's start) was trained by the target's phase 4 as it stands: the
     same options, the same view; a change to either must rebuild and recommit the model."""
