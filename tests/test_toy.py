@@ -371,6 +371,13 @@ def test_cli_creates_the_folder_and_refuses_an_existing_one(tmp_path):
     r = _cli("toy-world", str(tmp_path / "bad"), "--entities", "200")
     assert r.returncode == 2 and "--entities" in r.stderr
     assert not (tmp_path / "bad").exists()
+    for bad, named in ((("--avoid-seeds", "0,x"), "--avoid-seeds"),
+                       (("--avoid-seeds", "0,1", "--seed", "1"), "--avoid-seeds: 1"),
+                       (("--entities", "60", "--seed", "9", "--avoid-seeds", "0,1,2",
+                         "--avoid-entities", "8"), "--entities")):
+        r = _cli("toy-world", str(tmp_path / "bad"), *bad)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and named in r.stderr, r.stderr
+        assert not (tmp_path / "bad").exists()
 
 
 def test_zoom_cells_box_is_the_aligned_block_holding_the_logo(tmp_path):
