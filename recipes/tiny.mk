@@ -294,4 +294,26 @@ tiny-vlm: setup
 	$(call VLM_SFT,$(VA)/mix.jsonl,$(VLM_RUN)-3,$(VLM_RUN),$(VLM_AGENT_EPOCHS),frozen)
 	$(PY) scripts/perception_probe.py $(VA) $(VLM_RUN)
 
+# `make tiny-vlm-search` (issue 35, lever m): the search protocol in the agent's own format on top
+# of a model that sees (VLM, default the committed one): SEARCH_AGENT expert trajectories of the
+# three kinds on world 1001, which shares no seed and no logo with the demo's worlds (seeds 0-2,
+# 8 entities), so no fact or name of theirs is learned; replayed through the three tools, then
+# SEARCH_EPOCHS epochs with the vision tower frozen (~7 minutes on 2 cores). Then
+#   make demo VLM=runs/tiny-vlm-search KINDS=perception,knowledge,both
+SEARCH_RUN ?= runs/tiny-vlm-search
+SEARCH_AGENT ?= 1200
+SEARCH_EPOCHS ?= 6
+SEARCH_WORLD_OPTS ?= --entities 8 --grid 4 --zoom-cells 2 --clutter 0 \
+  --kinds perception,knowledge,both --train 16 --test 96 --sft $(SEARCH_AGENT) --seed 1001 \
+  --avoid-seeds 0,1,2 --avoid-entities 8
+SW = $(SEARCH_RUN)-world
+.PHONY: tiny-vlm-search
+tiny-vlm-search: setup
+	$(MARSCLI) toy-world $(SW) $(SEARCH_WORLD_OPTS) --force
+	$(MARSCLI) index text $(SW)/corpus.jsonl -o $(SW)/text.sqlite
+	$(MARSCLI) rollout $(SW)/sft.jsonl --policy $(or $(VLM),recipes/tiny-vlm) \
+	  -o $(SW)/trajectories.jsonl --force --engine replay -n 1 \
+	  --system-prompt recipes/toy-system.txt --text-search local:$(SW)/text.sqlite --image-search data
+	$(call VLM_SFT,$(SW)/trajectories.jsonl,$(or $(VLM),recipes/tiny-vlm),$(SEARCH_RUN),$(SEARCH_EPOCHS),frozen)
+
 RECIPE_INPUTS = $(WORLD)/text.sqlite.meta.json

@@ -371,10 +371,11 @@ def test_no_pre_training_world_shares_a_seed_or_a_logo_with_the_demos_worlds(tmp
 
     lines = dry_run("tiny-vlm", "RECIPE=recipes/tiny.mk", f"VLM_RUN={tmp_path}/vlm",
                     "VLM_GENERAL=1")
-    pre = [opts(x) for x in lines if " toy-world " in x]
+    search = dry_run("tiny-vlm-search", f"SEARCH_RUN={tmp_path}/search")  # lever m
+    pre = [opts(x) for x in lines + search if " toy-world " in x]
     demo = opts(next(x for x in dry_run(f"{tmp_path}/world.meta.json", f"RUN={tmp_path}")
                      if " toy-world " in x))
-    assert len(pre) == 2 and demo["--seed"] == "0"
+    assert len(pre) == 3 and demo["--seed"] == "0"
     demo_logos = {(e.logo.shape, e.logo.colour) for s in (0, 1, 2)
                   for e in world_entities(s, int(demo["--entities"]))[0]}
     for o in pre:
@@ -388,6 +389,11 @@ def test_no_pre_training_world_shares_a_seed_or_a_logo_with_the_demos_worlds(tmp
     assert f"--text {tmp_path}/vlm-world/syllables.txt " in model  # names of no world
     replay = next(x for x in lines if "--engine replay" in x)  # the three tools' trajectories
     assert f"--text-search local:{tmp_path}/vlm-agent/text.sqlite --image-search data" in replay
+    # the search phase replays through the three tools from the committed model, then trains it
+    replay = " ".join(x for x in search if "--engine replay" in x or x.startswith("  "))
+    assert "--policy recipes/tiny-vlm" in replay and "--image-search data" in replay
+    sft = next(x for x in search if " sft " in x)
+    assert f"--policy recipes/tiny-vlm --out {tmp_path}/search " in sft and "--freeze-vision" in sft
 
 
 def test_the_committed_tiny_vlm_is_what_make_tiny_vlm_builds(tmp_path):
