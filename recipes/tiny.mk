@@ -133,8 +133,20 @@
 #     (one box), reading 40.6%; after phase 4, greedy on its own world's test scenes, perception
 #     37.5%, knowledge 25.0%, both 9.4%; the demo from it (VLM=runs/vlm35, 4 iterations) could
 #     not copy names it never saw: rollouts 8.6 -> 3.9%, test per kind 21.9/6.2/6.2% (SFT) ->
-#     12.5/6.2/3.1%. What would be next: a model that leaves the perception plateau on many
-#     logos (more steps, or the 5.6 M `--size small`, 3.4x slower) and copies unseen names.
+#     12.5/6.2/3.1%.
+#  m. The search protocol on top of the committed model (`make tiny-vlm-search`, 6 min 45 s:
+#     1200 expert trajectories of the three kinds on world 1001, 8 companies, no logo of the
+#     demo's worlds). Greedy on world 1001's test scenes: perception 62.5% (zoom hits 53%),
+#     knowledge 62.5% (every query names the company), both 25.0% (the right company in 34%).
+#     The demo from it (`make demo VLM=runs/tiny-vlm-search KINDS=perception,knowledge,both`,
+#     9 min 11 s, one seed): greedy test per kind 40.6 / 6.2 / 6.2% (SFT) -> 21.9 / 9.4 / 15.6%
+#     (iteration 12), no tool called greedily; the sampled searches name the wrong company
+#     (found in 5% of the knowledge rollouts at iteration 0, 0-3% later): with 8 companies the
+#     search world let the model memorise their names rather than copy the one asked, and the
+#     demo's names are single tokens it had only seen in another role.
+#  What would be next: a model that leaves the perception plateau on many logos (more steps, or
+#  the 5.6 M `--size small`, 3.4x slower), and a search world of many companies, so that the
+#  only way to name the one asked is to copy it.
 
 # Same seeds, same numbers on another x86-64 machine: torch (ATen), oneDNN and MKL pick kernels by
 # the CPU's instruction set and split reductions by thread count, and both change float
