@@ -144,9 +144,15 @@
 #     (found in 5% of the knowledge rollouts at iteration 0, 0-3% later): with 8 companies the
 #     search world let the model memorise their names rather than copy the one asked, and the
 #     demo's names are single tokens it had only seen in another role.
+#  n. The same with 40 companies (`make tiny-vlm-search SEARCH_RUN=runs/s40 SEARCH_WORLD_OPTS=
+#     "--entities 40 ..."`, the rest as m): greedy on its own world's test scenes the queries
+#     name the asked company in 3 of 32 knowledge questions (knowledge 3.1%, both 0.0%,
+#     perception 15.6%): the model does not learn to copy a name of several tokens in 1200
+#     trajectories x 6 epochs, so m's 62.5% was the 8 names memorised.
 #  What would be next: a model that leaves the perception plateau on many logos (more steps, or
-#  the 5.6 M `--size small`, 3.4x slower), and a search world of many companies, so that the
-#  only way to name the one asked is to copy it.
+#  the 5.6 M `--size small`, 3.4x slower), and one that copies a name it never saw (n: not
+#  learned from 1200 trajectories of 40 companies; a copying curriculum of its own, or more
+#  capacity).
 
 # Same seeds, same numbers on another x86-64 machine: torch (ATen), oneDNN and MKL pick kernels by
 # the CPU's instruction set and split reductions by thread count, and both change float
