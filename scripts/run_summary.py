@@ -34,6 +34,7 @@ from rich.table import Table
 from marscli.agent.protocol import ToolCall, parse_turn
 from marscli.records.outputs import AtomicFile
 from marscli.toy.hits import hit_rate, zoom_hits
+from marscli.toy.prompts import KINDS  # the toy world's order; other categories follow
 
 ZOOM = "image_zoom_in_tool"
 SHORT = {ZOOM: "zoom", "text_search_tool": "text", "image_search_tool": "image"}
@@ -41,7 +42,6 @@ SHORT = {ZOOM: "zoom", "text_search_tool": "text", "image_search_tool": "image"}
 T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
 KEYS = ("test_accuracy", "zoom_hit_rate", "zoom_calls", "rollout_accuracy", "rollout_zoom_share",
         "rollout_zoom_hit_rate", "rollout_found", "pooled_std", "flat_groups")
-KINDS = ("perception", "knowledge", "both")  # the toy world's order; other categories follow
 KIND_TOOL = {"perception": "zoom", "knowledge": "text", "both": "image"}  # the kind's own tool
 TOOLS = ("zoom", "text", "image")
 KIND_KEYS = tuple(f"{src}_{key}" for src in ("test", "rollout")

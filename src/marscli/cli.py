@@ -459,7 +459,7 @@ def toy_world(
         help="Share of the cold-start (sft) rows of each kind whose expert answers without a "
              "tool: a teacher that under-uses the tools, for RL to learn when to use them.")] = 0.0,
     avoid_seeds: Annotated[str, typer.Option(
-        help="Seeds of worlds (with as many --entities) whose logos this world must not "
+        help="Seeds of worlds (of --avoid-entities entities) whose logos this world must not "
              "reuse, comma-separated: a pre-training world disjoint from the demo's.")] = "",
     avoid_entities: Annotated[int | None, typer.Option(
         help="Entities of the --avoid-seeds worlds (default: --entities).")] = None,

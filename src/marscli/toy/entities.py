@@ -107,8 +107,9 @@ def make_entities(rng: random.Random, n: int, n_cities: int = 8, n_extra: int = 
     (shape, colour) pair of `avoid` (another world's logos: a pre-training world disjoint from
     the demo's)."""
     pairs = [(s, c) for s in SHAPES for c in COLOURS]
-    if not 1 <= n <= 2 * (len(pairs) - len(avoid & set(pairs))):
-        raise ValueError(f"entities: {n} — must be 1..{2 * (len(pairs) - len(avoid))} "
+    most = 2 * len(set(pairs) - avoid)  # a logo is a (shape, colour) pair on one of 2 plates
+    if not 1 <= n <= most:
+        raise ValueError(f"entities: {n} — must be 1..{most} "
                          f"(distinct logos{' outside the avoided worlds' if avoid else ''})")
     taken: set[str] = set()
     names = _unique(rng, _company, n + n_extra, taken)

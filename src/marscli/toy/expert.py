@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 
 from marscli.toy.entities import Entity
-from marscli.toy.prompts import gold
+from marscli.toy.prompts import KINDS, gold
 
 KEYWORD = {"city": "city", "founder": "founder", "year": "year"}  # text-search query word
 
@@ -83,7 +83,7 @@ def expert_replies(kind: str, attr: str, entity: Entity, zoom_box: list[int],
     question's direct answer is `guess`'s fact (another company's: a teacher that answers from
     a memory it does not have), never the gold one, so that the cold start cannot memorise the
     facts of the world RL is tested on."""
-    if kind not in ("perception", "knowledge", "both"):
+    if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}")
     if direct and kind == "perception":
         return [direct_answer(entity, attr)]

@@ -205,6 +205,7 @@ def build_world(out: str | Path, entities: int = 24, seed: int = 0, train: int =
     one must not reuse.
     """
     check_options(entities, train, test, sft, size, grid, zoom_cells, perceive, clutter, direct)
+    ents, cities, shops = world_entities(seed, entities, avoid, avoid_entities)  # checks avoid
     out = Path(out)
     t0 = time.perf_counter()
     _check_out(out, force)
@@ -212,7 +213,6 @@ def build_world(out: str | Path, entities: int = 24, seed: int = 0, train: int =
         tmp = ad.tmp
         (tmp / "logos").mkdir()
         (tmp / "images").mkdir()
-        ents, cities, shops = world_entities(seed, entities, avoid, avoid_entities)
         for e in ents:
             render_logo(e.logo, LOGO_SIDE).save(tmp / "logos" / f"{e.slug}.png", format="PNG",
                                                 compress_level=PNG_LEVEL)
