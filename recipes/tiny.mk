@@ -312,26 +312,51 @@ tiny-vlm: setup
 	$(call VLM_SFT,$(VA)/mix.jsonl,$(VLM_RUN)-3,$(VLM_RUN),$(VLM_AGENT_EPOCHS),frozen)
 	$(PY) scripts/perception_probe.py $(VA) $(VLM_RUN)
 
-# `make tiny-vlm-search` (issue 35, lever m): the search protocol in the agent's own format on top
-# of a model that sees (VLM, default the committed one): SEARCH_AGENT expert trajectories of the
-# three kinds on world 1001, which shares no seed and no logo with the demo's worlds (seeds 0-2,
-# 8 entities), so no fact or name of theirs is learned; replayed through the three tools, then
-# SEARCH_EPOCHS epochs with the vision tower frozen (~7 minutes on 2 cores). Then
+# `make tiny-vlm-search` (issue 35, levers m-p): the search protocol in the agent's own format on
+# top of a policy (VLM, default the committed model that sees): SEARCH_PER_WORLD expert
+# trajectories of SEARCH_KINDS in each of SEARCH_WORLDS worlds (seeds 1001, 1002, ...), none of
+# which shares a seed or a logo with the demo's worlds (seeds 0-2, 8 entities), so no fact or
+# name of theirs is learned; replayed through the three tools (each world's trajectories beside
+# the others', so their image paths stay valid when they are joined), then SEARCH_EPOCHS epochs
+# with the vision tower frozen. Then the greedy agent on the test scenes of world SEARCH_TEST
+# (of no training seed): per kind accuracy, tool use and found (scripts/kind_probe.py), i.e.
+# whether the skills carry to companies it never saw. Defaults: lever m (~7 minutes). Then
 #   make demo VLM=runs/tiny-vlm-search KINDS=perception,knowledge,both
 SEARCH_RUN ?= runs/tiny-vlm-search
-SEARCH_AGENT ?= 1200
+SEARCH_WORLDS ?= 1
+SEARCH_PER_WORLD ?= 1200
+SEARCH_ENTITIES ?= 8
+SEARCH_KINDS ?= perception,knowledge,both
 SEARCH_EPOCHS ?= 6
-SEARCH_WORLD_OPTS ?= --entities 8 --grid 4 --zoom-cells 2 --clutter 0 \
-  --kinds perception,knowledge,both --train 16 --test 96 --sft $(SEARCH_AGENT) --seed 1001 \
-  --avoid-seeds 0,1,2 --avoid-entities 8
+SEARCH_TEST ?= 1999
+SEARCH_WORLD_OPTS ?= --entities $(SEARCH_ENTITIES) --grid 4 --zoom-cells 2 --clutter 0 \
+  --kinds $(SEARCH_KINDS) --train 1 --avoid-seeds 0,1,2 --avoid-entities 8
+SEARCH_FROM = $(or $(VLM),recipes/tiny-vlm)
+SEARCH_TOOLS = --system-prompt recipes/toy-system.txt --image-search data
+SEARCH_SEEDS = $(shell seq 1001 $$((1000 + $(SEARCH_WORLDS))))
 SW = $(SEARCH_RUN)-world
+# One world of seed $(1), $(2) expert rows and $(3) test rows: written, its text indexed.
+define SEARCH_WORLD
+	$(MARSCLI) toy-world $(SW)/$(1) $(SEARCH_WORLD_OPTS) --sft $(2) --test $(3) --seed $(1) --force
+	$(MARSCLI) index text $(SW)/$(1)/corpus.jsonl -o $(SW)/$(1)/text.sqlite
+endef
+# ... and its expert replayed through the tools into SW/SEED.jsonl.
+define SEARCH_REPLAY
+$(call SEARCH_WORLD,$(1),$(SEARCH_PER_WORLD),1)
+	$(MARSCLI) rollout $(SW)/$(1)/sft.jsonl --policy $(SEARCH_FROM) -o $(SW)/$(1).jsonl --force \
+	  --engine replay -n 1 $(SEARCH_TOOLS) --text-search local:$(SW)/$(1)/text.sqlite
+
+endef
 .PHONY: tiny-vlm-search
 tiny-vlm-search: setup
-	$(MARSCLI) toy-world $(SW) $(SEARCH_WORLD_OPTS) --force
-	$(MARSCLI) index text $(SW)/corpus.jsonl -o $(SW)/text.sqlite
-	$(MARSCLI) rollout $(SW)/sft.jsonl --policy $(or $(VLM),recipes/tiny-vlm) \
-	  -o $(SW)/trajectories.jsonl --force --engine replay -n 1 \
-	  --system-prompt recipes/toy-system.txt --text-search local:$(SW)/text.sqlite --image-search data
-	$(call VLM_SFT,$(SW)/trajectories.jsonl,$(or $(VLM),recipes/tiny-vlm),$(SEARCH_RUN),$(SEARCH_EPOCHS),frozen)
+	rm -rf $(SW) && mkdir -p $(SW)
+	$(foreach s,$(SEARCH_SEEDS),$(call SEARCH_REPLAY,$(s)))
+	cat $(foreach s,$(SEARCH_SEEDS),$(SW)/$(s).jsonl) > $(SW)/trajectories.jsonl
+	$(call VLM_SFT,$(SW)/trajectories.jsonl,$(SEARCH_FROM),$(SEARCH_RUN),$(SEARCH_EPOCHS),frozen)
+	$(call SEARCH_WORLD,$(SEARCH_TEST),1,96)
+	$(MARSCLI) eval $(SW)/$(SEARCH_TEST)/test.jsonl --policy $(SEARCH_RUN) \
+	  -o $(SEARCH_RUN)-probe.jsonl --judge exact --mode agent --temperature 0 --max-turns $(MAX_TURNS) \
+	  --max-turn-tokens $(MAX_TURN_TOKENS) $(SEARCH_TOOLS) --text-search local:$(SW)/$(SEARCH_TEST)/text.sqlite
+	$(PY) scripts/kind_probe.py $(SEARCH_RUN)-probe.jsonl --out $(SEARCH_RUN)-probe.json
 
 RECIPE_INPUTS = $(WORLD)/text.sqlite.meta.json

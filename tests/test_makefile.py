@@ -371,11 +371,14 @@ def test_no_pre_training_world_shares_a_seed_or_a_logo_with_the_demos_worlds(tmp
 
     lines = dry_run("tiny-vlm", "RECIPE=recipes/tiny.mk", f"VLM_RUN={tmp_path}/vlm",
                     "VLM_GENERAL=1")
-    search = dry_run("tiny-vlm-search", f"SEARCH_RUN={tmp_path}/search")  # lever m
+    search = dry_run("tiny-vlm-search", f"SEARCH_RUN={tmp_path}/search",  # levers m-p
+                     "SEARCH_WORLDS=3")
     pre = [opts(x) for x in lines + search if " toy-world " in x]
     demo = opts(next(x for x in dry_run(f"{tmp_path}/world.meta.json", f"RUN={tmp_path}")
                      if " toy-world " in x))
-    assert len(pre) == 3 and demo["--seed"] == "0"
+    # two worlds of tiny-vlm, three of the search phase and its held-out test world
+    assert [o["--seed"] for o in pre] == ["1000", "1001", "1001", "1002", "1003", "1999"]
+    assert demo["--seed"] == "0"
     demo_logos = {(e.logo.shape, e.logo.colour) for s in (0, 1, 2)
                   for e in world_entities(s, int(demo["--entities"]))[0]}
     for o in pre:
@@ -394,6 +397,14 @@ def test_no_pre_training_world_shares_a_seed_or_a_logo_with_the_demos_worlds(tmp
     assert "--policy recipes/tiny-vlm" in replay and "--image-search data" in replay
     sft = next(x for x in search if " sft " in x)
     assert f"--policy recipes/tiny-vlm --out {tmp_path}/search " in sft and "--freeze-vision" in sft
+    # it trains on every world's trajectories, each replayed beside the others (image paths
+    # relative to one folder), and is measured on the world it never saw
+    w = f"{tmp_path}/search-world"
+    assert f"cat {w}/1001.jsonl {w}/1002.jsonl {w}/1003.jsonl > {w}/trajectories.jsonl" in search
+    assert sft.split(" sft ")[1].startswith(f"{w}/trajectories.jsonl ")
+    probe = " ".join(search[search.index(sft):])
+    assert f"eval {w}/1999/test.jsonl --policy {tmp_path}/search " in probe
+    assert f"--text-search local:{w}/1999/text.sqlite" in probe and "kind_probe.py" in probe
 
 
 def test_the_committed_tiny_vlm_is_what_make_tiny_vlm_builds(tmp_path):

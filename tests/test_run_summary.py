@@ -276,3 +276,23 @@ def test_a_world_without_categories_prints_no_kind_table(tmp_path):
     table = summarize(run, iters=0)
     (row,) = orjson.loads((run / "summary.json").read_bytes())["iterations"]
     assert row["kinds"] == {} and "by question kind" not in table
+
+
+def test_kind_probe_prints_and_writes_one_eval_files_stats_per_kind(tmp_path):
+    """scripts/kind_probe.py (make tiny-vlm-search's measure on a world never seen): the same
+    per-kind numbers as the run summary, from one eval file; a missing file is exit 2."""
+    evals = tmp_path / "probe.jsonl"
+    write_jsonl(evals, [*SEED_RECORDS[0], {"id": "unanswered", "error": "judge down"}])
+    out = tmp_path / "probe.json"
+    r = subprocess.run([sys.executable, str(ROOT / "scripts/kind_probe.py"), str(evals),
+                        "--out", str(out)], capture_output=True, text=True, check=True)
+    stats = orjson.loads(out.read_bytes())
+    assert list(stats) == ["perception", "knowledge", "both"]
+    for kind, want in EXPECTED[0].items():
+        got = [stats[kind][f"test_{f}"] for f in KIND_FIELDS]
+        assert got == pytest.approx(list(want), abs=0.01), kind
+    assert stats["both"]["test_items"] == 3  # the record without segments is left out
+    assert "knowledge   n=2   accuracy 50.0%  calls zoom 0.0%  text 100.0%" in r.stdout
+    bad = subprocess.run([sys.executable, str(ROOT / "scripts/kind_probe.py"),
+                          str(tmp_path / "none.jsonl")], capture_output=True, text=True)
+    assert bad.returncode == 2 and "none.jsonl: no such file" in bad.stderr
