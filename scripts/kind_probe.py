@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run_summary import TOOLS, accuracy, fmt, kind_order, records, use_stats  # noqa: E402
+from run_summary import TOOLS, accuracy, fmt, kind_order, records, use_stats
 
 
 def probe(path: Path) -> dict[str, dict]:
