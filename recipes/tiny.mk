@@ -240,8 +240,10 @@ UPDATE_OPTS ?= --loss $(LOSS) --lr 1e-4 --clip-low 0.2 --clip-high 0.28 --grad-c
   --rollout-is off $(KEEP_OPTIMIZER) $(if $(DEEPSPEED),--deepspeed $(DEEPSPEED))
 SFT_DATA ?= $(RUN)/sft/trajectories.jsonl
 SFT_OPTS ?= --epochs 8 --lr 2e-3 --batch-size 4 --schedule cosine
-EVAL_OPTS ?= --mode agent --temperature 0 --max-turns $(MAX_TURNS) \
-  --max-turn-tokens $(MAX_TURN_TOKENS) $(AGENT_OPTS)
+# The greedy agent: the test split's settings, and tiny-vlm-search's probe with its own tools.
+GREEDY_OPTS = --mode agent --temperature 0 --max-turns $(MAX_TURNS) \
+  --max-turn-tokens $(MAX_TURN_TOKENS)
+EVAL_OPTS ?= $(GREEDY_OPTS) $(AGENT_OPTS)
 
 # The toy world, the tokenizer-aware tiny model, the text index and the expert trajectories;
 # each target is the sidecar its command writes last (WORLD.meta.json beside the folder), so
@@ -391,8 +393,8 @@ tiny-vlm-search: setup
 	$(call VLM_SFT,$(SW)/trajectories.jsonl,$(SEARCH_FROM),$(SEARCH_RUN),$(SEARCH_EPOCHS),$(SEARCH_FROZEN))
 	$(call SEARCH_WORLD,$(SEARCH_TEST),1,96)
 	$(MARSCLI) eval $(SW)/$(SEARCH_TEST)/test.jsonl --policy $(SEARCH_RUN) \
-	  -o $(SEARCH_RUN)-probe.jsonl --judge exact --mode agent --temperature 0 --max-turns $(MAX_TURNS) \
-	  --max-turn-tokens $(MAX_TURN_TOKENS) $(SEARCH_TOOLS) --text-search local:$(SW)/$(SEARCH_TEST)/text.sqlite
+	  -o $(SEARCH_RUN)-probe.jsonl --judge exact $(GREEDY_OPTS) $(SEARCH_TOOLS) \
+	  --text-search local:$(SW)/$(SEARCH_TEST)/text.sqlite
 	$(PY) scripts/kind_probe.py $(SEARCH_RUN)-probe.jsonl --out $(SEARCH_RUN)-probe.json
 
 RECIPE_INPUTS = $(WORLD)/text.sqlite.meta.json
