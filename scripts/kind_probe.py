@@ -17,6 +17,8 @@ import json
 import sys
 from pathlib import Path
 
+from marscli.errors import BadInput
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run_summary import TOOLS, accuracy, fmt, kind_order, records, use_stats
 
@@ -46,4 +48,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except BadInput as e:
+        print(f"kind_probe: {e}", file=sys.stderr)
+        raise SystemExit(e.exit_code) from None

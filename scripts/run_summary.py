@@ -32,6 +32,8 @@ from rich.console import Console
 from rich.table import Table
 
 from marscli.agent.protocol import ToolCall, parse_turn
+from marscli.errors import BadInput
+from marscli.records.jsonl import iter_rows
 from marscli.records.outputs import AtomicFile
 from marscli.toy.hits import hit_rate, zoom_hits
 from marscli.toy.prompts import KINDS  # the toy world's order; other categories follow
@@ -53,9 +55,11 @@ def seed_run(run: Path, s: int) -> Path:
 
 
 def records(path: Path) -> list[dict]:
+    """A JSONL file's rows ([] when it is not there yet: an iteration still running); a bad
+    line is marscli's BadInput naming the file and line."""
     if not path.is_file():
         return []
-    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+    return [row for _, row in iter_rows(str(path))]
 
 
 def pct(x: float | None) -> float | None:
@@ -414,4 +418,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BadInput as e:
+        print(f"run_summary: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
