@@ -55,8 +55,8 @@ def seed_run(run: Path, s: int) -> Path:
 
 
 def records(path: Path) -> list[dict]:
-    """A JSONL file's rows ([] when it is not there yet: an iteration still running); a bad
-    line is marscli's BadInput naming the file and line."""
+    """A JSONL file's rows, [] when there is none (an iteration not evaluated); a bad line, or
+    a file a live stage is still writing, is marscli's BadInput naming it."""
     if not path.is_file():
         return []
     return [row for _, row in iter_rows(str(path))]

@@ -298,14 +298,13 @@ def test_kind_probe_prints_and_writes_one_eval_files_stats_per_kind(tmp_path):
     assert bad.returncode == 2 and "none.jsonl: no such file" in bad.stderr
     torn = tmp_path / "torn.jsonl"  # an eval killed mid-write: its last line is cut
     torn.write_bytes(evals.read_bytes()[:-10])
-    for script in ("kind_probe.py", "run_summary.py"):
-        args = [str(torn)] if script == "kind_probe.py" else [str(tmp_path), "--iters", "0"]
-        if script == "run_summary.py":  # a run whose iteration 0 was killed mid-write
-            (tmp_path / "iter-0").mkdir()
-            (tmp_path / "iter-0" / "rollouts.jsonl").write_bytes(torn.read_bytes())
+    last = len(torn.read_bytes().splitlines())
+    (tmp_path / "iter-0").mkdir()  # a run whose iteration 0 was killed mid-write
+    (tmp_path / "iter-0" / "rollouts.jsonl").write_bytes(torn.read_bytes())
+    for script, args in (("kind_probe.py", [str(torn)]),
+                         ("run_summary.py", [str(tmp_path), "--iters", "0"])):
         r = subprocess.run([sys.executable, str(ROOT / "scripts" / script), *args],
                            capture_output=True, text=True)
         assert r.returncode == 2, (script, r.stderr)
-        last = len(torn.read_bytes().splitlines())
         assert r.stderr.strip().count("\n") == 0, r.stderr
         assert f".jsonl:{last}: not valid JSON (truncated last line?)" in r.stderr
