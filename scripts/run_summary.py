@@ -66,14 +66,21 @@ def pct(x: float | None) -> float | None:
     return None if x is None else round(100 * x, 2)
 
 
+def by_kind(rows: list[dict], missing: str | None = None) -> dict[str, list[dict]]:
+    """Rows grouped by their category (the toy world's question kind); a row without one goes
+    under `missing`, or is left out when that is None."""
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        if kind := r.get("category") or missing:
+            groups[kind].append(r)
+    return groups
+
+
 def by_category(rows: list[dict]) -> dict[str, dict]:
     """Per question category: accuracy % and tool calls per trajectory (the paper's claim is
     that perception questions zoom and knowledge questions search)."""
-    cats: dict[str, list[dict]] = defaultdict(list)
-    for r in rows:
-        cats[r.get("category") or "-"].append(r)
     out = {}
-    for c, rs in sorted(cats.items()):
+    for c, rs in sorted(by_kind(rows, missing="-").items()):
         tools: dict[str, float] = defaultdict(float)
         for r in rs:
             for name, n in (r.get("tool_calls") or {}).items():
@@ -167,14 +174,6 @@ def found(record: dict, kind: str, calls: list[tuple[str, dict]], base: Path) ->
 
 def share(flags: list[bool]) -> float | None:
     return pct(sum(flags) / len(flags)) if flags else None
-
-
-def by_kind(rows: list[dict]) -> dict[str, list[dict]]:
-    groups: dict[str, list[dict]] = defaultdict(list)
-    for r in rows:
-        if r.get("category"):
-            groups[r["category"]].append(r)
-    return groups
 
 
 def kind_order(kind: str) -> tuple[int, str]:

@@ -289,6 +289,31 @@ def test_cli_exit_codes_and_no_torch_at_import(tmp_path):
     assert r.stdout.strip() == "False"
 
 
+def test_init_std_sets_the_random_weights_spread_and_is_checked(tmp_path):
+    """--init-std is the weights' standard deviation (the default is HF's 0.02; seed 0 draws
+    the same normals either way, scaled), kept in config.json and the sidecar; a value outside
+    (0, 1] is one line and exit 2, nothing written."""
+    import orjson
+    from safetensors.torch import load_file
+
+    wide = T.main(str(tmp_path / "wide"), seed=0, text_files=[], init_std=0.08)
+    default = T.build_tiny_model(tmp_path / "default", seed=0)
+    key = "model.language_model.layers.0.self_attn.q_proj.weight"
+    w, d = load_file(wide / "model.safetensors")[key], load_file(default / "model.safetensors")[key]
+    assert abs(float(w.std()) - 0.08) < 0.004 and abs(float(d.std()) - 0.02) < 0.001
+    assert abs(float((w - 4 * d).abs().max())) < 1e-6  # one draw, scaled
+    cfg = orjson.loads((wide / "config.json").read_bytes())
+    assert cfg["text_config"]["initializer_range"] == cfg["vision_config"]["initializer_range"]
+    assert cfg["text_config"]["initializer_range"] == 0.08
+    meta = orjson.loads((tmp_path / "wide.meta.json").read_bytes())
+    assert meta["config"]["init_std"] == 0.08
+    for bad in ("0", "-0.1", "nan", "2"):
+        r = subprocess.run([sys.executable, "-m", "marscli", "tiny-model", str(tmp_path / "x"),
+                            "--init-std", bad], capture_output=True, text=True, check=False)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert r.stderr.startswith("error: --init-std:") and not (tmp_path / "x").exists()
+
+
 def test_conftest_fixture_builds_a_loadable_model(tiny_model):
     from transformers import AutoConfig
 

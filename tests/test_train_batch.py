@@ -362,3 +362,33 @@ def test_image_tokens_agree_when_min_pixels_equals_max_pixels(tmp_path, size):
     assert n == placeholder_count(proc, path) == want
     if size == (1024, 512):
         assert want == 10
+
+
+def test_job_releases_the_models_it_built_before_closing_the_process_group(monkeypatch):
+    """Every model `Job.build` made is released (DeepSpeed's hooks and buffers freed) before
+    the process group is destroyed, also when the stage's body raises: left to interpreter exit,
+    a ZeRO-3 rank sometimes aborted after the group was gone."""
+    import marscli.train.job as jobmod
+    import marscli.train.trainer as trainer
+    from marscli.train.job import Job, TrainOptions
+
+    events: list[str] = []
+
+    class Model:
+        master_load_seconds = 0.0
+
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def release(self) -> None:
+            events.append(f"release {self.name}")
+
+    monkeypatch.setattr(trainer, "build_model", lambda policy, d, **kw: Model(policy))
+    monkeypatch.setattr(jobmod, "close_distributed", lambda d: events.append("close"))
+    job = Job("test", "unused", TrainOptions(), None, [], 0.0)
+    with pytest.raises(RuntimeError, match="body"), job:
+        job.build("policy")
+        job.build("ref")
+        raise RuntimeError("body")
+    assert events == ["release policy", "release ref", "close"]
+    assert job.models == []

@@ -363,13 +363,16 @@ def tiny_model(
         help="Processor floor: images are upscaled to at least this many pixels.")] = 65_536,
     max_pixels: Annotated[int, typer.Option(
         help="Processor cap: 200,704 (448x448) gives at most 196 image tokens.")] = 200_704,
+    init_std: Annotated[float, typer.Option(
+        help="Standard deviation of the random weights (Qwen3-VL's initializer_range). "
+             "0.08 left the seeing plateau 3x sooner than 0.02 (docs/demo.md).")] = 0.02,
 ) -> None:
     """Build a random Qwen3-VL checkpoint (HF format, tokenizer, processor) for tests and demos."""
     with guard():
         from marscli.stages.tiny_model import main as tiny_main
 
         tiny_main(out, seed=seed, text_files=text or [], size=size, force=force,
-                  min_pixels=min_pixels, max_pixels=max_pixels, vocab=vocab)
+                  min_pixels=min_pixels, max_pixels=max_pixels, vocab=vocab, init_std=init_std)
 
 
 @app.command()

@@ -43,6 +43,7 @@ How it departs from a released Qwen3-VL checkpoint, and why:
 from __future__ import annotations
 
 import json
+import math
 import re
 import struct
 from collections.abc import Iterable
@@ -315,9 +316,21 @@ def make_processor(tokenizer, min_pixels: int = TINY_MIN_PIXELS,
 # ------------------------------------------------------------------------------------- model
 
 
-def make_config(tokenizer, size: str = "tiny", vocab_size: int | None = None):
+# HF's initializer_range for Qwen3-VL, sized for its 4096-wide model. The tiny model's widths
+# are 64-128: 0.08 (about 1/sqrt(width)) left the seeing plateau about 3x sooner (docs/demo.md).
+INIT_STD = 0.02
+
+
+def check_init_std(init_std: float) -> None:
+    if not (math.isfinite(init_std) and 0 < init_std <= 1):
+        raise BadInput(f"--init-std: {init_std} — need a number in (0, 1]")
+
+
+def make_config(tokenizer, size: str = "tiny", vocab_size: int | None = None,
+                init_std: float = INIT_STD):
     """`Qwen3VLConfig` of the given size, with token ids looked up in `tokenizer` by string;
-    `vocab_size` defaults to the tokenizer's length (the real vocabulary pads it)."""
+    `vocab_size` defaults to the tokenizer's length (the real vocabulary pads it); `init_std`
+    is the random weights' standard deviation (HF's initializer_range)."""
     from transformers import Qwen3VLConfig
 
     if size not in SIZES:
@@ -331,6 +344,7 @@ def make_config(tokenizer, size: str = "tiny", vocab_size: int | None = None):
                          "mrope_section": [8, 12, 12], "mrope_interleaved": True},
         pad_token_id=ids[PAD_TOKEN],
         dtype="float32",
+        initializer_range=init_std,
     )
     vision = dict(
         SIZES[size]["vision"],
@@ -338,6 +352,7 @@ def make_config(tokenizer, size: str = "tiny", vocab_size: int | None = None):
         spatial_merge_size=MERGE_SIZE,
         temporal_patch_size=TEMPORAL_PATCH_SIZE,
         out_hidden_size=text["hidden_size"],
+        initializer_range=init_std,
     )
     return Qwen3VLConfig(
         text_config=text,
@@ -349,6 +364,7 @@ def make_config(tokenizer, size: str = "tiny", vocab_size: int | None = None):
         tie_word_embeddings=True,
         dtype="float32",
         architectures=["Qwen3VLForConditionalGeneration"],
+        initializer_range=init_std,
     )
 
 
@@ -383,13 +399,14 @@ def _tokenizer_parts(vocab: str, texts: list[str]) -> tuple[object, str, int | N
 def build_tiny_model(out: str | Path, seed: int = 0, texts: Iterable[str] = (),
                      size: str | None = None, force: bool = False,
                      min_pixels: int = TINY_MIN_PIXELS, max_pixels: int = TINY_MAX_PIXELS,
-                     vocab: str = "tiny") -> Path:
+                     vocab: str = "tiny", init_std: float = INIT_STD) -> Path:
     """Write a random Qwen3-VL checkpoint (model, tokenizer, processor) to folder `out`.
 
     `texts` are training texts for the tokenizer (strings, not paths: see `read_texts`); `vocab`
     "qwen" takes the real vocabulary instead (no texts), and `size` defaults per vocabulary
-    (`DEFAULT_SIZE`). The folder is built as `OUT.tmp-PID` and renamed onto `out`; an existing
-    non-empty `out` is refused unless `force`. Same seed and texts, same bytes in every file.
+    (`DEFAULT_SIZE`); `init_std` is the weights' standard deviation. The folder is built as
+    `OUT.tmp-PID` and renamed onto `out`; an existing non-empty `out` is refused unless `force`.
+    Same seed and texts, same bytes in every file.
     """
     out = Path(out)
     size = size or DEFAULT_SIZE.get(vocab, "tiny")
@@ -409,9 +426,10 @@ def build_tiny_model(out: str | Path, seed: int = 0, texts: Iterable[str] = (),
     if not 1024 <= min_pixels <= max_pixels:
         raise BadInput(f"--min-pixels/--max-pixels: need 1024 <= min ({min_pixels}) <= max "
                        f"({max_pixels})")
+    check_init_std(init_std)
     tokenizer, template, vocab_size = _tokenizer_parts(vocab, texts)
     processor = make_processor(tokenizer, min_pixels, max_pixels, template)
-    config = make_config(tokenizer, size, vocab_size)
+    config = make_config(tokenizer, size, vocab_size, init_std)
     with torch.random.fork_rng(devices=[]):  # leave the caller's RNG state alone
         torch.manual_seed(seed)
         model = Qwen3VLForConditionalGeneration(config).to(torch.float32).eval()
@@ -432,7 +450,8 @@ def build_tiny_model(out: str | Path, seed: int = 0, texts: Iterable[str] = (),
 @stage_inputs()
 def main(out: str, seed: int = 0, text_files: Iterable[str] = (), size: str | None = None,
          force: bool = False, min_pixels: int = TINY_MIN_PIXELS,
-         max_pixels: int = TINY_MAX_PIXELS, vocab: str = "tiny") -> Path:
+         max_pixels: int = TINY_MAX_PIXELS, vocab: str = "tiny",
+         init_std: float = INIT_STD) -> Path:
     """`marscli tiny-model`: build, write `OUT.meta.json` beside the folder, report on stderr."""
     import sys
     import time
@@ -443,15 +462,18 @@ def main(out: str, seed: int = 0, text_files: Iterable[str] = (), size: str | No
         raise BadInput(f"--vocab: unknown vocabulary {vocab!r} — choose one of: "
                        f"{', '.join(VOCABS)}")
     size = size or DEFAULT_SIZE[vocab]
+    check_init_std(init_std)
     path = build_tiny_model(out, seed=seed, texts=read_texts(text_files), size=size, force=force,
-                            min_pixels=min_pixels, max_pixels=max_pixels, vocab=vocab)
+                            min_pixels=min_pixels, max_pixels=max_pixels, vocab=vocab,
+                            init_std=init_std)
     n_params = count_parameters(path)
     with open(path / "config.json") as fh:
         vocab_size = json.load(fh)["text_config"]["vocab_size"]
     mb = sum(f.stat().st_size for f in path.iterdir()) / 1e6
     write_sidecar(str(path), stage="tiny-model", seed=seed,
                   config={"size": size, "vocab": vocab, "text_files": text_files,
-                          "min_pixels": min_pixels, "max_pixels": max_pixels},
+                          "min_pixels": min_pixels, "max_pixels": max_pixels,
+                          "init_std": init_std},
                   inputs=text_files,
                   stats={"parameters": n_params, "vocab_size": vocab_size, "mb": mb},
                   started=started)

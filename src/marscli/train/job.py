@@ -21,6 +21,7 @@ are validated before anything heavy loads.
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import time
@@ -121,6 +122,7 @@ class Job:
         self.inputs, self.started = inputs, started
         self.folders = folders  # the checkpoints it reads: no tracker writes into them
         self.tracker: Any = None  # rank 0's, opened on entry (`_tracker`)
+        self.models: list[TrainModel] = []  # built by `build`
         self.dist = Dist()
         self.folder: Path | None = None  # OUT.tmp-PID while output() is open
         self.pid = os.getpid()  # rank 0's pid once output() is open
@@ -144,7 +146,13 @@ class Job:
                 self.tracker.close()
                 self.tracker = None
         finally:
-            close_distributed(self.dist)
+            try:  # the engines first: their hooks and Gloo work must die before the group
+                for model in self.models:
+                    model.release()
+                self.models.clear()
+                gc.collect()
+            finally:
+                close_distributed(self.dist)
 
     def log(self, msg: str) -> None:
         log(self.dist, msg)
@@ -191,6 +199,7 @@ class Job:
 
         t0 = time.perf_counter()
         model = build_model(policy, self.dist, ds_config=self.ds_cfg, **kw)
+        self.models.append(model)  # released on exit, before the process group
         self.io["load_seconds"] += time.perf_counter() - t0
         self.io["master_load_seconds"] += model.master_load_seconds
         return model

@@ -159,6 +159,15 @@ class TrainModel:
         self.optimizer.zero_grad(set_to_none=True)
         return norm
 
+    def release(self) -> None:
+        """Remove DeepSpeed's hooks and free its buffers now, while the process group is up.
+        Left to the engine's reference cycles, they were freed at interpreter exit, after the
+        group was destroyed, and a ZeRO-3 rank sometimes aborted there ("terminate called
+        without an active exception"; Gloo work objects outliving their group)."""
+        if self.engine is not None:
+            self.engine.destroy()
+        self.engine = self.optimizer = None
+
     def frozen_reader(self) -> Any:
         """A reader of the float32 values of the files the model was loaded from, for frozen
         parameters under DeepSpeed's bf16 (the module holds them in 16 bits, the optimiser not
