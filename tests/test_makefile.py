@@ -359,6 +359,27 @@ def test_tiny_vlm_chains_its_perception_phases_then_the_agents_format(tmp_path):
     assert [p.split()[-1] for p in probes] == [f"{run}-3", run]
 
 
+def test_tiny_vlm_general_grounds_at_the_zooms_scale_first(tmp_path):
+    """VLM_GENERAL=1 (levers s, t): weights drawn at 0.08; grounding in the crops first, then
+    whole scenes beside them (the even rows of perceive.jsonl), then both with the reading
+    rows twice; then the agent's format."""
+    run = str(tmp_path / "vlm")
+    w = f"{run}-world"
+    lines = dry_run("tiny-vlm", "RECIPE=recipes/tiny.mk", f"VLM_RUN={run}", "VLM_GENERAL=1")
+    assert "--zoom-cells 2" in next(x for x in lines if "toy-world" in x)  # writes the crops' rows
+    assert "--init-std 0.08" in next(x for x in lines if " tiny-model " in x)
+    sft = [x for x in lines if " sft " in x]
+    assert [x.split(" sft ")[1].split()[0] for x in sft] == [
+        f"{w}/perceive-zoomed.jsonl", f"{w}/ground.jsonl", f"{w}/mix.jsonl",
+        f"{run}-agent/mix.jsonl"]
+    assert [x.split("--policy ")[1].split()[0] for x in sft] == [
+        f"{run}-random", f"{run}-1", f"{run}-2", f"{run}-3"]
+    assert [x.split("--epochs ")[1].split()[0] for x in sft] == ["8", "4", "2", "10"]
+    assert (f"sed -n '2~2p' {w}/perceive.jsonl | cat - {w}/perceive-zoomed.jsonl "
+            f"> {w}/ground.jsonl") in lines
+    assert f"cat {w}/ground.jsonl {w}/read.jsonl {w}/read.jsonl > {w}/mix.jsonl" in lines
+
+
 def test_no_pre_training_world_shares_a_seed_or_a_logo_with_the_demos_worlds(tmp_path):
     """`make tiny-vlm VLM_GENERAL=1` learns to see, search and read on worlds of its own: none
     is the demo's default world (seed 0) or the two others of issue 35 (1, 2), none draws a logo

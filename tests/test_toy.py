@@ -395,6 +395,37 @@ def test_zoom_cells_box_is_the_aligned_block_holding_the_logo(tmp_path):
         build_world(tmp_path / "bad", entities=5, train=1, test=0, sft=0, grid=4, zoom_cells=3)
 
 
+def test_zoomed_grounding_rows_name_the_cell_of_the_crop_the_logo_is_drawn_in(tmp_path):
+    """With quadrant zooms, perceive-zoomed.jsonl asks where the logo is in each reading row's
+    crop: the box answered is the quadrant of the crop holding the logo's plate, found here by
+    its exact pixel colour; single-cell zooms write no such file (the box would be the crop)."""
+    from marscli.toy.perceive import WHERE
+
+    w = tmp_path / "w"
+    build_world(w, seed=3, perceive=6, grid=4, zoom_cells=2, **SMALL)
+    msgs = [orjson.loads(x) for x in (w / "perceive.jsonl").read_bytes().splitlines()]
+    zoomed = [orjson.loads(x) for x in (w / "perceive-zoomed.jsonl").read_bytes().splitlines()]
+    assert len(zoomed) == 6
+    boxes = set()
+    for k, z in enumerate(zoomed):
+        assert z["images"] == msgs[2 * k]["images"]  # the reading row's crop
+        assert z["messages"][1]["content"] == "<image>" + WHERE
+        box = json.loads(z["messages"][2]["content"])
+        crop = np.asarray(Image.open(w / z["images"][0]).convert("RGB")).astype(int)
+        plate = np.zeros(crop.shape[:2], bool)
+        for rgb in PLATES.values():
+            plate |= np.abs(crop - rgb).max(-1) <= 2
+        ys, xs = np.nonzero(plate)
+        h, wd = plate.shape
+        cx, cy = 1000 * xs.mean() / wd, 1000 * ys.mean() / h
+        assert box[0] <= cx < box[2] and box[1] <= cy < box[3], (box, cx, cy)
+        assert box[2] - box[0] == box[3] - box[1] == 500
+        boxes.add(tuple(box))
+    assert len(boxes) > 1  # not one answer for every scene
+    build_world(tmp_path / "one", seed=3, perceive=2, **SMALL)
+    assert not (tmp_path / "one" / "perceive-zoomed.jsonl").exists()
+
+
 def test_perception_rows_are_the_zoom_tools_crop_and_the_experts_box(tmp_path, tiny_model):
     from marscli.agent.messages import to_trajectory
     from marscli.qwen.policy import load_processor

@@ -454,7 +454,8 @@ def toy_world(
     perceive: Annotated[int, typer.Option(
         help="Scenes of perception pre-training in perceive.jsonl (two message rows each: "
              "read the logo's crop, give the logo's box), for a random model to learn to see "
-             "before the cold start.")] = 0,
+             "before the cold start; with --zoom-cells 2 or more also perceive-zoomed.jsonl "
+             "(where the logo is in the crop).")] = 0,
     clutter: Annotated[float, typer.Option(
         help="Amount of muted clutter in the scenes, as a multiple of the default (0: the "
              "background gradient alone).")] = 1.0,

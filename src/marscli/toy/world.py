@@ -21,7 +21,7 @@ from marscli.records.outputs import AtomicDir
 from marscli.toy.corpus import make_corpus
 from marscli.toy.entities import MAX_ENTITIES, Entity, make_entities, syllables
 from marscli.toy.expert import DIRECT, DIRECT_SEARCH, expert_replies
-from marscli.toy.perceive import SYSTEM, WHERE, perception_rows
+from marscli.toy.perceive import SYSTEM, WHERE, perception_rows, zoomed_rows
 from marscli.toy.prompts import KINDS, gold, plan, question, search_hits
 from marscli.toy.render import LOGO_MAX, render_logo, render_scene
 
@@ -229,6 +229,8 @@ def build_world(out: str | Path, entities: int = 24, seed: int = 0, train: int =
             scenes = _split_rows("perceive", perceive, seed, ents, tmp, size, grid,
                                  ("perception",), zoom_cells, clutter)
             _write_jsonl(tmp / "perceive.jsonl", perception_rows(scenes, tmp, PNG_LEVEL))
+            if zoom_cells > 1:
+                _write_jsonl(tmp / "perceive-zoomed.jsonl", zoomed_rows(scenes, zoom_cells))
         searches = direct and set(kinds) - {"perception"}
         extra = (([DIRECT] if direct else []) + ([DIRECT_SEARCH] if searches else [])
                  + ([SYSTEM, WHERE] if perceive else []))
@@ -280,6 +282,8 @@ for `marscli index images` |
 for `--engine replay` |
 | `perceive.jsonl` | {2 * stats['perceive']} message rows of perception pre-training (read the \
 crop, ground the logo) on scenes of their own, for `marscli sft` |
+| `perceive-zoomed.jsonl` | with `--zoom-cells` 2 or more: {stats['perceive']} rows of \
+grounding at the zoom's scale (the crop → the logo's cell in it) |
 | `vocab.txt` | all the world's text, for `marscli tiny-model --text` |
 | `syllables.txt` | the same without the world's names, and the syllables names are made of: \
 a tokenizer for any world (`tiny-model --text`) |
