@@ -337,19 +337,22 @@ def test_servers_per_gpu_group_colocated_and_in_one_allocation(tmp_path):
     assert re.search(r"rl-served.sh \S+ 8471 steps 4 rl --", start), start
 
 
+def sft_args(sft: list[str], flag: str) -> list[str]:
+    """The word after `flag` in each `marscli sft` command line (flag "sft": its data file)."""
+    return [x.split(f" {flag} ")[1].split()[0] for x in sft]
+
+
 def test_tiny_vlm_chains_its_perception_phases_then_the_agents_format(tmp_path):
     run = str(tmp_path / "vlm")
     lines = dry_run("tiny-vlm", "RECIPE=recipes/tiny.mk", f"VLM_RUN={run}")
     sft = [x for x in lines if " sft " in x]
     # all rows from the random model; the reading rows; the mix; the agent's trajectories
-    assert [x.split(" sft ")[1].split()[0] for x in sft] == [
+    assert sft_args(sft, "sft") == [
         f"{run}-world/perceive.jsonl", f"{run}-world/read.jsonl", f"{run}-world/mix.jsonl",
         f"{run}-agent/mix.jsonl"]
-    assert [x.split("--policy ")[1].split()[0] for x in sft] == [
-        f"{run}-random", f"{run}-1", f"{run}-2", f"{run}-3"]
-    assert [x.split("--out ")[1].split()[0] for x in sft] == [
-        f"{run}-1", f"{run}-2", f"{run}-3", run]
-    assert [x.split("--epochs ")[1].split()[0] for x in sft] == ["8", "8", "1", "12"]
+    assert sft_args(sft, "--policy") == [f"{run}-random", f"{run}-1", f"{run}-2", f"{run}-3"]
+    assert sft_args(sft, "--out") == [f"{run}-1", f"{run}-2", f"{run}-3", run]
+    assert sft_args(sft, "--epochs") == ["8", "8", "1", "12"]
     assert ["--freeze-vision" in x for x in sft] == [False, False, False, True]
     assert "--perceive 2000" in next(x for x in lines if "toy-world" in x)
     # the replayed trajectories come from the phase-3 model's tokenizer, before phase 4
@@ -369,12 +372,10 @@ def test_tiny_vlm_general_grounds_at_the_zooms_scale_first(tmp_path):
     assert "--zoom-cells 2" in next(x for x in lines if "toy-world" in x)  # writes the crops' rows
     assert "--init-std 0.08" in next(x for x in lines if " tiny-model " in x)
     sft = [x for x in lines if " sft " in x]
-    assert [x.split(" sft ")[1].split()[0] for x in sft] == [
-        f"{w}/perceive-zoomed.jsonl", f"{w}/ground.jsonl", f"{w}/mix.jsonl",
-        f"{run}-agent/mix.jsonl"]
-    assert [x.split("--policy ")[1].split()[0] for x in sft] == [
-        f"{run}-random", f"{run}-1", f"{run}-2", f"{run}-3"]
-    assert [x.split("--epochs ")[1].split()[0] for x in sft] == ["8", "4", "2", "10"]
+    assert sft_args(sft, "sft") == [f"{w}/perceive-zoomed.jsonl", f"{w}/ground.jsonl",
+                                    f"{w}/mix.jsonl", f"{run}-agent/mix.jsonl"]
+    assert sft_args(sft, "--policy") == [f"{run}-random", f"{run}-1", f"{run}-2", f"{run}-3"]
+    assert sft_args(sft, "--epochs") == ["8", "4", "2", "10"]
     assert (f"sed -n '2~2p' {w}/perceive.jsonl | cat - {w}/perceive-zoomed.jsonl "
             f"> {w}/ground.jsonl") in lines
     assert f"cat {w}/ground.jsonl {w}/read.jsonl {w}/read.jsonl > {w}/mix.jsonl" in lines
