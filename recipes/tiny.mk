@@ -226,16 +226,28 @@
 #     rows alone left the plateau in epochs 4-7 (loss 0.07 -> 0.0009 in 1000 steps, 2.5 min);
 #     then whole scenes beside them were grounded at once (the first epoch's mean loss 0.004;
 #     4 epochs, 1000 steps): grounding 100.0% on world 1000's held-out scenes and 100.0% on the
-#     demo world's 32 (seed 0: logos it never saw). `make tiny-vlm VLM_GENERAL=1` runs these
+#     demo world's 32 (seed 0: logos it never saw); the rows trained on by hand are the 2000
+#     of perceive-zoomed.jsonl, answer for answer. `make tiny-vlm VLM_GENERAL=1` runs these
 #     phases now (1-2 above, then 3: both groundings with the reading rows twice, 2 epochs).
+#     In the agent's format: from phase 3, the committed model's phase 4 on world 1001 (1000
+#     expert trajectories of perception on its 24 logos, --sft 1000 --kinds perception, with
+#     1000 reading rows; 12 epochs, vision frozen, 12 min), then greedy on the demo world's 32
+#     perception test questions (`marscli eval` with GREEDY_OPTS, scripts/kind_probe.py): it
+#     zooms on every question and 96.9% of its zooms are on the logo's quadrant (the
+#     committed model, trained on that world, 85%), but only 15.6% are answered right (u).
 #  u. Reading does not carry to logos never seen. After t's phase 3 (1000 steps, half of them
 #     reading rows): reading 34.4% on world 1000's held-out crops (colour 54.5, letter 40.0,
 #     shape 9.1), 0.0% on the demo world's ('green', 'square', 'L' for nearly every crop),
 #     grounding still 100.0% on both. The pre-training worlds avoid every (shape, colour) of
 #     the demo's worlds, so what it must read there are pairs it never saw: with 24 logos it
-#     learns which logo it is rather than its colour, shape and letter apart.
+#     learns which logo it is rather than its colour, shape and letter apart. The reading rows
+#     of a world of all 96 logos instead (`toy-world runs/all-world --entities 96 --seed 1002
+#     --perceive 2000 --zoom-cells 2 --clutter 0`, no --avoid-seeds: every shape, colour and
+#     plate, the demo's pairs with other letters among them), 1000 steps from that phase-3
+#     model: reading on the demo world's crops 34.4% (colour 63.6, shape 36.4, letter 0.0; the
+#     loss still falling, 1.16 -> 0.77), where it was 0.0% (grounding, not trained, forgotten).
 #  What would be next: reading rows whose attributes vary apart (every colour on every shape,
-#  plate and letter, none a demo world's logo) so that reading composes as grounding now does;
+#  plate and letter, none a demo world's whole logo) so that reading composes as grounding does;
 #  then copying (o's knowledge rows alone first, then the kinds that need seeing), and the
 #  demo from the model that does both, on the demo's worlds named in the same syllables.
 
