@@ -50,13 +50,18 @@ def _row(image: str, question: str, answer: str) -> dict:
             "images": [image]}
 
 
+def crop_image(row: dict) -> str:
+    """Where `perception_rows` writes the expert's crop of scene row `row` (world-relative)."""
+    return f"images/{row['id']}-crop.png"
+
+
 def perception_rows(rows: list[dict], folder: Path, save_level: int) -> list[dict]:
     """Two message rows per scene row of `rows` (images under `folder`): read the crop, ground
     the logo. Crops are written as `images/<id>-crop.png`."""
     out = []
     for r in rows:
         box = r["toy"]["zoom_box"]
-        rel = f"images/{r['id']}-crop.png"
+        rel = crop_image(r)
         with Image.open(folder / r["image"]) as scene:
             crop_of(scene.convert("RGB"), box).save(folder / rel, format="PNG",
                                                     compress_level=save_level)
@@ -68,8 +73,8 @@ def perception_rows(rows: list[dict], folder: Path, save_level: int) -> list[dic
 def zoomed_rows(rows: list[dict], zoom_cells: int) -> list[dict]:
     """Grounding at the zoom's scale, one row per scene row of `rows`: the crop
     `perception_rows` wrote and WHERE → the box of the logo's cell within the crop (in 0..1000
-    of the crop, a `zoom_cells` x `zoom_cells` grid). None for single-cell zooms: the box would
-    be the whole crop."""
+    of the crop, a `zoom_cells` x `zoom_cells` grid). No rows for single-cell zooms: the box
+    would be the whole crop."""
     if zoom_cells < 2:
         return []
     out = []
@@ -81,5 +86,5 @@ def zoomed_rows(rows: list[dict], zoom_cells: int) -> list[dict]:
         i = min(zoom_cells - 1, int((cx - x1) / (x2 - x1) * zoom_cells))
         j = min(zoom_cells - 1, int((cy - y1) / (y2 - y1) * zoom_cells))
         box = [round(v * 1000 / zoom_cells) for v in (i, j, i + 1, j + 1)]
-        out.append(_row(f"images/{r['id']}-crop.png", WHERE, json.dumps(box)))
+        out.append(_row(crop_image(r), WHERE, json.dumps(box)))
     return out
