@@ -374,7 +374,8 @@ def test_cli_creates_the_folder_and_refuses_an_existing_one(tmp_path):
     for bad, named in ((("--avoid-seeds", "0,x"), "--avoid-seeds"),
                        (("--avoid-seeds", "0,1", "--seed", "1"), "--avoid-seeds: 1"),
                        (("--entities", "60", "--seed", "9", "--avoid-seeds", "0,1,2",
-                         "--avoid-entities", "8"), "--entities")):
+                         "--avoid-entities", "8"), "--entities"),
+                       (("--avoid-by", "shape"), "--avoid-by")):
         r = _cli("toy-world", str(tmp_path / "bad"), *bad)
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and named in r.stderr, r.stderr
         assert not (tmp_path / "bad").exists()
@@ -518,12 +519,33 @@ def test_avoided_worlds_share_no_logo_and_no_seed(tmp_path):
     build_world(tmp_path / "w", seed=1000, entities=24, avoid=(0, 1, 2), avoid_entities=8,
                 train=1, test=0, sft=0, size=512, grid=4)
     world = json.loads((tmp_path / "w" / "world.json").read_text())
-    assert world["avoid"] == {"seeds": [0, 1, 2], "entities": 8}
+    assert world["avoid"] == {"seeds": [0, 1, 2], "entities": 8, "by": "pair"}
     assert [e["name"] for e in world["entities"]] == [e.name for e in ents]
     with pytest.raises(BadInput, match="--avoid-seeds: 1 is this world's own"):
         world_entities(1, 8, (0, 1))
     with pytest.raises(BadInput, match="--entities"):  # 48 pairs - 24 avoided, 2 plates each
         world_entities(1000, 96, (0, 1, 2), 8)
+
+
+def test_avoiding_whole_logos_keeps_every_pair_and_redraws_until_none_is_reused():
+    """--avoid-by logo: a reading world may show the demo's (shape, colour) pairs, never one of
+    its logos whole; a world that reuses none is the world drawn without avoiding."""
+    from marscli.toy.world import world_entities
+
+    theirs = {e.logo for s in (0, 1, 2) for e in world_entities(s, 8)[0]}
+    plain = [world_entities(s, 96)[0] for s in (1002, 1003, 1004, 1005)]
+    reused = [s for s, ents in zip((1002, 1003, 1004, 1005), plain, strict=True)
+              if theirs & {e.logo for e in ents}]
+    clean = [s for s in (1002, 1003, 1004, 1005) if s not in reused]
+    assert reused and clean  # both cases below are met by these seeds
+    for seed in (1002, 1003, 1004, 1005):
+        ents = world_entities(seed, 96, (0, 1, 2), 8, avoid_by="logo")[0]
+        assert not theirs & {e.logo for e in ents}, seed
+        assert {(e.logo.shape, e.logo.colour) for e in ents} \
+            >= {(lg.shape, lg.colour) for lg in theirs}  # the pairs are all there
+        assert (ents == plain[(1002, 1003, 1004, 1005).index(seed)]) == (seed in clean), seed
+    with pytest.raises(BadInput, match="--avoid-by 'shape'"):
+        world_entities(1002, 8, (0,), avoid_by="shape")
 
 
 def test_syllables_tokenizer_splits_every_worlds_names_alike(tmp_path):

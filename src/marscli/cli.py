@@ -467,6 +467,10 @@ def toy_world(
              "reuse, comma-separated: a pre-training world disjoint from the demo's.")] = "",
     avoid_entities: Annotated[int | None, typer.Option(
         help="Entities of the --avoid-seeds worlds (default: --entities).")] = None,
+    avoid_by: Annotated[str, typer.Option(
+        help="What of the --avoid-seeds worlds' logos is not reused: 'pair' (their shape and "
+             "colour together) or 'logo' (the whole logo: shape, colour, plate and letter; "
+             "their pairs appear with other letters or plates).")] = "pair",
     force: Annotated[bool, typer.Option("--force", help="Replace a non-empty OUT.")] = False,
 ) -> None:
     """Write a synthetic MARS-like world (logos, scenes, corpus, prompts, expert replies)."""
@@ -476,7 +480,7 @@ def toy_world(
         toy_main(out, entities=entities, seed=seed, train=train, test=test, sft=sft, size=size,
                  grid=grid, kinds=kinds, zoom_cells=zoom_cells, perceive=perceive,
                  clutter=clutter, direct=direct, avoid_seeds=avoid_seeds,
-                 avoid_entities=avoid_entities, force=force)
+                 avoid_entities=avoid_entities, avoid_by=avoid_by, force=force)
 
 
 @app.command()

@@ -16,14 +16,16 @@ from marscli.toy.world import build_world, check_counts, parse_kinds, parse_seed
 def main(out: str, entities: int = 24, seed: int = 0, train: int = 240, test: int = 60,
          sft: int = 120, size: int = 1024, grid: int = 8, kinds: str = ",".join(KINDS),
          zoom_cells: int = 1, perceive: int = 0, clutter: float = 1.0, direct: float = 0.0,
-         avoid_seeds: str = "", avoid_entities: int | None = None, force: bool = False) -> dict:
+         avoid_seeds: str = "", avoid_entities: int | None = None, avoid_by: str = "pair",
+         force: bool = False) -> dict:
     """Build the world into `out`; return its statistics. Every option is checked first."""
     started = time.time()
     check_counts(entities, train, test, sft, perceive, size)
     config = {"entities": entities, "train": train, "test": test, "sft": sft, "size": size,
               "grid": grid, "kinds": parse_kinds(kinds), "zoom_cells": zoom_cells,
               "perceive": perceive, "clutter": clutter, "direct": direct,
-              "avoid": parse_seeds(avoid_seeds), "avoid_entities": avoid_entities}
+              "avoid": parse_seeds(avoid_seeds), "avoid_entities": avoid_entities,
+              "avoid_by": avoid_by}
     stats = build_world(out, force=force, seed=seed, **config)
     write_sidecar(str(Path(out)), stage="toy-world", seed=seed, config=config, stats=stats,
                   started=started)

@@ -32,6 +32,8 @@ MIN_SIZE, MAX_SIZE = 256, 8192  # --size: scene side in pixels
 MIN_CELL = 32  # pixels per grid cell at least: smaller logos lose their letter
 LOGO_SIDE = 128  # pixels of the logo files (search thumbnails)
 PNG_LEVEL = 1  # fast; scenes are flat colour, about 30 KB each
+AVOID_BY = ("pair", "logo")
+MAX_REDRAWS = 1000  # --avoid-by logo: draws of the entities until none is an avoided logo
 
 
 def _rng(seed: int, *purpose: object) -> random.Random:
@@ -89,20 +91,30 @@ def check_options(entities: int, train: int, test: int, sft: int, size: int, gri
 
 
 def world_entities(seed: int, entities: int, avoid: tuple[int, ...] = (),
-                   avoid_entities: int | None = None,
+                   avoid_entities: int | None = None, avoid_by: str = "pair",
                    ) -> tuple[list[Entity], list[str], list[str]]:
     """The entities, cities and shop names of the world of `seed` (cheap: nothing is drawn),
-    none of whose logos shares a (shape, colour) pair with a world of a seed in `avoid` (built
-    with `avoid_entities` entities, default as many)."""
+    none of whose logos shares with a world of a seed in `avoid` (built with `avoid_entities`
+    entities, default as many) a (shape, colour) pair (`avoid_by` "pair"), or is one of its
+    logos whole (shape, colour, plate and letter: "logo"; every pair then still appears, with
+    other letters or plates, so that reading them can be learned apart)."""
     if seed in avoid:
         raise BadInput(f"--avoid-seeds: {seed} is this world's own --seed")
-    pairs = frozenset((e.logo.shape, e.logo.colour) for s in avoid
-                      for e in world_entities(s, avoid_entities or entities)[0])
+    if avoid_by not in AVOID_BY:
+        raise BadInput(f"--avoid-by {avoid_by!r}: choose from {', '.join(AVOID_BY)}")
+    theirs = {e.logo for s in avoid for e in world_entities(s, avoid_entities or entities)[0]}
+    pairs = frozenset((lg.shape, lg.colour) for lg in theirs) if avoid_by == "pair" else frozenset()
+    n_extra = max(2, entities // 4)
     try:
-        return make_entities(_rng(seed, "entities"), entities, n_extra=max(2, entities // 4),
-                             avoid=pairs)
+        for attempt in range(MAX_REDRAWS):  # attempt 0 is the draw of a world that avoids none
+            rng = _rng(seed, "entities", *([attempt] if attempt else []))
+            drawn = make_entities(rng, entities, n_extra=n_extra, avoid=pairs)
+            if not theirs & {e.logo for e in drawn[0]} or avoid_by == "pair":
+                return drawn
     except ValueError as e:
         raise BadInput(f"--entities: {e}") from None
+    raise BadInput(f"--avoid-by logo: {MAX_REDRAWS} draws of {entities} entities each reused "
+                   "a logo of the avoided worlds — use fewer --entities")
 
 
 def name_free_text(text: str, names: list[str]) -> str:
@@ -197,15 +209,17 @@ def build_world(out: str | Path, entities: int = 24, seed: int = 0, train: int =
                 test: int = 60, sft: int = 120, size: int = 1024, grid: int = 8,
                 kinds: tuple[str, ...] = KINDS, zoom_cells: int = 1, perceive: int = 0,
                 clutter: float = 1.0, direct: float = 0.0, avoid: tuple[int, ...] = (),
-                avoid_entities: int | None = None, force: bool = False) -> dict:
+                avoid_entities: int | None = None, avoid_by: str = "pair",
+                force: bool = False) -> dict:
     """Write the toy world to folder `out` (see the README it writes); return statistics.
 
     Built in `OUT.tmp-PID` and renamed onto `out`; a non-empty `out` is refused unless `force`.
     `avoid`: seeds of worlds (of `avoid_entities` entities, default as many) whose logos this
-    one must not reuse.
+    one must not reuse, by (shape, colour) pair or whole logo (`avoid_by`, `world_entities`).
     """
     check_options(entities, train, test, sft, size, grid, zoom_cells, perceive, clutter, direct)
-    ents, cities, shops = world_entities(seed, entities, avoid, avoid_entities)  # checks avoid
+    # checks avoid and avoid_by
+    ents, cities, shops = world_entities(seed, entities, avoid, avoid_entities, avoid_by)
     out = Path(out)
     t0 = time.perf_counter()
     _check_out(out, force)
@@ -240,7 +254,8 @@ def build_world(out: str | Path, entities: int = 24, seed: int = 0, train: int =
         (tmp / "syllables.txt").write_text(name_free_text(text, names), encoding="utf-8")
         world = {"v": 1, "seed": seed, "size": size, "grid": grid, "clutter": clutter,
                  "direct": direct,
-                 "avoid": {"seeds": list(avoid), "entities": avoid_entities or entities},
+                 "avoid": {"seeds": list(avoid), "entities": avoid_entities or entities,
+                           "by": avoid_by},
                  "cities": cities, "shops": shops, "entities": [e.to_dict() for e in ents],
                  "splits": counts}
         (tmp / "world.json").write_bytes(orjson.dumps(world, option=orjson.OPT_INDENT_2) + b"\n")
