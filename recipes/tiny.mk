@@ -377,14 +377,32 @@ VLM_TEXT = syllables.txt
 VLM_TOOLS = --text-search local:$(VA)/text.sqlite --image-search data
 # Seeing on many logos (levers s, t): weights drawn at 0.08, and grounding learned first at the
 # zoom's scale (the crop → the logo's quadrant in it: perceive-zoomed.jsonl), then on whole
-# scenes beside it, then with the reading rows twice.
+# scenes beside it. Reading that composes (lever v): worlds of all 96 logos but the demo's own
+# (--avoid-by logo: the demo's shape-and-colour pairs appear, with other letters or plates), their
+# logo files read first (perceive-logos.jsonl), then the zoom's crops of their scenes, then both
+# with half the grounding rows.
 VLM_MODEL_OPTS ?= --size tiny --min-pixels 16384 --max-pixels 16384 --seed 0 --init-std 0.08
+VLM_READ_SEEDS ?= 1002 1003 1004 1005
+VLM_READ_OPTS ?= --entities 96 --grid 4 --zoom-cells 2 --clutter 0 --kinds perception \
+  --train 1 --test 1 --sft 0 --perceive 1000 $(VLM_AVOID) --avoid-by logo
+VR = $(VLM_RUN)-read
+# The rows of world folder $(1) in file $(2), their image paths made absolute (files are joined).
+ABS_ROWS = sed "s\#\"images\":\[\"\([a-z]*\)/\#\"images\":[\"$(abspath $(1))/\1/\#" $(2)
 define VLM_SEE
 	sed -n '2~2p' $(VW)/perceive.jsonl | cat - $(VW)/perceive-zoomed.jsonl > $(VW)/ground.jsonl
-	cat $(VW)/ground.jsonl $(VW)/read.jsonl $(VW)/read.jsonl > $(VW)/mix.jsonl
+	$(foreach s,$(VLM_READ_SEEDS),$(MARSCLI) toy-world $(VR)/$(s) $(VLM_READ_OPTS) --seed $(s) --force
+	)
+	for s in $(VLM_READ_SEEDS); do $(call ABS_ROWS,$(VR)/$$s,$(VR)/$$s/perceive-logos.jsonl); \
+	  done > $(VR)/logos.jsonl
+	for s in $(VLM_READ_SEEDS); do sed -n '1~2p' $(VR)/$$s/perceive.jsonl | $(call ABS_ROWS,$(VR)/$$s); \
+	  done > $(VR)/crops.jsonl
+	$(call ABS_ROWS,$(VW),$(VW)/ground.jsonl) | sed -n '1~2p' \
+	  | cat $(VR)/crops.jsonl $(VR)/logos.jsonl - > $(VR)/mix.jsonl
 	$(call VLM_SFT,$(VW)/perceive-zoomed.jsonl,$(VLM_RUN)-random,$(VLM_RUN)-1,8)
 	$(call VLM_SFT,$(VW)/ground.jsonl,$(VLM_RUN)-1,$(VLM_RUN)-2,4)
-	$(call VLM_SFT,$(VW)/mix.jsonl,$(VLM_RUN)-2,$(VLM_RUN)-3,2)
+	$(call VLM_SFT,$(VR)/logos.jsonl,$(VLM_RUN)-2,$(VLM_RUN)-logos,6)
+	$(call VLM_SFT,$(VR)/crops.jsonl,$(VLM_RUN)-logos,$(VLM_RUN)-crops,3)
+	$(call VLM_SFT,$(VR)/mix.jsonl,$(VLM_RUN)-crops,$(VLM_RUN)-3,4)
 endef
 else
 VLM_AGENT ?= 1000

@@ -363,28 +363,37 @@ def test_tiny_vlm_chains_its_perception_phases_then_the_agents_format(tmp_path):
 
 
 def test_tiny_vlm_general_grounds_at_the_zooms_scale_first(tmp_path):
-    """VLM_GENERAL=1 (levers s, t): weights drawn at 0.08; grounding in the crops first, then
-    whole scenes beside them (the even rows of perceive.jsonl), then both with the reading
-    rows twice; then the agent's format."""
+    """VLM_GENERAL=1 (levers s, t, v): weights drawn at 0.08; grounding in the crops first, then
+    whole scenes beside them (the even rows of perceive.jsonl); reading the logo files of the
+    reading worlds, then the crops of their scenes, then both with half the grounding rows;
+    then the agent's format."""
     run = str(tmp_path / "vlm")
     w = f"{run}-world"
     lines = dry_run("tiny-vlm", "RECIPE=recipes/tiny.mk", f"VLM_RUN={run}", "VLM_GENERAL=1")
     assert "--zoom-cells 2" in next(x for x in lines if "toy-world" in x)  # writes the crops' rows
     assert "--init-std 0.08" in next(x for x in lines if " tiny-model " in x)
     sft = [x for x in lines if " sft " in x]
+    r = f"{run}-read"
     assert sft_args(sft, "sft") == [f"{w}/perceive-zoomed.jsonl", f"{w}/ground.jsonl",
-                                    f"{w}/mix.jsonl", f"{run}-agent/mix.jsonl"]
-    assert sft_args(sft, "--policy") == [f"{run}-random", f"{run}-1", f"{run}-2", f"{run}-3"]
-    assert sft_args(sft, "--epochs") == ["8", "4", "2", "10"]
+                                    f"{r}/logos.jsonl", f"{r}/crops.jsonl", f"{r}/mix.jsonl",
+                                    f"{run}-agent/mix.jsonl"]
+    assert sft_args(sft, "--policy") == [f"{run}-random", f"{run}-1", f"{run}-2",
+                                         f"{run}-logos", f"{run}-crops", f"{run}-3"]
+    assert sft_args(sft, "--epochs") == ["8", "4", "6", "3", "4", "10"]
     assert (f"sed -n '2~2p' {w}/perceive.jsonl | cat - {w}/perceive-zoomed.jsonl "
             f"> {w}/ground.jsonl") in lines
-    assert f"cat {w}/ground.jsonl {w}/read.jsonl {w}/read.jsonl > {w}/mix.jsonl" in lines
+    # the joined files' image paths are absolute: each row's folder
+    joined = next(x for x in lines if x.endswith(f"> {r}/logos.jsonl"))
+    assert f'[\\"{r}/$s/\\1/#" {r}/$s/perceive-logos.jsonl' in joined
+    assert any(x.endswith(f"| cat {r}/crops.jsonl {r}/logos.jsonl - > {r}/mix.jsonl")
+               and f"{w}/ground.jsonl" in x for x in lines)
 
 
 def test_no_pre_training_world_shares_a_seed_or_a_logo_with_the_demos_worlds(tmp_path):
     """`make tiny-vlm VLM_GENERAL=1` learns to see, search and read on worlds of its own: none
     is the demo's default world (seed 0) or the two others of issue 35 (1, 2), none draws a logo
-    (shape and colour) of theirs, and its tokenizer is trained on names of none of them."""
+    of theirs — the reading worlds (--avoid-by logo) none whole, the others not even its shape
+    and colour — and its tokenizer is trained on names of none of them."""
     from marscli.toy.world import world_entities
 
     def opts(cmd: str) -> dict[str, str]:
@@ -398,18 +407,25 @@ def test_no_pre_training_world_shares_a_seed_or_a_logo_with_the_demos_worlds(tmp
     pre = [opts(x) for x in lines + search if " toy-world " in x]
     demo = opts(next(x for x in dry_run(f"{tmp_path}/world.meta.json", f"RUN={tmp_path}")
                      if " toy-world " in x))
-    # two worlds of tiny-vlm, three of the search phase and its held-out test world
-    assert [o["--seed"] for o in pre] == ["1000", "1001", "1001", "1002", "1003", "1999"]
+    # tiny-vlm's perception world, its four reading worlds and its agent's world; three of the
+    # search phase and its held-out test world
+    assert [o["--seed"] for o in pre] == ["1000", "1002", "1003", "1004", "1005", "1001",
+                                          "1001", "1002", "1003", "1999"]
+    assert [o.get("--avoid-by", "pair") for o in pre].count("logo") == 4
     assert demo["--seed"] == "0"
-    demo_logos = {(e.logo.shape, e.logo.colour) for s in (0, 1, 2)
-                  for e in world_entities(s, int(demo["--entities"]))[0]}
+    demo_logos = {e.logo for s in (0, 1, 2) for e in world_entities(s, int(demo["--entities"]))[0]}
+    demo_pairs = {(lg.shape, lg.colour) for lg in demo_logos}
     for o in pre:
         seed = int(o["--seed"])
         assert seed not in (0, 1, 2)
         avoid = tuple(int(x) for x in o["--avoid-seeds"].split(","))
         assert o["--avoid-entities"] == demo["--entities"]
-        ents = world_entities(seed, int(o["--entities"]), avoid, int(o["--avoid-entities"]))[0]
-        assert not {(e.logo.shape, e.logo.colour) for e in ents} & demo_logos, seed
+        by = o.get("--avoid-by", "pair")
+        logos = {e.logo for e in world_entities(seed, int(o["--entities"]), avoid,
+                                                int(o["--avoid-entities"]), by)[0]}
+        assert not logos & demo_logos, seed
+        if by == "pair":
+            assert not {(lg.shape, lg.colour) for lg in logos} & demo_pairs, seed
     model = next(x for x in lines if " tiny-model " in x)
     assert f"--text {tmp_path}/vlm-world/syllables.txt " in model  # names of no world
     replay = next(x for x in lines if "--engine replay" in x)  # the three tools' trajectories

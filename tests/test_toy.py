@@ -427,6 +427,34 @@ def test_zoomed_grounding_rows_name_the_cell_of_the_crop_the_logo_is_drawn_in(tm
     assert not (tmp_path / "one" / "perceive-zoomed.jsonl").exists()
 
 
+def test_logo_reading_rows_ask_each_logo_file_each_perception_question(tmp_path):
+    """perceive-logos.jsonl: every logo file with the three perception questions; the colour
+    answered is the one drawn in the file (most pixels of a logo colour), the shape and letter
+    are its entity's, and a world without --perceive writes none."""
+    from marscli.toy.entities import COLOURS
+
+    w = tmp_path / "w"
+    build_world(w, seed=3, perceive=1, **SMALL)
+    rows = [orjson.loads(x) for x in (w / "perceive-logos.jsonl").read_bytes().splitlines()]
+    by_file = {e["logo_path"]: e for e in entities(w).values()}
+    assert len(rows) == 3 * len(by_file)
+    asked = {}
+    for r in rows:
+        (image,) = r["images"]
+        question, answer = r["messages"][1]["content"], r["messages"][2]["content"]
+        asked.setdefault(image, set()).add(question)
+        attr = next(a for a in ("colour", "shape", "letter") if a in question)
+        logo = by_file[image]["logo"]
+        assert answer == logo[attr], (image, attr)
+        if attr == "colour":
+            px = np.asarray(Image.open(w / image).convert("RGB")).astype(int)
+            counts = {c: int((np.abs(px - rgb).max(-1) <= 2).sum()) for c, rgb in COLOURS.items()}
+            assert max(counts, key=counts.get) == answer, counts
+    assert set(asked) == set(by_file) and all(len(q) == 3 for q in asked.values())
+    build_world(tmp_path / "none", seed=3, **SMALL)
+    assert not (tmp_path / "none" / "perceive-logos.jsonl").exists()
+
+
 def test_perception_rows_are_the_zoom_tools_crop_and_the_experts_box(tmp_path, tiny_model):
     from marscli.agent.messages import to_trajectory
     from marscli.qwen.policy import load_processor

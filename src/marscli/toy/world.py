@@ -21,7 +21,7 @@ from marscli.records.outputs import AtomicDir
 from marscli.toy.corpus import make_corpus
 from marscli.toy.entities import MAX_ENTITIES, Entity, make_entities, syllables
 from marscli.toy.expert import DIRECT, DIRECT_SEARCH, expert_replies
-from marscli.toy.perceive import SYSTEM, WHERE, perception_rows, zoomed_rows
+from marscli.toy.perceive import SYSTEM, WHERE, logo_rows, perception_rows, zoomed_rows
 from marscli.toy.prompts import KINDS, gold, plan, question, search_hits
 from marscli.toy.render import LOGO_MAX, render_logo, render_scene
 
@@ -245,6 +245,7 @@ def build_world(out: str | Path, entities: int = 24, seed: int = 0, train: int =
             _write_jsonl(tmp / "perceive.jsonl", perception_rows(scenes, tmp, PNG_LEVEL))
             if zoom_cells > 1:
                 _write_jsonl(tmp / "perceive-zoomed.jsonl", zoomed_rows(scenes, zoom_cells))
+            _write_jsonl(tmp / "perceive-logos.jsonl", logo_rows(ents))
         searches = direct and set(kinds) - {"perception"}
         extra = (([DIRECT] if direct else []) + ([DIRECT_SEARCH] if searches else [])
                  + ([SYSTEM, WHERE] if perceive else []))
@@ -299,6 +300,8 @@ for `--engine replay` |
 crop, ground the logo) on scenes of their own, for `marscli sft` |
 | `perceive-zoomed.jsonl` | with `--zoom-cells` 2 or more: {stats['perceive']} rows of \
 grounding at the zoom's scale (the crop → the logo's cell in it) |
+| `perceive-logos.jsonl` | with `--perceive`: {3 * stats['entities']} rows of reading at the \
+logo's own scale (each logo file, each perception question) |
 | `vocab.txt` | all the world's text, for `marscli tiny-model --text` |
 | `syllables.txt` | the same without the world's names, and the syllables names are made of: \
 a tokenizer for any world (`tiny-model --text`) |
