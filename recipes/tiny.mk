@@ -246,10 +246,25 @@
 #     plate, the demo's pairs with other letters among them), 1000 steps from that phase-3
 #     model: reading on the demo world's crops 34.4% (colour 63.6, shape 36.4, letter 0.0; the
 #     loss still falling, 1.16 -> 0.77), where it was 0.0% (grounding, not trained, forgotten).
-#  What would be next: reading rows whose attributes vary apart (every colour on every shape,
-#  plate and letter, none a demo world's whole logo) so that reading composes as grounding does;
-#  then copying (o's knowledge rows alone first, then the kinds that need seeing), and the
-#  demo from the model that does both, on the demo's worlds named in the same syllables.
+#  v. Reading that composes: colour does, shape in part, the letter not at the crop's scale.
+#     Four worlds of all 96 logos but the demo's whole logos (`toy-world runs/v-read/SEED
+#     --avoid-by logo`, VLM_READ_OPTS, seeds 1002-1005: every shape-and-colour pair on both
+#     plates with other letters), 1000 scenes each; from t's phase 2 (grounding 100% on the demo
+#     world), by hand, 2026-12-06, one seed, q's constant rate; scripts/perception_probe.py on the
+#     demo world's 32 held-out crops (seed 0, logos never seen whole):
+#       their crops with the grounding rows, 2000 steps: 6.2% (one word a question, loss flat
+#         at 0.10 from the second epoch); their crops alone, 750 steps: 21.9%;
+#       world 1000's own 24 logos' crops alone, 750 steps: 28.1% (59.4% on world 1000);
+#       their logo files first (perceive-logos.jsonl: the 128 px thumbnail, where the logo fills
+#         the view; 1152 rows, 432 steps): the demo's own logo files read colour 100%, shape
+#         100%, letter 12.5%; then their crops, 750 steps: crops 43.8% (colour 81.8, shape 36.4,
+#         letter 10.0);
+#       then crops, logo files and half the grounding rows, 1788 steps (`make tiny-vlm
+#         VLM_GENERAL=1`'s phases 3-5; the recipe's rows equal these, checked): grounding 100.0%,
+#         crops 43.8% (colour 100.0, shape 27.3, letter 0.0), logo files 45.8%.
+#     The logo in the zoom's crop is ~28 px of the 128 px view, its letter ~7 px: under one
+#     16 px patch. Colour composes at once, shape partly, and the letter is not read from a
+#     crop in these budgets (a 7 px glyph in a 64-wide patch embedding).
 
 # Same seeds, same numbers on another x86-64 machine: torch (ATen), oneDNN and MKL pick kernels by
 # the CPU's instruction set and split reductions by thread count, and both change float
