@@ -265,6 +265,27 @@
 #     The logo in the zoom's crop is ~28 px of the 128 px view, its letter ~7 px: under one
 #     16 px patch. Colour composes at once, shape partly, and the letter is not read from a
 #     crop in these budgets (a 7 px glyph in a 64-wide patch embedding).
+#  w. Copying after seeing does not come. o's knowledge rows, the same 2000 (`make
+#     tiny-vlm-search VLM=runs/v-3r SEARCH_RUN=runs/w SEARCH_KINDS=knowledge SEARCH_WORLDS=50
+#     SEARCH_PER_WORLD=40 SEARCH_ENTITIES=40 SEARCH_FROZEN=`, by hand, 2026-12-06, one seed),
+#     greedy on world 1999's 96 questions:
+#       from the model that grounds (t's phase 2, then v's crops with the grounding rows,
+#         3000 steps of message rows): the query names the company 0.0% after 6 epochs (epoch
+#         loss 3.79 -> 0.73), 1.0% after 6 more (0.44); it writes names of its own shape
+#         ("I need the city of Senlo", query "Vunlo city", for Teslo), and it no longer grounds
+#         (0.0%: the message rows answered in the agent's format);
+#       from s's random model at 0.08 (no message rows before): 96.9%, answered right 59.4%
+#         (epoch loss 2.25 -> 0.079; o at 0.02: 100.0% and 89.6%).
+#     So the order matters: copying first, then seeing beside it (x).
+#  x. Copying first, then grounding beside it: one model does both. From w's random-model arm
+#     (copies, 96.9%), by hand, the knowledge rows kept beside: t's zoomed rows (2000 + the 2000
+#     trajectories, 4 epochs, 1000 steps; epoch loss 0.151 -> 0.007), then whole scenes
+#     (ground.jsonl, 4000 + 2000, 1 epoch, 375 steps): grounding 100.0% on the demo world's 32
+#     scenes (logos never seen), and on world 1999 the query names the company 100.0%,
+#     answered right 83.3% (w's arm alone: 59.4%).
+#  What would be next: this order in `make tiny-vlm VLM_GENERAL=1` (copying, then t's
+#  grounding, then v's reading, each beside the rows before it), the three kinds' trajectories
+#  of many worlds on top, then the demo from it on the default world and two others.
 
 # Same seeds, same numbers on another x86-64 machine: torch (ATen), oneDNN and MKL pick kernels by
 # the CPU's instruction set and split reductions by thread count, and both change float
