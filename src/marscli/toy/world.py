@@ -109,7 +109,7 @@ def world_entities(seed: int, entities: int, avoid: tuple[int, ...] = (),
         for attempt in range(MAX_REDRAWS):  # attempt 0 is the draw of a world that avoids none
             rng = _rng(seed, "entities", *([attempt] if attempt else []))
             drawn = make_entities(rng, entities, n_extra=n_extra, avoid=pairs)
-            if not theirs & {e.logo for e in drawn[0]} or avoid_by == "pair":
+            if avoid_by == "pair" or not theirs & {e.logo for e in drawn[0]}:
                 return drawn
     except ValueError as e:
         raise BadInput(f"--entities: {e}") from None
