@@ -283,9 +283,33 @@
 #     (ground.jsonl, 4000 + 2000, 1 epoch, 375 steps): grounding 100.0% on the demo world's 32
 #     scenes (logos never seen), and on world 1999 the query names the company 100.0%,
 #     answered right 83.3% (w's arm alone: 59.4%).
-#  What would be next: this order in `make tiny-vlm VLM_GENERAL=1` (copying, then t's
-#  grounding, then v's reading, each beside the rows before it), the three kinds' trajectories
-#  of many worlds on top, then the demo from it on the default world and two others.
+#  y. x's order in `make tiny-vlm VLM_GENERAL=1`, reading (v) and the agent's format on top: one
+#     model copies in general and calls the paper's tools on every question; its seeing does not
+#     carry into the agent's format. By hand, 2026-12-06, one seed, the recipe's commands (folder
+#     names apart), sft at q's constant rate; perception_probe.py on the demo world's 32 held-out
+#     scenes (seed 0, logos never seen), kind_probe.py on world 1999's 96 (no training seed):
+#       1. copying, o's 2000 knowledge trajectories (750 steps, epoch loss 2.25 -> 0.079): the
+#          query names the company 96.9%, answered right 58.3%;
+#       2-3. zoomed rows, then whole scenes, the copying rows beside (1000 + 375 steps; 0.151 ->
+#          0.0046, then 0.020): grounding 59.4% (71.9% on world 1000's own held-out scenes;
+#          x, the same steps in another shuffle: 100.0%);
+#       4. the reading worlds' logo files beside them (591 steps): grounding 0.0% (forgotten),
+#          reading the demo's crops 15.6%;
+#       5. their crops, logo files and half the grounding rows beside (1144 steps): grounding
+#          65.6%, reading 31.2% (colour 27.3, shape 18.2, letter 50.0; v without the copying
+#          rows: 100.0% and 43.8%);
+#       6. the agent's format, 3000 expert trajectories of the three kinds from worlds 1101-1150
+#          (564 steps, 0.315 -> 0.051), greedy:
+#            world 1999 (held out): perception 6.2% (the zoom on the logo's quadrant 25.0%),
+#              knowledge 90.6% (the search finds the page 100%), both 0.0% (the right
+#              thumbnail 0.0%);
+#            the demo's world (seed 0): 15.6% (18.8%), 100.0% (100%), 3.1% (3.1%).
+#          Every perception question zooms, every knowledge question searches text, every "both"
+#          question searches by image then text: the paper's pattern. Text search carries to
+#          any world; the zoom's box and the thumbnail picked are at chance (1 in 4, 1 in 5).
+#  What would be next: seeing that survives the agent's format (its grounding rows beside the
+#  trajectories, or the zoom's crops as the perception trajectories' second image), matching
+#  scene and thumbnail taught as a skill of its own, then the demo from that model.
 
 # Same seeds, same numbers on another x86-64 machine: torch (ATen), oneDNN and MKL pick kernels by
 # the CPU's instruction set and split reductions by thread count, and both change float
@@ -392,40 +416,49 @@ endif
 # starts the demo from a rebuilt one.
 VLM_RUN ?= runs/tiny-vlm
 VLM_SCENES ?= 2000
-# VLM_GENERAL=1 (issue 35, lever l below): pre-train on worlds disjoint from the demo's instead —
-# seeds 1000 (perception rows) and 1001 (expert trajectories of all three kinds, replayed through
-# the three tools), whose logos share no (shape, colour) pair with the worlds of seeds 0-2 (8
-# entities), with a tokenizer trained on no world's names (syllables.txt: every world's names
-# are token sequences alike). Without it: the committed model's recipe, pre-trained on the
-# demo's own world (seed 0; its tokenizer was trained on that world's text as the toy world
-# wrote it before issue 35, whose knowledge questions did not name their company).
+# VLM_GENERAL=1 (issue 35, levers l-y below): pre-train on worlds disjoint from the demo's instead
+# — world 1000 (perception rows), 50 copying worlds (seeds 1001-1050), four reading worlds
+# (1002-1005, all 96 logos but the demo's whole ones) and 50 agent worlds (1101-1150), none of
+# which shares a seed or a logo with the worlds of seeds 0-2 (8 entities) — with a tokenizer
+# trained on no world's names (syllables.txt: every world's names are token sequences alike);
+# then the greedy agent on world 1999's three kinds. Without it: the committed model's recipe,
+# pre-trained on the demo's own world (seed 0; its tokenizer was trained on that world's text as
+# the toy world wrote it before issue 35, whose knowledge questions did not name their company).
 VLM_GENERAL ?= 0
 ifeq ($(VLM_GENERAL),1)
-VLM_AGENT ?= 1200
-VLM_AGENT_EPOCHS ?= 10
 VLM_AVOID ?= --avoid-seeds 0,1,2 --avoid-entities 8
 VLM_WORLD_OPTS ?= --entities 24 --grid 4 --zoom-cells 2 --clutter 0 \
   --kinds perception,knowledge,both --train 16 --test 96 --sft 0 --perceive $(VLM_SCENES) \
   --seed 1000 $(VLM_AVOID)
-VLM_AGENT_OPTS ?= --entities 24 --grid 4 --zoom-cells 2 --clutter 0 \
-  --kinds perception,knowledge,both --train 16 --test 96 --sft $(VLM_AGENT) --seed 1001 $(VLM_AVOID)
 VLM_TEXT = syllables.txt
-VLM_TOOLS = --text-search local:$(VA)/text.sqlite --image-search data
-# Seeing on many logos (levers s, t): weights drawn at 0.08, and grounding learned first at the
-# zoom's scale (the crop → the logo's quadrant in it: perceive-zoomed.jsonl), then on whole
-# scenes beside it. Reading that composes (lever v): worlds of all 96 logos but the demo's own
-# (--avoid-by logo: the demo's shape-and-colour pairs appear, with other letters or plates), their
-# logo files read first (perceive-logos.jsonl), then the zoom's crops of their scenes, then both
-# with half the grounding rows.
 VLM_MODEL_OPTS ?= --size tiny --min-pixels 16384 --max-pixels 16384 --seed 0 --init-std 0.08
+# The expert's worlds (levers o, r): 40 companies each, every one's trajectories in VX.
+VLM_EXPERT_OPTS ?= --entities 40 --grid 4 --zoom-cells 2 --clutter 0 --train 1 $(VLM_AVOID)
+VLM_COPY_SEEDS ?= $(shell seq 1001 1050)
+VLM_AGENT_SEEDS ?= $(shell seq 1101 1150)
+VLM_AGENT_EPOCHS ?= 3
+VLM_KINDS = perception,knowledge,both
 VLM_READ_SEEDS ?= 1002 1003 1004 1005
 VLM_READ_OPTS ?= --entities 96 --grid 4 --zoom-cells 2 --clutter 0 --kinds perception \
   --train 1 --test 1 --sft 0 --perceive 1000 $(VLM_AVOID) --avoid-by logo
 VR = $(VLM_RUN)-read
+VX = $(VLM_RUN)-experts
 # The rows of world folder $(1) in file $(2), their image paths made absolute (files are joined).
 ABS_ROWS = sed "s\#\"images\":\[\"\([a-z]*\)/\#\"images\":[\"$(abspath $(1))/\1/\#" $(2)
+# Each skill in the order it comes, every later phase with the copying rows beside it (levers
+# w, x: copying comes from the random model, not after seeing): 1. copying, o's 2000 knowledge
+# trajectories of 50 worlds; 2. grounding at the zoom's scale (t), then 3. on whole scenes;
+# reading that composes (v): 4. the reading worlds' logo files, 5. their crops, the logo files
+# and half the grounding rows.
 define VLM_SEE
+	rm -rf $(VX)
+	$(call EXPERTS,$(VX),$(VLM_COPY_SEEDS),$(VLM_EXPERT_OPTS) --kinds knowledge --sft 40,$(VLM_RUN)-random,knows)
+	$(call VLM_SFT,$(VX)/knows.jsonl,$(VLM_RUN)-random,$(VLM_RUN)-1,6)
 	sed -n '2~2p' $(VW)/perceive.jsonl | cat - $(VW)/perceive-zoomed.jsonl > $(VW)/ground.jsonl
+	$(call ABS_ROWS,$(VW),$(VW)/perceive-zoomed.jsonl) | cat $(VX)/knows.jsonl - > $(VX)/zoomed.jsonl
+	$(call ABS_ROWS,$(VW),$(VW)/ground.jsonl) | cat $(VX)/knows.jsonl - > $(VX)/ground.jsonl
+	$(call VLM_SFT,$(VX)/zoomed.jsonl,$(VLM_RUN)-1,$(VLM_RUN)-2,4)
+	$(call VLM_SFT,$(VX)/ground.jsonl,$(VLM_RUN)-2,$(VLM_RUN)-3,1)
 	$(foreach s,$(VLM_READ_SEEDS),$(MARSCLI) toy-world $(VR)/$(s) $(VLM_READ_OPTS) --seed $(s) --force
 	)
 	for s in $(VLM_READ_SEEDS); do $(call ABS_ROWS,$(VR)/$$s,$(VR)/$$s/perceive-logos.jsonl); \
@@ -434,11 +467,17 @@ define VLM_SEE
 	  done > $(VR)/crops.jsonl
 	$(call ABS_ROWS,$(VW),$(VW)/ground.jsonl) | sed -n '1~2p' \
 	  | cat $(VR)/crops.jsonl $(VR)/logos.jsonl - > $(VR)/mix.jsonl
-	$(call VLM_SFT,$(VW)/perceive-zoomed.jsonl,$(VLM_RUN)-random,$(VLM_RUN)-1,8)
-	$(call VLM_SFT,$(VW)/ground.jsonl,$(VLM_RUN)-1,$(VLM_RUN)-2,4)
-	$(call VLM_SFT,$(VR)/logos.jsonl,$(VLM_RUN)-2,$(VLM_RUN)-logos,6)
-	$(call VLM_SFT,$(VR)/crops.jsonl,$(VLM_RUN)-logos,$(VLM_RUN)-crops,3)
-	$(call VLM_SFT,$(VR)/mix.jsonl,$(VLM_RUN)-crops,$(VLM_RUN)-3,4)
+	cat $(VR)/logos.jsonl $(VX)/knows.jsonl > $(VX)/logos.jsonl
+	cat $(VR)/mix.jsonl $(VX)/knows.jsonl > $(VX)/read.jsonl
+	$(call VLM_SFT,$(VX)/logos.jsonl,$(VLM_RUN)-3,$(VLM_RUN)-4,3)
+	$(call VLM_SFT,$(VX)/read.jsonl,$(VLM_RUN)-4,$(VLM_RUN)-5,2)
+endef
+# 6. The agent's format (lever r's data, from a model that copies now): 60 expert trajectories of
+# the three kinds in each of 50 more worlds; then the greedy agent on world 1999 (KIND_PROBE).
+define VLM_AGENT_PHASE
+	$(call EXPERTS,$(VX),$(VLM_AGENT_SEEDS),$(VLM_EXPERT_OPTS) --kinds $(VLM_KINDS) --sft 60,$(VLM_RUN)-random,agent)
+	$(call VLM_SFT,$(VX)/agent.jsonl,$(VLM_RUN)-5,$(VLM_RUN),$(VLM_AGENT_EPOCHS))
+	$(call KIND_PROBE,$(VX),1999,$(VLM_EXPERT_OPTS) --kinds $(VLM_KINDS),$(VLM_RUN))
 endef
 else
 VLM_AGENT ?= 1000
@@ -449,13 +488,25 @@ VLM_WORLD_OPTS ?= --entities 8 --grid 4 --zoom-cells 2 --clutter 0 \
 VLM_AGENT_OPTS ?= --entities 8 --grid 4 --zoom-cells 2 --clutter 0 --kinds perception \
   --train 16 --test 96 --sft $(VLM_AGENT) --seed 0
 VLM_TEXT = vocab.txt
-VLM_TOOLS =
 # f's three phases: all rows; the reading rows alone; all rows with the reading rows twice more.
 define VLM_SEE
+	sed -n '1~2p' $(VW)/perceive.jsonl > $(VW)/read.jsonl
 	cat $(VW)/perceive.jsonl $(VW)/read.jsonl $(VW)/read.jsonl > $(VW)/mix.jsonl
 	$(call VLM_SFT,$(VW)/perceive.jsonl,$(VLM_RUN)-random,$(VLM_RUN)-1,8)
 	$(call VLM_SFT,$(VW)/read.jsonl,$(VLM_RUN)-1,$(VLM_RUN)-2,8)
 	$(call VLM_SFT,$(VW)/mix.jsonl,$(VLM_RUN)-2,$(VLM_RUN)-3,1)
+endef
+# 4. The agent's format: the expert's trajectories of the demo's world, as many reading rows.
+define VLM_AGENT_PHASE
+	$(MARSCLI) toy-world $(VA) $(VLM_AGENT_OPTS) --force
+	$(MARSCLI) index text $(VA)/corpus.jsonl -o $(VA)/text.sqlite
+	$(PY) scripts/perception_probe.py $(VA) $(VLM_RUN)-3
+	$(MARSCLI) rollout $(VA)/sft.jsonl --policy $(VLM_RUN)-3 -o $(VA)/trajectories.jsonl --force \
+	  --engine replay -n 1 --system-prompt recipes/toy-system.txt
+	head -n $(VLM_AGENT) $(VW)/read.jsonl | sed 's#"images":\["images/#"images":["$(abspath $(VW))/images/#' \
+	  | cat $(VA)/trajectories.jsonl - > $(VA)/mix.jsonl
+	$(call VLM_SFT,$(VA)/mix.jsonl,$(VLM_RUN)-3,$(VLM_RUN),$(VLM_AGENT_EPOCHS),frozen)
+	$(PY) scripts/perception_probe.py $(VA) $(VLM_RUN)
 endef
 endif
 VLM_MODEL_OPTS ?= --size tiny --min-pixels 16384 --max-pixels 16384 --seed 0
@@ -464,21 +515,43 @@ VLM_SFT = $(MARSCLI) sft $(1) --policy $(2) --out $(3) --epochs $(4) --lr 1e-3 -
   --metrics $(3).metrics.jsonl
 VW = $(VLM_RUN)-world
 VA = $(VLM_RUN)-agent
+# Expert worlds in the agent's format (tiny-vlm-search, VLM_GENERAL=1): world $(1)/$(2) of seed $(2)
+# and options $(3), written, its text indexed.
+define EXPERT_WORLD
+	$(MARSCLI) toy-world $(1)/$(2) $(3) --seed $(2) --force
+	$(MARSCLI) index text $(1)/$(2)/corpus.jsonl -o $(1)/$(2)/text.sqlite
+endef
+# The worlds of seeds $(2) (options $(3), --sft rows among them) in folder $(1), each expert
+# replayed by policy $(4) through the three tools into $(1)/SEED.jsonl, all joined into
+# $(1)/$(5).jsonl: every world beside the others, so their image paths (relative to the folder)
+# stay valid when they are joined.
+SEARCH_TOOLS = --system-prompt recipes/toy-system.txt --image-search data
+define EXPERT_REPLAY
+$(call EXPERT_WORLD,$(1),$(2),$(3) --test 1)
+	$(MARSCLI) rollout $(1)/$(2)/sft.jsonl --policy $(4) -o $(1)/$(2).jsonl --force \
+	  --engine replay -n 1 $(SEARCH_TOOLS) --text-search local:$(1)/$(2)/text.sqlite
+
+endef
+define EXPERTS
+	mkdir -p $(1)
+	$(foreach s,$(2),$(call EXPERT_REPLAY,$(1),$(s),$(3),$(4)))
+	cat $(foreach s,$(2),$(1)/$(s).jsonl) > $(1)/$(5).jsonl
+endef
+# The greedy agent $(4) on the 96 test questions of world $(1)/$(2) (options $(3)), none of whose
+# seeds it was trained on: per kind accuracy, tool use and found (scripts/kind_probe.py), i.e.
+# whether its skills carry to companies and logos it never saw; into $(4)-probe.json.
+define KIND_PROBE
+$(call EXPERT_WORLD,$(1),$(2),$(3) --sft 1 --test 96)
+	$(MARSCLI) eval $(1)/$(2)/test.jsonl --policy $(4) -o $(4)-probe.jsonl --judge exact \
+	  $(GREEDY_OPTS) $(SEARCH_TOOLS) --text-search local:$(1)/$(2)/text.sqlite
+	$(PY) scripts/kind_probe.py $(4)-probe.jsonl --out $(4)-probe.json
+endef
 .PHONY: tiny-vlm
 tiny-vlm: setup
 	$(MARSCLI) toy-world $(VW) $(VLM_WORLD_OPTS) --force
 	$(MARSCLI) tiny-model $(VLM_RUN)-random --text $(VW)/$(VLM_TEXT) $(VLM_MODEL_OPTS) --force
-	sed -n '1~2p' $(VW)/perceive.jsonl > $(VW)/read.jsonl
 	$(VLM_SEE)
-	$(MARSCLI) toy-world $(VA) $(VLM_AGENT_OPTS) --force
-	$(MARSCLI) index text $(VA)/corpus.jsonl -o $(VA)/text.sqlite
-	$(PY) scripts/perception_probe.py $(VA) $(VLM_RUN)-3
-	$(MARSCLI) rollout $(VA)/sft.jsonl --policy $(VLM_RUN)-3 -o $(VA)/trajectories.jsonl --force \
-	  --engine replay -n 1 --system-prompt recipes/toy-system.txt $(VLM_TOOLS)
-	head -n $(VLM_AGENT) $(VW)/read.jsonl | sed 's#"images":\["images/#"images":["$(abspath $(VW))/images/#' \
-	  | cat $(VA)/trajectories.jsonl - > $(VA)/mix.jsonl
-	$(call VLM_SFT,$(VA)/mix.jsonl,$(VLM_RUN)-3,$(VLM_RUN),$(VLM_AGENT_EPOCHS),frozen)
-	$(PY) scripts/perception_probe.py $(VA) $(VLM_RUN)
+	$(VLM_AGENT_PHASE)
 
 # `make tiny-vlm-search` (issue 35, levers m-p): the search protocol in the agent's own format on
 # top of a policy (VLM, default the committed model that sees): SEARCH_PER_WORLD expert
@@ -503,31 +576,13 @@ SEARCH_FROZEN ?= frozen
 SEARCH_WORLD_OPTS ?= --entities $(SEARCH_ENTITIES) --grid 4 --zoom-cells 2 --clutter 0 \
   --kinds $(SEARCH_KINDS) --train 1 --avoid-seeds 0,1,2 --avoid-entities 8
 SEARCH_FROM = $(or $(VLM),recipes/tiny-vlm)
-SEARCH_TOOLS = --system-prompt recipes/toy-system.txt --image-search data
 SEARCH_SEEDS = $(shell seq 1001 $$((1000 + $(SEARCH_WORLDS))))
 SW = $(SEARCH_RUN)-world
-# One world of seed $(1), $(2) expert rows and $(3) test rows: written, its text indexed.
-define SEARCH_WORLD
-	$(MARSCLI) toy-world $(SW)/$(1) $(SEARCH_WORLD_OPTS) --sft $(2) --test $(3) --seed $(1) --force
-	$(MARSCLI) index text $(SW)/$(1)/corpus.jsonl -o $(SW)/$(1)/text.sqlite
-endef
-# ... and its expert replayed through the tools into SW/SEED.jsonl.
-define SEARCH_REPLAY
-$(call SEARCH_WORLD,$(1),$(SEARCH_PER_WORLD),1)
-	$(MARSCLI) rollout $(SW)/$(1)/sft.jsonl --policy $(SEARCH_FROM) -o $(SW)/$(1).jsonl --force \
-	  --engine replay -n 1 $(SEARCH_TOOLS) --text-search local:$(SW)/$(1)/text.sqlite
-
-endef
 .PHONY: tiny-vlm-search
 tiny-vlm-search: setup
-	rm -rf $(SW) && mkdir -p $(SW)
-	$(foreach s,$(SEARCH_SEEDS),$(call SEARCH_REPLAY,$(s)))
-	cat $(foreach s,$(SEARCH_SEEDS),$(SW)/$(s).jsonl) > $(SW)/trajectories.jsonl
+	rm -rf $(SW)
+	$(call EXPERTS,$(SW),$(SEARCH_SEEDS),$(SEARCH_WORLD_OPTS) --sft $(SEARCH_PER_WORLD),$(SEARCH_FROM),trajectories)
 	$(call VLM_SFT,$(SW)/trajectories.jsonl,$(SEARCH_FROM),$(SEARCH_RUN),$(SEARCH_EPOCHS),$(SEARCH_FROZEN))
-	$(call SEARCH_WORLD,$(SEARCH_TEST),1,96)
-	$(MARSCLI) eval $(SW)/$(SEARCH_TEST)/test.jsonl --policy $(SEARCH_RUN) \
-	  -o $(SEARCH_RUN)-probe.jsonl --judge exact $(GREEDY_OPTS) $(SEARCH_TOOLS) \
-	  --text-search local:$(SW)/$(SEARCH_TEST)/text.sqlite
-	$(PY) scripts/kind_probe.py $(SEARCH_RUN)-probe.jsonl --out $(SEARCH_RUN)-probe.json
+	$(call KIND_PROBE,$(SW),$(SEARCH_TEST),$(SEARCH_WORLD_OPTS),$(SEARCH_RUN))
 
 RECIPE_INPUTS = $(WORLD)/text.sqlite.meta.json

@@ -362,31 +362,44 @@ def test_tiny_vlm_chains_its_perception_phases_then_the_agents_format(tmp_path):
     assert [p.split()[-1] for p in probes] == [f"{run}-3", run]
 
 
-def test_tiny_vlm_general_grounds_at_the_zooms_scale_first(tmp_path):
-    """VLM_GENERAL=1 (levers s, t, v): weights drawn at 0.08; grounding in the crops first, then
-    whole scenes beside them (the even rows of perceive.jsonl); reading the logo files of the
-    reading worlds, then the crops of their scenes, then both with half the grounding rows;
-    then the agent's format."""
+def test_tiny_vlm_general_copies_first_then_sees_with_the_copying_rows_beside(tmp_path):
+    """VLM_GENERAL=1 (levers o, s, t, v, w, x): weights drawn at 0.08; copying first (the expert's
+    knowledge trajectories of 50 worlds, from the random model), then grounding at the zoom's
+    scale, on whole scenes, reading logo files, then crops — each with the copying rows beside
+    it — then the agent's format of 50 more worlds, probed on a world of no training seed."""
     run = str(tmp_path / "vlm")
-    w = f"{run}-world"
+    w, r, x = f"{run}-world", f"{run}-read", f"{run}-experts"
     lines = dry_run("tiny-vlm", "RECIPE=recipes/tiny.mk", f"VLM_RUN={run}", "VLM_GENERAL=1")
     assert "--zoom-cells 2" in next(x for x in lines if "toy-world" in x)  # writes the crops' rows
     assert "--init-std 0.08" in next(x for x in lines if " tiny-model " in x)
     sft = [x for x in lines if " sft " in x]
-    r = f"{run}-read"
-    assert sft_args(sft, "sft") == [f"{w}/perceive-zoomed.jsonl", f"{w}/ground.jsonl",
-                                    f"{r}/logos.jsonl", f"{r}/crops.jsonl", f"{r}/mix.jsonl",
-                                    f"{run}-agent/mix.jsonl"]
-    assert sft_args(sft, "--policy") == [f"{run}-random", f"{run}-1", f"{run}-2",
-                                         f"{run}-logos", f"{run}-crops", f"{run}-3"]
-    assert sft_args(sft, "--epochs") == ["8", "4", "6", "3", "4", "10"]
+    assert sft_args(sft, "sft") == [f"{x}/knows.jsonl", f"{x}/zoomed.jsonl", f"{x}/ground.jsonl",
+                                    f"{x}/logos.jsonl", f"{x}/read.jsonl", f"{x}/agent.jsonl"]
+    assert sft_args(sft, "--policy") == [f"{run}-random", f"{run}-1", f"{run}-2", f"{run}-3",
+                                         f"{run}-4", f"{run}-5"]
+    assert sft_args(sft, "--out")[-1] == run
+    assert sft_args(sft, "--epochs") == ["6", "4", "1", "3", "2", "3"]
+    assert not any("--freeze-vision" in x for x in sft)  # a constant rate, every weight (o)
+    # every file after the first is the copying rows with the phase's own (x); the message
+    # rows' image paths are absolute (the joined files live among the trajectories' worlds)
+    k = f"{x}/knows.jsonl"
+    assert f"cat {' '.join(f'{x}/{s}.jsonl' for s in range(1001, 1051))} > {k}" in lines
+    assert (f'[\\"{w}/\\1/#" {w}/perceive-zoomed.jsonl | cat {k} - > {x}/zoomed.jsonl'
+            in " ".join(lines))
+    assert any(y.endswith(f"{w}/ground.jsonl | cat {k} - > {x}/ground.jsonl") for y in lines)
+    assert f"cat {r}/logos.jsonl {k} > {x}/logos.jsonl" in lines
+    assert f"cat {r}/mix.jsonl {k} > {x}/read.jsonl" in lines
     assert (f"sed -n '2~2p' {w}/perceive.jsonl | cat - {w}/perceive-zoomed.jsonl "
             f"> {w}/ground.jsonl") in lines
-    # the joined files' image paths are absolute: each row's folder
-    joined = next(x for x in lines if x.endswith(f"> {r}/logos.jsonl"))
+    joined = next(y for y in lines if y.endswith(f"> {r}/logos.jsonl"))
     assert f'[\\"{r}/$s/\\1/#" {r}/$s/perceive-logos.jsonl' in joined
-    assert any(x.endswith(f"| cat {r}/crops.jsonl {r}/logos.jsonl - > {r}/mix.jsonl")
-               and f"{w}/ground.jsonl" in x for x in lines)
+    assert any(y.endswith(f"| cat {r}/crops.jsonl {r}/logos.jsonl - > {r}/mix.jsonl")
+               and f"{w}/ground.jsonl" in y for y in lines)
+    # the agent's format: the three kinds' trajectories of 50 more worlds; the copy worlds kept
+    agent = f"cat {' '.join(f'{x}/{s}.jsonl' for s in range(1101, 1151))} > {x}/agent.jsonl"
+    assert agent in lines and sum(y.startswith(f"rm -rf {x}") for y in lines) == 1
+    probe = " ".join(lines[lines.index(sft[-1]):])
+    assert f"eval {x}/1999/test.jsonl --policy {run} " in probe and "kind_probe.py" in probe
 
 
 def test_no_pre_training_world_shares_a_seed_or_a_logo_with_the_demos_worlds(tmp_path):
@@ -407,10 +420,10 @@ def test_no_pre_training_world_shares_a_seed_or_a_logo_with_the_demos_worlds(tmp
     pre = [opts(x) for x in lines + search if " toy-world " in x]
     demo = opts(next(x for x in dry_run(f"{tmp_path}/world.meta.json", f"RUN={tmp_path}")
                      if " toy-world " in x))
-    # tiny-vlm's perception world, its four reading worlds and its agent's world; three of the
-    # search phase and its held-out test world
-    assert [o["--seed"] for o in pre] == ["1000", "1002", "1003", "1004", "1005", "1001",
-                                          "1001", "1002", "1003", "1999"]
+    # tiny-vlm's perception world, its 50 copying worlds, four reading worlds, 50 agent worlds
+    # and its held-out probe world; three of the search phase and its held-out world
+    seeds = [*range(1001, 1051), 1002, 1003, 1004, 1005, *range(1101, 1151), 1999]
+    assert [int(o["--seed"]) for o in pre] == [1000, *seeds, 1001, 1002, 1003, 1999]
     assert [o.get("--avoid-by", "pair") for o in pre].count("logo") == 4
     assert demo["--seed"] == "0"
     demo_logos = {e.logo for s in (0, 1, 2) for e in world_entities(s, int(demo["--entities"]))[0]}
@@ -428,8 +441,10 @@ def test_no_pre_training_world_shares_a_seed_or_a_logo_with_the_demos_worlds(tmp
             assert not {(lg.shape, lg.colour) for lg in logos} & demo_pairs, seed
     model = next(x for x in lines if " tiny-model " in x)
     assert f"--text {tmp_path}/vlm-world/syllables.txt " in model  # names of no world
-    replay = next(x for x in lines if "--engine replay" in x)  # the three tools' trajectories
-    assert f"--text-search local:{tmp_path}/vlm-agent/text.sqlite --image-search data" in replay
+    replay = [x for x in lines if "--engine replay" in x]  # each world through its own tools
+    assert len(replay) == 100 and all("--image-search data --text-search local:"
+                                      f"{tmp_path}/vlm-experts/{s}/text.sqlite" in x
+                                      for x, s in zip(replay, seeds[:50] + seeds[54:]))
     # the search phase replays through the three tools from the committed model, then trains it
     replay = " ".join(x for x in search if "--engine replay" in x or x.startswith("  "))
     assert "--policy recipes/tiny-vlm" in replay and "--image-search data" in replay
