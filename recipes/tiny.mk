@@ -307,9 +307,22 @@
 #          Every perception question zooms, every knowledge question searches text, every "both"
 #          question searches by image then text: the paper's pattern. Text search carries to
 #          any world; the zoom's box and the thumbnail picked are at chance (1 in 4, 1 in 5).
-#  What would be next: seeing that survives the agent's format (its grounding rows beside the
-#  trajectories, or the zoom's crops as the perception trajectories' second image), matching
-#  scene and thumbnail taught as a skill of its own, then the demo from that model.
+#  z. The demo from y's model, three kinds, on worlds it never saw: RL learns text search at once
+#     and image search in part; the zoom it unlearns (its boxes are at chance). By hand, 2026-12-06,
+#     one RL seed each, `make demo VLM=runs/g KINDS=perception,knowledge,both [WORLD_SEED=s]`
+#     (y's model as runs/g; the cold start DIRECT=0.7 under-uses every tool), greedy test
+#     accuracy per kind, SFT -> iteration 12 (found: the tool reaches the target):
+#       world 0: perception 21.9 -> 21.9% (no zoom after SFT or RL; rollouts that zoom 16.7 ->
+#         5.0%), knowledge 0.0 -> 100.0% (text search 0 -> 100%, from iteration 2; rollouts
+#         found 20.0 -> 97.9%), both 12.5 -> 37.5% (image then text search 0 -> 100%, the right
+#         thumbnail 34.4%, chance 20%; rollouts found 12.5 -> 52.5% at iteration 10);
+#       world 1: 25.0 -> 31.2% (no zoom), 3.1 -> 100.0%, 9.4 -> 62.5% (thumbnail 62.5%);
+#       world 2: 40.6 -> 46.9% (zooms on every question from iteration 10, on the logo 31.2%;
+#         rollouts that zoom 18.8 -> 57.5%), 12.5 -> 93.8%, 28.1 -> 40.6% (thumbnail 40.6%).
+#     Knowledge and both gain 12.5-90.6 points on every world; perception 0.0-6.2.
+#  What would be next: seeing that survives the agent's format (grounding rows beside the
+#  trajectories with the vision tower frozen, as t's agent phase: 96.9% of its zooms on the logo),
+#  matching scene and thumbnail taught as a skill of its own, then 3 RL seeds on three worlds.
 
 # Same seeds, same numbers on another x86-64 machine: torch (ATen), oneDNN and MKL pick kernels by
 # the CPU's instruction set and split reductions by thread count, and both change float
