@@ -434,9 +434,10 @@ VLM_SCENES ?= 2000
 # (1002-1005, all 96 logos but the demo's whole ones) and 50 agent worlds (1101-1150), none of
 # which shares a seed or a logo with the worlds of seeds 0-2 (8 entities) — with a tokenizer
 # trained on no world's names (syllables.txt: every world's names are token sequences alike);
-# then the greedy agent on world 1999's three kinds. Without it: the committed model's recipe,
-# pre-trained on the demo's own world (seed 0; its tokenizer was trained on that world's text as
-# the toy world wrote it before issue 35, whose knowledge questions did not name their company).
+# then the greedy agent on world 1999's three kinds; about 80 minutes on 2 cores. Without it:
+# the committed model's recipe, pre-trained on the demo's own world (seed 0; its tokenizer was
+# trained on that world's text as the toy world wrote it before issue 35, whose knowledge
+# questions did not name their company).
 VLM_GENERAL ?= 0
 ifeq ($(VLM_GENERAL),1)
 VLM_AVOID ?= --avoid-seeds 0,1,2 --avoid-entities 8
@@ -528,8 +529,9 @@ VLM_SFT = $(MARSCLI) sft $(1) --policy $(2) --out $(3) --epochs $(4) --lr 1e-3 -
   --metrics $(3).metrics.jsonl
 VW = $(VLM_RUN)-world
 VA = $(VLM_RUN)-agent
-# Expert worlds in the agent's format (tiny-vlm-search, VLM_GENERAL=1): world $(1)/$(2) of seed $(2)
-# and options $(3), written, its text indexed.
+# Expert worlds in the agent's format (tiny-vlm-search, VLM_GENERAL=1), through the toy world's
+# three tools: world $(1)/$(2) of seed $(2) and options $(3), written, its text indexed.
+SEARCH_TOOLS = --system-prompt recipes/toy-system.txt --image-search data
 define EXPERT_WORLD
 	$(MARSCLI) toy-world $(1)/$(2) $(3) --seed $(2) --force
 	$(MARSCLI) index text $(1)/$(2)/corpus.jsonl -o $(1)/$(2)/text.sqlite
@@ -538,7 +540,6 @@ endef
 # replayed by policy $(4) through the three tools into $(1)/SEED.jsonl, all joined into
 # $(1)/$(5).jsonl: every world beside the others, so their image paths (relative to the folder)
 # stay valid when they are joined.
-SEARCH_TOOLS = --system-prompt recipes/toy-system.txt --image-search data
 define EXPERT_REPLAY
 $(call EXPERT_WORLD,$(1),$(2),$(3) --test 1)
 	$(MARSCLI) rollout $(1)/$(2)/sft.jsonl --policy $(4) -o $(1)/$(2).jsonl --force \
