@@ -319,7 +319,7 @@
 #       world 1: 25.0 -> 31.2% (no zoom), 3.1 -> 100.0%, 9.4 -> 62.5% (thumbnail 62.5%);
 #       world 2: 40.6 -> 46.9% (zooms on every question from iteration 10, on the logo 31.2%;
 #         rollouts that zoom 18.8 -> 57.5%), 12.5 -> 93.8%, 28.1 -> 40.6% (thumbnail 40.6%).
-#     Knowledge and both gain 12.5-90.6 points on every world; perception 0.0-6.2.
+#     Knowledge and both gain 12.5-100.0 points on every world; perception 0.0-6.2.
 #  What would be next: seeing that survives the agent's format (grounding rows beside the
 #  trajectories with the vision tower frozen, as t's agent phase: 96.9% of its zooms on the logo),
 #  matching scene and thumbnail taught as a skill of its own, then 3 RL seeds on three worlds.
