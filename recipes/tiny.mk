@@ -451,6 +451,7 @@ VLM_EXPERT_OPTS ?= --entities 40 --grid 4 --zoom-cells 2 --clutter 0 --train 1 $
 VLM_COPY_SEEDS ?= $(shell seq 1001 1050)
 VLM_AGENT_SEEDS ?= $(shell seq 1101 1150)
 VLM_AGENT_EPOCHS ?= 3
+# A variable, since a comma in $(call)'s arguments would split them.
 VLM_KINDS = perception,knowledge,both
 VLM_READ_SEEDS ?= 1002 1003 1004 1005
 VLM_READ_OPTS ?= --entities 96 --grid 4 --zoom-cells 2 --clutter 0 --kinds perception \
