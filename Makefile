@@ -322,7 +322,7 @@ rl-job: setup
 
 # The demo (RECIPE, recipes/tiny-sees.mk by default): toy world → the committed tiny VLM → SFT →
 # DEMO_ITERS RL iterations, the test split every DEMO_EVAL_EVERY → the table and RUN.png; about
-# 6 minutes on 2 cores. SEEDS=n repeats the RL part with RL seeds 1..n-1 into runs/demo-seed<s>
+# 15 minutes on 2 cores. SEEDS=n repeats the RL part with RL seeds 1..n-1 into runs/demo-seed<s>
 # (the world, the base and the SFT model are shared) and reports mean ± 95% CI over the n seeds.
 DEMO_ITERS ?= 4
 DEMO_EVAL_EVERY ?= $(EVAL_EVERY)

@@ -1,6 +1,6 @@
 # recipes/tiny.mk — the CPU recipes' common part: the toy world and a small random Qwen3-VL,
 # minutes on 2 cores. `make demo` runs recipes/tiny-sees.mk, which includes this file and starts
-# from a tiny VLM that already sees (recipes/tiny-vlm; levers g-k below: what each bought).
+# from a tiny VLM that already sees (recipes/tiny-vlm; levers g-aa below: what each bought).
 #
 # Departures from the paper (recipes/mars-8b.mk has its settings), each for the 10-minute CPU budget:
 #  1. Policy: the 1.2 M-parameter random Qwen3-VL (`tiny-model --size tiny`) whose tokenizer is
@@ -9,9 +9,9 @@
 #     against 0.178): it does not fit the budget.
 #  2. Data: the generated toy world instead of the MARS training mix, with perception questions
 #     only (shape colour, shape or letter of a small logo in a 1024x1024 scene: zoom, then
-#     answer). KINDS=perception,knowledge,both adds the search questions (knowledge: text
-#     search; both: image search, then text search) and the two search tools; the tiny model
-#     does not learn them in this budget (lever l).
+#     answer). KINDS=perception,knowledge,both (the demo's default, recipes/tiny-sees.mk) adds
+#     the search questions (knowledge: text search; both: image search, then text search) and
+#     the two search tools.
 #  3. Prompt: a 42-token system prompt (recipes/toy-system.txt) instead of the 160-token default,
 #     and only the zoom tool's schema: with the default prompt and three schemas a trajectory
 #     was ~700 tokens, 460 of them system prompt, and the tiny model's attention at the answer
@@ -320,9 +320,15 @@
 #       world 2: 40.6 -> 46.9% (zooms on every question from iteration 10, on the logo 31.2%;
 #         rollouts that zoom 18.8 -> 57.5%), 12.5 -> 93.8%, 28.1 -> 40.6% (thumbnail 40.6%).
 #     Knowledge and both gain 12.5-100.0 points on every world; perception 0.0-6.2.
-#  What would be next: seeing that survives the agent's format (grounding rows beside the
-#  trajectories with the vision tower frozen, as t's agent phase: 96.9% of its zooms on the logo),
-#  matching scene and thumbnail taught as a skill of its own, then 3 RL seeds on three worlds.
+#  aa. Seeing in the agent's format, from y's model: its 3000 agent trajectories (worlds
+#     1101-1150) and half of world 1000's grounding rows (2000: the zoom's scale and whole
+#     scenes), 2 epochs, the vision tower frozen, cosine from 1e-3 (t's agent phase; 626 steps,
+#     loss 0.025, 14 min), greedy on world 1999: perception 12.5% (zooms on every question, on
+#     the logo's quadrant 21.9%: chance), knowledge 84.4%, both 0.0% (thumbnail 0.0%). The
+#     grounding rows beside do not carry into the tool call's box; not kept.
+#  What would be next: grounding taught in the tool call itself (a zoom row whose answer is the
+#  call, from scenes of many worlds), matching scene and thumbnail as a skill of its own (a row:
+#  scene + five thumbnails -> the index).
 
 # Same seeds, same numbers on another x86-64 machine: torch (ATen), oneDNN and MKL pick kernels by
 # the CPU's instruction set and split reductions by thread count, and both change float
@@ -417,28 +423,27 @@ SFT_FROM = $(PERCEIVED)
 SFT_FROM_TARGET = $(PERCEIVED)/config.json
 endif
 
-# `make tiny-vlm`: a tiny Qwen3-VL that sees (levers f-i), from nothing, in about 17 minutes on 2
-# cores at the 128x128 view (VLM_MODEL_OPTS; 27 at 256x256 with 2 agent epochs): its own world (every question kind, so that its tokenizer knows
-# every word a recipe uses; VLM_SCENES scenes of perception rows), the random model, three SFT
-# phases on the perception rows — all rows; the reading rows alone (odd lines); all rows with the
-# reading rows twice more — then a fourth in the agent's own format, the vision tower frozen: the
-# expert's trajectories (zoom on the quadrant, read) on VLM_AGENT scenes of the demo's world, with
-# as many reading rows. The probe after phase 3 (VLM_RUN-3-probe/probe.json) and after phase 4
-# (reading; its grounding is in the tool call now). recipes/tiny-vlm is this target's VLM_RUN
-# (built with these defaults, phase 4 run as the same command by hand); `make demo VLM=runs/tiny-vlm`
-# starts the demo from a rebuilt one.
+# `make tiny-vlm`: a tiny Qwen3-VL that sees, copies and calls the three tools, from nothing, on
+# worlds disjoint from the demo's (issue 35, levers l-y below) — world 1000 (perception rows), 50
+# copying worlds (seeds 1001-1050), four reading worlds (1002-1005, all 96 logos but the demo's
+# whole ones) and 50 agent worlds (1101-1150), none of which shares a seed or a logo with the
+# worlds of seeds 0-2 (8 entities) — with a tokenizer trained on no world's names (syllables.txt:
+# every world's names are token sequences alike); then the greedy agent on world 1999's three
+# kinds (VLM_RUN-probe.json); about 80 minutes on 2 cores. recipes/tiny-vlm is this target's
+# VLM_RUN (lever y: its phases run by hand with these commands, the folders named otherwise);
+# `make demo VLM=runs/tiny-vlm` starts the demo from a rebuilt one.
+#
+# VLM_GENERAL=0: the model committed before issue 35 (levers f-k; ~17 minutes at the 128x128
+# view, 27 at 256x256 with 2 agent epochs): its own world (seed 0, the demo's: every question
+# kind, so that its tokenizer knows every word a recipe uses; VLM_SCENES scenes of perception
+# rows), three SFT phases on the perception rows — all rows; the reading rows alone (odd lines);
+# all rows with the reading rows twice more — then a fourth in the agent's own format, the vision
+# tower frozen: the expert's trajectories (zoom on the quadrant, read) on VLM_AGENT scenes of the
+# demo's world, with as many reading rows; the probe after phase 3 and after phase 4. It reads
+# and localises the demo world's own eight logos, not logos in general (the issue's why).
 VLM_RUN ?= runs/tiny-vlm
 VLM_SCENES ?= 2000
-# VLM_GENERAL=1 (issue 35, levers l-y below): pre-train on worlds disjoint from the demo's instead
-# — world 1000 (perception rows), 50 copying worlds (seeds 1001-1050), four reading worlds
-# (1002-1005, all 96 logos but the demo's whole ones) and 50 agent worlds (1101-1150), none of
-# which shares a seed or a logo with the worlds of seeds 0-2 (8 entities) — with a tokenizer
-# trained on no world's names (syllables.txt: every world's names are token sequences alike);
-# then the greedy agent on world 1999's three kinds; about 80 minutes on 2 cores. Without it:
-# the committed model's recipe, pre-trained on the demo's own world (seed 0; its tokenizer was
-# trained on that world's text as the toy world wrote it before issue 35, whose knowledge
-# questions did not name their company).
-VLM_GENERAL ?= 0
+VLM_GENERAL ?= 1
 ifeq ($(VLM_GENERAL),1)
 VLM_AVOID ?= --avoid-seeds 0,1,2 --avoid-entities 8
 VLM_WORLD_OPTS ?= --entities 24 --grid 4 --zoom-cells 2 --clutter 0 \

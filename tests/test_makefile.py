@@ -343,8 +343,9 @@ def sft_args(sft: list[str], flag: str) -> list[str]:
 
 
 def test_tiny_vlm_chains_its_perception_phases_then_the_agents_format(tmp_path):
+    """VLM_GENERAL=0: the recipe of the model committed before issue 35 (levers f-k)."""
     run = str(tmp_path / "vlm")
-    lines = dry_run("tiny-vlm", "RECIPE=recipes/tiny.mk", f"VLM_RUN={run}")
+    lines = dry_run("tiny-vlm", "RECIPE=recipes/tiny.mk", f"VLM_RUN={run}", "VLM_GENERAL=0")
     sft = [x for x in lines if " sft " in x]
     # all rows from the random model; the reading rows; the mix; the agent's trajectories
     assert sft_args(sft, "sft") == [
@@ -461,24 +462,27 @@ def test_no_pre_training_world_shares_a_seed_or_a_logo_with_the_demos_worlds(tmp
 
 
 def test_the_committed_tiny_vlm_is_what_make_tiny_vlm_builds(tmp_path):
-    """recipes/tiny-vlm (the demo's start) was trained by the target's phase 4 as it stands: the
-    same options, the same view; a change to either must rebuild and recommit the model."""
+    """recipes/tiny-vlm (the demo's start) was trained by the target's last phase as it stands
+    (the agent's format, from phase 5): the same options, the same view, a tokenizer of no
+    world's names; a change to any must rebuild and recommit the model."""
     meta = json.loads((ROOT / "recipes" / "tiny-vlm" / "marscli.meta.json").read_text())
     run = str(tmp_path / "vlm")
-    phase4 = shlex.split(next(x for x in dry_run("tiny-vlm", "RECIPE=recipes/tiny.mk",
-                                                   f"VLM_RUN={run}") if f"--out {run} " in x))
-    opt = {a.lstrip("-").replace("-", "_"): b for a, b in itertools.pairwise(phase4)
+    lines = dry_run("tiny-vlm", "RECIPE=recipes/tiny.mk", f"VLM_RUN={run}")
+    last = shlex.split(next(x for x in lines if f"--out {run} " in x))
+    opt = {a.lstrip("-").replace("-", "_"): b for a, b in itertools.pairwise(last)
            if a.startswith("--")}
+    assert opt["policy"] == f"{run}-5" and last[2] == f"{run}-experts/agent.jsonl"
     cfg = meta["config"]
     assert (cfg["epochs"], cfg["lr"], cfg["batch_size"], cfg["schedule"], cfg["seed"]) == (
         int(opt["epochs"]), float(opt["lr"]), int(opt["batch_size"]), opt["schedule"],
         int(opt["seed"]))
-    assert cfg["freeze_vision"] and "--freeze-vision" in phase4
+    assert not cfg["freeze_vision"] and "--freeze-vision" not in last
+    assert meta["stats"]["trajectory_rows"] == 50 * 60  # the 50 agent worlds' expert rows
     processor = json.loads((ROOT / "recipes" / "tiny-vlm" / "processor_config.json").read_text())
-    model = next(x for x in dry_run("tiny-vlm", "RECIPE=recipes/tiny.mk", f"VLM_RUN={run}")
-                 if " tiny-model " in x)
+    model = next(x for x in lines if " tiny-model " in x)
     pixels = int(model.split("--max-pixels ")[1].split()[0])
     assert processor["image_processor"]["size"]["longest_edge"] == pixels == 128 * 128
+    assert f"--text {run}-world/syllables.txt" in model
 
 
 def test_the_demo_starts_from_the_committed_tiny_vlm(tmp_path):
