@@ -492,7 +492,12 @@ def test_the_demo_starts_from_the_committed_tiny_vlm(tmp_path):
     assert link.groups() == (str(ROOT / "recipes" / "tiny-vlm"), f"{run}/base")
     sft = only(lines, "sft")
     assert f"{run}/base" in sft and "--freeze-vision" in sft
-    assert "--direct 0.7" in next(x for x in lines if " toy-world " in x)
+    world = next(x for x in lines if " toy-world " in x)
+    assert "--direct 0.7" in world
+    # the paper's three kinds (issue 35), the replay of their experts through the three tools
+    assert "--kinds perception,knowledge,both " in world
+    replay = next(x for x in lines if "rollout.sh" in x and "sft.jsonl" in x)
+    assert f"--text-search local:{run}/world/text.sqlite --image-search data" in replay
 
 
 def test_the_demo_on_another_world(tmp_path):
