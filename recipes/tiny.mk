@@ -1,6 +1,6 @@
 # recipes/tiny.mk — the CPU recipes' common part: the toy world and a small random Qwen3-VL,
 # minutes on 2 cores. `make demo` runs recipes/tiny-sees.mk, which includes this file and starts
-# from a tiny VLM that already sees (recipes/tiny-vlm; levers g-aa below: what each bought).
+# from a tiny VLM that already sees (recipes/tiny-vlm; levers g-ab below: what each bought).
 #
 # Departures from the paper (recipes/mars-8b.mk has its settings), each for the 10-minute CPU budget:
 #  1. Policy: the 1.2 M-parameter random Qwen3-VL (`tiny-model --size tiny`) whose tokenizer is
@@ -326,12 +326,28 @@
 #     loss 0.025, 14 min), greedy on world 1999: perception 12.5% (zooms on every question, on
 #     the logo's quadrant 21.9%: chance), knowledge 84.4%, both 0.0% (thumbnail 0.0%). The
 #     grounding rows beside do not carry into the tool call's box; not kept.
-#  The committed recipes/tiny-vlm is y's model, and `make demo` asks the three kinds from it:
-#  `make demo SEEDS=3` (README, 2026-12-06) knowledge 0.0 -> 100.0 +- 0.0%, both 12.5 -> 34.4 +-
-#  7.8% (every seed above), perception 21.9 -> 19.8 +- 9.0% (the zoom unlearned, as in z).
-#  What would be next: grounding taught in the tool call itself (a zoom row whose answer is the
-#  call, from scenes of many worlds), matching scene and thumbnail as a skill of its own (a row:
-#  scene + five thumbnails -> the index).
+#  (Until lever ab, recipes/tiny-vlm was y's model: `make demo SEEDS=3` from it, 2026-12-06,
+#  knowledge 0.0 -> 100.0 +- 0.0%, both 12.5 -> 34.4 +- 7.8%, perception 21.9 -> 19.8 +- 9.0%.)
+#  ab. Grounding in the tool call itself: the zoom lands on the logo in worlds never seen; what a
+#     zoom then reads does not pay. From y's model, by hand, 2026-12-06, one seed, VLM_SFT's
+#     constant rate, greedy on world 1999 (kind_probe.py; y: perception 6.2%, zoom on the logo
+#     25.0%, knowledge 90.6%, both 0.0%):
+#       the agent rows' 1000 perception trajectories cut after the zoom call
+#         (scripts/zoom_rows.py: the box's two deciding digits are 2 of 59 model tokens there,
+#         of ~220 among the three kinds' rows), 4 epochs (252 steps, 2 min; loss 0.023 flat,
+#         0.013 at the end): zoom on the logo 53.1%; 4 more: 96.9% (loss 0.0007), every answer
+#         lost (0.0%: the rows end at the zoom);
+#       then the 3000 trajectories with those rows twice beside them, 2 epochs (626 steps, 12
+#         min): perception 31.2% (zoom on every question, on the logo 100.0%; colour 45.5%,
+#         shape 45.5% = always "star", letter 0.0%), knowledge 84.4%, both 6.2%.
+#     Phases 7-9 of `make tiny-vlm` (VLM_GENERAL=1) run these; it is the committed model. The
+#     demo from it (README, `make demo SEEDS=3`): the SFT model never zooms, and its sampled
+#     zooms, on the logo now, are no more often right than its direct answers (rollouts of
+#     iterations 0-8, seed 0: 9-44% either way), so RL has nothing to reinforce: reading logos
+#     never seen, at the crop's scale, is what perception lacks (u, v).
+#  What would be next: reading at a larger scale (`--zoom-cells 1`: the crop is the logo's cell,
+#  the logo 51-83 px of the 128 px view instead of 25-41), matching scene and thumbnail as a
+#  skill of its own (a row: scene + five thumbnails -> the index).
 
 # Same seeds, same numbers on another x86-64 machine: torch (ATen), oneDNN and MKL pick kernels by
 # the CPU's instruction set and split reductions by thread count, and both change float
@@ -427,13 +443,13 @@ SFT_FROM_TARGET = $(PERCEIVED)/config.json
 endif
 
 # `make tiny-vlm`: a tiny Qwen3-VL that sees, copies and calls the three tools, from nothing, on
-# worlds disjoint from the demo's (issue 35, levers l-y below) — world 1000 (perception rows), 50
+# worlds disjoint from the demo's (issue 35, levers l-ab below) — world 1000 (perception rows), 50
 # copying worlds (seeds 1001-1050), four reading worlds (1002-1005, all 96 logos but the demo's
 # whole ones) and 50 agent worlds (1101-1150), none of which shares a seed or a logo with the
 # worlds of seeds 0-2 (8 entities) — with a tokenizer trained on no world's names (syllables.txt:
 # every world's names are token sequences alike); then the greedy agent on world 1999's three
-# kinds (VLM_RUN-probe.json); about 80 minutes on 2 cores. recipes/tiny-vlm is this target's
-# VLM_RUN (lever y: its phases run by hand with these commands, the folders named otherwise);
+# kinds (VLM_RUN-probe.json); about 95 minutes on 2 cores. recipes/tiny-vlm is this target's
+# VLM_RUN (levers y and ab: their phases run by hand with these commands, folders named otherwise);
 # `make demo VLM=runs/tiny-vlm` starts the demo from a rebuilt one.
 #
 # VLM_GENERAL=0: the model committed before issue 35 (levers f-k; ~17 minutes at the 128x128
@@ -496,10 +512,20 @@ define VLM_SEE
 	$(call VLM_SFT,$(VX)/read.jsonl,$(VLM_RUN)-4,$(VLM_RUN)-5,2)
 endef
 # 6. The agent's format (lever r's data, from a model that copies now): 60 expert trajectories of
-# the three kinds in each of 50 more worlds; then the greedy agent on world 1999 (KIND_PROBE).
+# the three kinds in each of 50 more worlds. 7-8. Grounding in the tool call itself (lever ab):
+# the perception trajectories cut after their zoom call (scripts/zoom_rows.py), 4 epochs twice
+# (as measured: two runs, AdamW restarted between them); 9. the trajectories again with the zoom
+# rows twice beside them, which brings back the turns after the zoom. Then the greedy agent on
+# world 1999 (KIND_PROBE).
+VLM_ZOOM_EPOCHS ?= 4
 define VLM_AGENT_PHASE
 	$(call EXPERTS,$(VX),$(VLM_AGENT_SEEDS),$(VLM_EXPERT_OPTS) --kinds $(VLM_KINDS) --sft 60,$(VLM_RUN)-random,agent)
-	$(call VLM_SFT,$(VX)/agent.jsonl,$(VLM_RUN)-5,$(VLM_RUN),$(VLM_AGENT_EPOCHS))
+	$(call VLM_SFT,$(VX)/agent.jsonl,$(VLM_RUN)-5,$(VLM_RUN)-6,$(VLM_AGENT_EPOCHS))
+	$(PY) scripts/zoom_rows.py $(VX)/agent.jsonl > $(VX)/zoom.jsonl
+	cat $(VX)/zoom.jsonl $(VX)/zoom.jsonl $(VX)/agent.jsonl > $(VX)/agent-zoom.jsonl
+	$(call VLM_SFT,$(VX)/zoom.jsonl,$(VLM_RUN)-6,$(VLM_RUN)-7,$(VLM_ZOOM_EPOCHS))
+	$(call VLM_SFT,$(VX)/zoom.jsonl,$(VLM_RUN)-7,$(VLM_RUN)-8,$(VLM_ZOOM_EPOCHS))
+	$(call VLM_SFT,$(VX)/agent-zoom.jsonl,$(VLM_RUN)-8,$(VLM_RUN),2)
 	$(call KIND_PROBE,$(VX),1999,$(VLM_EXPERT_OPTS) --kinds $(VLM_KINDS),$(VLM_RUN))
 endef
 else

@@ -367,7 +367,8 @@ def test_tiny_vlm_general_copies_first_then_sees_with_the_copying_rows_beside(tm
     """VLM_GENERAL=1 (levers o, s, t, v, w, x): weights drawn at 0.08; copying first (the expert's
     knowledge trajectories of 50 worlds, from the random model), then grounding at the zoom's
     scale, on whole scenes, reading logo files, then crops — each with the copying rows beside
-    it — then the agent's format of 50 more worlds, probed on a world of no training seed."""
+    it — then the agent's format of 50 more worlds, its zoom calls alone (lever ab), the two
+    together, probed on a world of no training seed."""
     run = str(tmp_path / "vlm")
     w, r, x = f"{run}-world", f"{run}-read", f"{run}-experts"
     lines = dry_run("tiny-vlm", "RECIPE=recipes/tiny.mk", f"VLM_RUN={run}", "VLM_GENERAL=1")
@@ -375,11 +376,11 @@ def test_tiny_vlm_general_copies_first_then_sees_with_the_copying_rows_beside(tm
     assert "--init-std 0.08" in next(x for x in lines if " tiny-model " in x)
     sft = [x for x in lines if " sft " in x]
     assert sft_args(sft, "sft") == [f"{x}/knows.jsonl", f"{x}/zoomed.jsonl", f"{x}/ground.jsonl",
-                                    f"{x}/logos.jsonl", f"{x}/read.jsonl", f"{x}/agent.jsonl"]
-    assert sft_args(sft, "--policy") == [f"{run}-random", f"{run}-1", f"{run}-2", f"{run}-3",
-                                         f"{run}-4", f"{run}-5"]
-    assert sft_args(sft, "--out")[-1] == run
-    assert sft_args(sft, "--epochs") == ["6", "4", "1", "3", "2", "3"]
+                                    f"{x}/logos.jsonl", f"{x}/read.jsonl", f"{x}/agent.jsonl",
+                                    f"{x}/zoom.jsonl", f"{x}/zoom.jsonl", f"{x}/agent-zoom.jsonl"]
+    assert sft_args(sft, "--policy") == [f"{run}-random", *(f"{run}-{i}" for i in range(1, 9))]
+    assert sft_args(sft, "--out") == [*(f"{run}-{i}" for i in range(1, 9)), run]
+    assert sft_args(sft, "--epochs") == ["6", "4", "1", "3", "2", "3", "4", "4", "2"]
     assert not any("--freeze-vision" in x for x in sft)  # a constant rate, every weight (o)
     # every file after the first is the copying rows with the phase's own (x); the message
     # rows' image paths are absolute (the joined files live among the trajectories' worlds)
@@ -463,21 +464,29 @@ def test_no_pre_training_world_shares_a_seed_or_a_logo_with_the_demos_worlds(tmp
 
 def test_the_committed_tiny_vlm_is_what_make_tiny_vlm_builds(tmp_path):
     """recipes/tiny-vlm (the demo's start) was trained by the target's last phase as it stands
-    (the agent's format, from phase 5): the same options, the same view, a tokenizer of no
-    world's names; a change to any must rebuild and recommit the model."""
+    (the agent's trajectories with the zoom rows beside them, from phase 8): the same options,
+    the same view, a tokenizer of no world's names; a change to any must rebuild and recommit
+    the model. The zoom rows are the agent rows' perception trajectories cut after the zoom."""
     meta = json.loads((ROOT / "recipes" / "tiny-vlm" / "marscli.meta.json").read_text())
     run = str(tmp_path / "vlm")
     lines = dry_run("tiny-vlm", "RECIPE=recipes/tiny.mk", f"VLM_RUN={run}")
     last = shlex.split(next(x for x in lines if f"--out {run} " in x))
     opt = {a.lstrip("-").replace("-", "_"): b for a, b in itertools.pairwise(last)
            if a.startswith("--")}
-    assert opt["policy"] == f"{run}-5" and last[2] == f"{run}-experts/agent.jsonl"
+    x = f"{run}-experts"
+    assert opt["policy"] == f"{run}-8" and last[2] == f"{x}/agent-zoom.jsonl"
+    six = next(i for i, ln in enumerate(lines) if f"--out {run}-6 " in ln)
+    assert lines[six + 1].endswith(f"scripts/zoom_rows.py {x}/agent.jsonl > {x}/zoom.jsonl")
+    assert f"cat {x}/zoom.jsonl {x}/zoom.jsonl {x}/agent.jsonl > {x}/agent-zoom.jsonl" in lines
+    zooms = [ln for ln in lines if f"sft {x}/zoom.jsonl " in ln]
+    assert [ln.split("--policy ")[1].split()[0] for ln in zooms] == [f"{run}-6", f"{run}-7"]
     cfg = meta["config"]
     assert (cfg["epochs"], cfg["lr"], cfg["batch_size"], cfg["schedule"], cfg["seed"]) == (
         int(opt["epochs"]), float(opt["lr"]), int(opt["batch_size"]), opt["schedule"],
         int(opt["seed"]))
     assert not cfg["freeze_vision"] and "--freeze-vision" not in last
-    assert meta["stats"]["trajectory_rows"] == 50 * 60  # the 50 agent worlds' expert rows
+    # the 50 agent worlds' expert rows, and their 1000 perception rows' zooms twice
+    assert meta["stats"]["trajectory_rows"] == 50 * 60 + 2 * 1000
     processor = json.loads((ROOT / "recipes" / "tiny-vlm" / "processor_config.json").read_text())
     model = next(x for x in lines if " tiny-model " in x)
     pixels = int(model.split("--max-pixels ")[1].split()[0])
