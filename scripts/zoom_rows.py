@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Grounding in the tool call itself: the expert's perception trajectories cut after the zoom.
 
-usage: scripts/zoom_rows.py TRAJECTORIES.jsonl > ZOOM.jsonl
+usage: scripts/zoom_rows.py TRAJECTORIES.jsonl > ZOOM.jsonl   (- reads stdin)
 
 Each perception trajectory whose first model turn calls image_zoom_in_tool becomes a row of its
 prompt and that turn only (segments and images cut there, the rest of the record dropped), so
@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 from marscli.errors import BadInput
+from marscli.records.jsonl import read_rows
 
 ZOOM = "image_zoom_in_tool"
 KEEP = ("v", "id", "prompt_id", "sample", "policy", "category", "toy", "question", "answer_gt")
@@ -53,25 +53,11 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
-    path = Path(argv[0])
-    if not path.is_file():
-        raise BadInput(f"{path}: no such file")
-    out, n = [], 0
-    for line, text in enumerate(path.read_text().splitlines(), 1):
-        if not text.strip():
-            continue
-        try:
-            row = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise BadInput(f"{path}:{line}: not JSON ({e.msg})") from None
-        if not isinstance(row, dict):
-            raise BadInput(f"{path}:{line}: a JSON object is needed")
-        n += 1
-        if (z := zoom_row(row, f"{path}:{line}")) is not None:
-            out.append(json.dumps(z))
+    rows = read_rows(argv[0])
+    out = [z for line, row in rows if (z := zoom_row(row, f"{argv[0]}:{line}")) is not None]
     # Everything validated before anything is written: no half-written output on a bad row.
-    sys.stdout.write("".join(x + "\n" for x in out))
-    print(f"zoom_rows: {len(out)} zoom rows of {n} trajectories", file=sys.stderr)
+    sys.stdout.write("".join(json.dumps(z) + "\n" for z in out))
+    print(f"zoom_rows: {len(out)} zoom rows of {len(rows)} trajectories", file=sys.stderr)
     return 0
 
 

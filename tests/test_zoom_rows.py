@@ -65,4 +65,4 @@ def test_a_bad_row_names_file_line_and_field_and_writes_nothing(tmp_path):
     assert got.stderr.strip() == f"zoom_rows: {f}:2: segments: no model segment"
     f.write_text("{not json\n")
     got = subprocess.run([*SCRIPT, str(f)], capture_output=True, text=True, check=False)
-    assert got.returncode == 2 and got.stdout == "" and f"{f}:1: not JSON" in got.stderr
+    assert got.returncode == 2 and got.stdout == "" and f"{f}:1: not valid JSON" in got.stderr
