@@ -341,10 +341,13 @@
 #         min): perception 31.2% (zoom on every question, on the logo 100.0%; colour 45.5%,
 #         shape 45.5% = always "star", letter 0.0%), knowledge 84.4%, both 6.2%.
 #     Phases 7-9 of `make tiny-vlm` (VLM_GENERAL=1) run these; it is the committed model. The
-#     demo from it (README, `make demo SEEDS=3`): the SFT model never zooms, and its sampled
-#     zooms, on the logo now, are no more often right than its direct answers (rollouts of
-#     iterations 0-8, seed 0: 9-44% either way), so RL has nothing to reinforce: reading logos
-#     never seen, at the crop's scale, is what perception lacks (u, v).
+#     demo from it (README, `make demo SEEDS=3`, 2026-12-06): knowledge 3.1 -> 100.0 +- 0.0%,
+#     both 18.8 -> 39.6 +- 17.9%, perception 37.5 -> 32.3 +- 19.5%. The sampled zooms land on
+#     the logo (96.5-100%) but are no more often right than direct answers (21.1% of 399
+#     against 21.7% of 1137 over the 3 seeds' 12 iterations), so RL has nothing to reinforce;
+#     on worlds 1 and 2 (one seed each) it learns to zoom on every perception question anyway
+#     (on the logo 100.0 and 93.8%), 31.2 -> 28.1% and 43.8 -> 50.0%. Reading logos never seen,
+#     at the crop's scale, is what perception lacks (u, v).
 #  What would be next: reading at a larger scale (`--zoom-cells 1`: the crop is the logo's cell,
 #  the logo 51-83 px of the 128 px view instead of 25-41), matching scene and thumbnail as a
 #  skill of its own (a row: scene + five thumbnails -> the index).
