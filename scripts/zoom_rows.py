@@ -19,10 +19,11 @@ from __future__ import annotations
 import json
 import sys
 
+from marscli.agent.protocol import ToolCall, parse_turn
 from marscli.errors import BadInput
 from marscli.records.jsonl import read_rows
+from marscli.tools.zoom import ZoomInTool
 
-ZOOM = "image_zoom_in_tool"
 KEEP = ("v", "id", "prompt_id", "sample", "policy", "category", "toy", "question", "answer_gt")
 
 
@@ -37,7 +38,9 @@ def zoom_row(row: dict, where: str) -> dict | None:
     first = next((i for i, s in enumerate(segs) if s.get("role") == "model"), None)
     if first is None:
         raise BadInput(f"{where}: segments: no model segment")
-    if ZOOM not in str(segs[first].get("text", "")):
+    # The agent's own parser: a zoom named in the thinking, or a malformed call, is no zoom row.
+    call = parse_turn(str(segs[first].get("text", "")))
+    if not (isinstance(call, ToolCall) and call.name == ZoomInTool.name):
         return None
     kept = segs[: first + 1]
     used = [i for s in kept for i in (s.get("images") or [])]
