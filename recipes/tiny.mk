@@ -348,8 +348,30 @@
 #     on worlds 1 and 2 (one seed each) it learns to zoom on every perception question anyway
 #     (on the logo 100.0 and 93.8%), 31.2 -> 28.1% and 43.8 -> 50.0%. Reading logos never seen,
 #     at the crop's scale, is what perception lacks (u, v).
-#  What would be next: reading at a larger scale (`--zoom-cells 1`: the crop is the logo's cell,
-#  the logo 51-83 px of the 128 px view instead of 25-41), matching scene and thumbnail as a
+#  ac. Reading at a larger scale: the base model reads colour, the demo does not gain; dropped.
+#     The zoom's box the logo's own cell (--zoom-cells 1), where the crop shows the logo at
+#     51-83 px of the 128 px view (25-41 in the quadrant's). From ab's model, by hand,
+#     2026-12-06, one seed, VLM_SFT's constant rate, greedy on world 1999 at the cell's scale
+#     (kind_probe.py): VLM_AGENT_SEEDS' worlds written again with --zoom-cells 1, replayed
+#     (7 min), then ab's three phases on their rows (252 + 252 + 626 steps, 16 min):
+#     perception 53.1% (ab: 31.2%; zoom on every question, on the logo's cell 100.0%; colour
+#     100.0%, shape 45.5% = always "star", letter 10.0% = always "R"), knowledge 84.4%, both
+#     6.2%. On the demo's world (seed 0, its --zoom-cells 1), before the cold start: perception
+#     40.6% (colour 90.9%, shape "star", letter "R").
+#     Beside it, the reading worlds' crops at the cell's scale (VLM_READ_OPTS with --zoom-cells
+#     1, 4000 message rows) with the cell rows, 1 epoch (563 steps, 7 min): perception 28.1%
+#     (shape always "cross", letter always "P"), knowledge 71.9%.
+#     The demo from the cell model on the cell world (`make demo SEEDS=3` with WORLD_OPTS'
+#     --zoom-cells 1, iterations 0 -> 12, seeds 0/1/2): perception 34.4 -> 37.5 / 21.9 / 21.9,
+#     knowledge 3.1 -> 100.0 (each), both 12.5 -> 31.2 / 34.4 / 28.1 (ab's demo: 32.3 and 39.6
+#     mean). The cold start (240 rows, 6 epochs) leaves the sampled reading at temperature 1
+#     broken: colour questions are zoomed in 29 of 529 samples (the zoomed thinking drifts to
+#     "I read the shape on it" and a shape word), so RL stops zooming (rollouts that zoom, seed
+#     2: 15% -> 5%). Only colour reads at this scale, which caps perception through the zoom
+#     near the base model's 40.6%: not the 10 points asked for.
+#  What would be next: shape and letter legible in the crop (a box fitted to the logo rather
+#  than a grid cell, so the logo fills the view as the logo files do, where shape reads 100%,
+#  lever v), a cold start that keeps the sampled reading, and matching scene and thumbnail as a
 #  skill of its own (a row: scene + five thumbnails -> the index).
 
 # Same seeds, same numbers on another x86-64 machine: torch (ATen), oneDNN and MKL pick kernels by
