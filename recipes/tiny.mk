@@ -365,9 +365,11 @@
 #     --zoom-cells 1, iterations 0 -> 12, seeds 0/1/2): perception 34.4 -> 37.5 / 21.9 / 21.9,
 #     knowledge 3.1 -> 100.0 (each), both 12.5 -> 31.2 / 34.4 / 28.1 (ab's demo: 32.3 and 39.6
 #     mean). The cold start (240 rows, 6 epochs) leaves the sampled reading at temperature 1
-#     broken: colour questions are zoomed in 29 of 529 samples (the zoomed thinking drifts to
+#     broken: colour questions are zoomed in 29 of 528 samples (the zoomed thinking drifts to
 #     "I read the shape on it" and a shape word), so RL stops zooming (rollouts that zoom, seed
-#     2: 15% -> 5%). Only colour reads at this scale, which caps perception through the zoom
+#     2: 15% -> 5%). Gentler cold starts from the cell model (2 epochs; 1; 6 at 3e-4), greedy
+#     on the demo's test: no tool on any question, perception 15.6 / 15.6 / 34.4%. Only colour
+#     reads at this scale, which caps perception through the zoom
 #     near the base model's 40.6%: not the 10 points asked for.
 #  What would be next: shape and letter legible in the crop (a box fitted to the logo rather
 #  than a grid cell, so the logo fills the view as the logo files do, where shape reads 100%,
