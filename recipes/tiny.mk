@@ -409,10 +409,40 @@
 #         (100.0 / 45.5 / 0.0; 0.64; 2x the time a step).
 #     The loss stays near 0.65 on the training crops themselves: shape and letter are not fitted,
 #     not merely not carried to new logos. Not taken further.
-#  What would be next: shape and letter legible in the crop (a box fitted to the logo rather
-#  than a grid cell, so the logo fills the view as the logo files do, where shape reads 100%,
-#  lever v), a cold start that keeps the sampled reading, and matching scene and thumbnail as a
-#  skill of its own (a row: scene + five thumbnails -> the index).
+#  ag. Reading in the agent's format: the crops beside the trajectories. With a cold start that
+#     zooms on each attribute alike (ae), RL learns the zoom where it pays. From the committed
+#     model, by hand, 2026-12-06, one seed, VLM_SFT's constant rate, 2 epochs of VLM_AGENT_SEEDS'
+#     3000 trajectories (replayed again, 7 min) with, beside them:
+#       A. their 1000 perception trajectories twice, the zoom's turn made context so that only
+#          the answer after it trains (626 steps, 15 min at 1 thread);
+#       B. v's 4000 crops of the reading worlds ($(VR)/crops.jsonl, phase 5's message rows; 876
+#          steps, 20 min at 1 thread). `make tiny-vlm` with B as its phase 10 (from phase 9's
+#          output) is on branch issue35-ag, with B's model as recipes/tiny-vlm.
+#     Greedy (kind_probe.py), perception % (colour / shape / letter), knowledge %, both %:
+#       committed: world 1999 31.2 (45.5 / 45.5 / 0.0), 84.4, 6.2; the demo's world (seed 0)
+#         before its cold start 12.5 (9.1 / 27.3 / 0.0), 96.9, 15.6;
+#       A: 1999 28.1 (63.6 / 18.2 / 0.0), 81.2, 6.2; the demo's world 25.0 (63.6 / 9.1 / 0.0),
+#         96.9, 15.6;
+#       B: 1999 34.4 (81.8 / 18.2 / 0.0), 84.4, 3.1; the demo's world 31.2 (72.7 / 9.1 / 10.0),
+#         93.8, 3.1.
+#     The demo from B (`make demo VLM=runs/pt/agcrops SEEDS=3`, 24 m 50 s on 2 cores), SFT ->
+#     iteration 12, seeds 0 / 1 / 2: perception 34.4 -> 62.5 / 21.9 / 21.9 (35.4 +- 58.3; seed 0
+#     zooms on every question, on the logo 100%: colour 100.0, shape 27.3, letter 60.0; the others
+#     on none), knowledge 3.1 -> 100.0 each, both 18.8 -> 44.8 +- 4.5 (43.8 / 46.9 / 43.8). A
+#     zoom now reads colour (the rollouts' zoomed colour 62-100% right against 16-20% direct),
+#     but this cold start zooms on 2 of its 27 colour rows (ad): seeds 0 / 1 / 2 sampled a
+#     colour zoom 29 / 11 / 3 times in 176, and only seed 0 was shown that it pays. From A, one
+#     seed at 1 thread: 25.0 -> 50.0, 3.1 -> 100.0, 18.8 -> 40.6.
+#     B with ae's cold start (its world written by the issue35-ag branch's toy-world: 8 of 27
+#     rows of each attribute zoomed, the direct ones blind; `make rl-eval`'s demo settings, 1
+#     thread), RL seed 1 (21.9 above): SFT perception 37.5 -> 59.4 at iteration 4 -> 62.5 at 12
+#     (zoom on every question from iteration 4, on the logo 96.9-100%), knowledge 15.6 -> 100.0,
+#     both 12.5 -> 40.6; colour zoomed in 109 of 176 samples, 88.1% right.
+#  What would be next: ag's model and ae's cold start as the demo's (branch issue35-ag), measured
+#  as the issue asks (3 RL seeds on worlds 0, 1 and 2); then shape and letter legible in the crop
+#  (a box fitted to the logo, so that it fills the view as the logo files do, where shape reads
+#  100%, lever v; 8-pixel patches, af) and matching scene and thumbnail as a skill of its own (a
+#  row: scene + five thumbnails -> the index).
 
 # Same seeds, same numbers on another x86-64 machine: torch (ATen), oneDNN and MKL pick kernels by
 # the CPU's instruction set and split reductions by thread count, and both change float
