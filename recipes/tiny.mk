@@ -425,7 +425,8 @@
 #         96.9, 15.6;
 #       B: 1999 34.4 (81.8 / 18.2 / 0.0), 84.4, 3.1; the demo's world 31.2 (72.7 / 9.1 / 10.0),
 #         93.8, 3.1.
-#     The demo from B (`make demo VLM=runs/pt/agcrops SEEDS=3`, 24 m 50 s on 2 cores), SFT ->
+#     The demo from B (`make demo SEEDS=3` at branch issue35-ag's 3e4857c, whose recipes/tiny-vlm
+#     is B's model; run as VLM=runs/pt/agcrops, the same bytes; 24 m 50 s on 2 cores), SFT ->
 #     iteration 12, seeds 0 / 1 / 2: perception 34.4 -> 62.5 / 21.9 / 21.9 (35.4 +- 58.3; seed 0
 #     zooms on every question, on the logo 100%: colour 100.0, shape 27.3, letter 60.0; the others
 #     on none), knowledge 3.1 -> 100.0 each, both 18.8 -> 44.8 +- 4.5 (43.8 / 46.9 / 43.8). A
