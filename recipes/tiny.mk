@@ -409,6 +409,27 @@
 #         (100.0 / 45.5 / 0.0; 0.64; 2x the time a step).
 #     The loss stays near 0.65 on the training crops themselves: shape and letter are not fitted,
 #     not merely not carried to new logos. Not taken further.
+#  ag. Reading in the agent's format: the crops beside the trajectories, and perception learned.
+#     From the committed model, by hand, 2026-12-06, one seed, VLM_SFT's constant rate, 2 epochs,
+#     VLM_AGENT_SEEDS' 3000 trajectories (replayed again, 7 min) with, beside them:
+#       A. their 1000 perception trajectories twice, the zoom's turn made context so that the
+#          answer after it is all that trains (626 steps, 15 min at 1 thread);
+#       B. v's 4000 crops of the reading worlds ($(VR)/crops.jsonl, message rows; 876 steps,
+#          20 min).
+#     Greedy (kind_probe.py), perception % (colour / shape / letter), knowledge %, both %:
+#       the committed model: world 1999 31.2 (45.5 / 45.5 / 0.0), 84.4, 6.2; the demo's world
+#         (seed 0) before its cold start 12.5 (9.1 / 27.3 / 0.0), 96.9, 15.6;
+#       A: 1999 28.1 (63.6 / 18.2 / 0.0), 81.2, 6.2; the demo's world 25.0 (63.6 / 9.1 / 0.0),
+#         96.9, 15.6;
+#       B: 1999 34.4 (81.8 / 18.2 / 0.0), 84.4, 3.1; the demo's world 31.2 (72.7 / 9.1 / 10.0),
+#         93.8, 3.1.
+#     The demo from each (`make demo VLM=...`'s targets, one RL seed, 1 thread, two side by
+#     side), SFT -> iteration 12: A: perception 25.0 -> 50.0, knowledge 3.1 -> 100.0, both
+#     18.8 -> 40.6; B: perception 34.4 -> 62.5 (colour 100.0, shape 27.3, letter 60.0; zoom on
+#     every perception question from iteration 12, on the logo 100%), knowledge 3.1 -> 100.0,
+#     both 18.8 -> 43.8. The rollouts' zoomed colour was right 62.1% against 19.7% direct (the
+#     committed model's demo: no better than direct), which RL reinforces although the cold
+#     start zooms on few colour rows (ad).
 #  What would be next: shape and letter legible in the crop (a box fitted to the logo rather
 #  than a grid cell, so the logo fills the view as the logo files do, where shape reads 100%,
 #  lever v), a cold start that keeps the sampled reading, and matching scene and thumbnail as a
@@ -508,13 +529,14 @@ SFT_FROM_TARGET = $(PERCEIVED)/config.json
 endif
 
 # `make tiny-vlm`: a tiny Qwen3-VL that sees, copies and calls the three tools, from nothing, on
-# worlds disjoint from the demo's (issue 35, levers l-ab below) — world 1000 (perception rows), 50
+# worlds disjoint from the demo's (issue 35, levers l-ag below) — world 1000 (perception rows), 50
 # copying worlds (seeds 1001-1050), four reading worlds (1002-1005, all 96 logos but the demo's
 # whole ones) and 50 agent worlds (1101-1150), none of which shares a seed or a logo with the
 # worlds of seeds 0-2 (8 entities) — with a tokenizer trained on no world's names (syllables.txt:
 # every world's names are token sequences alike); then the greedy agent on world 1999's three
-# kinds (VLM_RUN-probe.json); about 95 minutes on 2 cores. recipes/tiny-vlm is this target's
-# VLM_RUN (levers y and ab: their phases run by hand with these commands, folders named otherwise);
+# kinds (VLM_RUN-probe.json); about 95 minutes on 2 cores before phase 10, which took 20 more (at 1
+# thread, beside another run). recipes/tiny-vlm is this target's VLM_RUN (levers y, ab and ag:
+# their phases run by hand with these commands, folders named otherwise);
 # `make demo VLM=runs/tiny-vlm` starts the demo from a rebuilt one.
 #
 # VLM_GENERAL=0: the model committed before issue 35 (levers f-k; ~17 minutes at the 128x128
@@ -580,8 +602,10 @@ endef
 # the three kinds in each of 50 more worlds. 7-8. Grounding in the tool call itself (lever ab):
 # the perception trajectories cut after their zoom call (scripts/zoom_rows.py), 4 epochs twice
 # (as measured: two runs, AdamW restarted between them); 9. the trajectories again with the zoom
-# rows twice beside them, which brings back the turns after the zoom. Then the greedy agent on
-# world 1999 (KIND_PROBE).
+# rows twice beside them, which brings back the turns after the zoom. 10. Reading in the agent's
+# format (lever ag): the trajectories again with the reading worlds' crops beside them (phase 5's
+# message rows), so that what the zoom's crop shows is read there. Then the greedy agent on world
+# 1999 (KIND_PROBE).
 VLM_ZOOM_EPOCHS ?= 4
 define VLM_AGENT_PHASE
 	$(call EXPERTS,$(VX),$(VLM_AGENT_SEEDS),$(VLM_EXPERT_OPTS) --kinds $(VLM_KINDS) --sft 60,$(VLM_RUN)-random,agent)
@@ -590,7 +614,9 @@ define VLM_AGENT_PHASE
 	cat $(VX)/zoom.jsonl $(VX)/zoom.jsonl $(VX)/agent.jsonl > $(VX)/agent-zoom.jsonl
 	$(call VLM_SFT,$(VX)/zoom.jsonl,$(VLM_RUN)-6,$(VLM_RUN)-7,$(VLM_ZOOM_EPOCHS))
 	$(call VLM_SFT,$(VX)/zoom.jsonl,$(VLM_RUN)-7,$(VLM_RUN)-8,$(VLM_ZOOM_EPOCHS))
-	$(call VLM_SFT,$(VX)/agent-zoom.jsonl,$(VLM_RUN)-8,$(VLM_RUN),2)
+	$(call VLM_SFT,$(VX)/agent-zoom.jsonl,$(VLM_RUN)-8,$(VLM_RUN)-9,2)
+	cat $(VR)/crops.jsonl $(VX)/agent.jsonl > $(VX)/agent-crops.jsonl
+	$(call VLM_SFT,$(VX)/agent-crops.jsonl,$(VLM_RUN)-9,$(VLM_RUN),2)
 	$(call KIND_PROBE,$(VX),1999,$(VLM_EXPERT_OPTS) --kinds $(VLM_KINDS),$(VLM_RUN))
 endef
 else
