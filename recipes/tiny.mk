@@ -541,13 +541,14 @@ SFT_FROM_TARGET = $(PERCEIVED)/config.json
 endif
 
 # `make tiny-vlm`: a tiny Qwen3-VL that sees, copies and calls the three tools, from nothing, on
-# worlds disjoint from the demo's (issue 35, levers l-ab below) — world 1000 (perception rows), 50
+# worlds disjoint from the demo's (issue 35, levers l-ag below) — world 1000 (perception rows), 50
 # copying worlds (seeds 1001-1050), four reading worlds (1002-1005, all 96 logos but the demo's
 # whole ones) and 50 agent worlds (1101-1150), none of which shares a seed or a logo with the
 # worlds of seeds 0-2 (8 entities) — with a tokenizer trained on no world's names (syllables.txt:
 # every world's names are token sequences alike); then the greedy agent on world 1999's three
-# kinds (VLM_RUN-probe.json); about 95 minutes on 2 cores. recipes/tiny-vlm is this target's
-# VLM_RUN (levers y and ab: their phases run by hand with these commands, folders named otherwise);
+# kinds (VLM_RUN-probe.json); about 95 minutes on 2 cores before phase 10, which took 20 more (at 1
+# thread, beside another run). recipes/tiny-vlm is this target's VLM_RUN (levers y, ab and ag:
+# their phases run by hand with these commands, folders named otherwise);
 # `make demo VLM=runs/tiny-vlm` starts the demo from a rebuilt one.
 #
 # VLM_GENERAL=0: the model committed before issue 35 (levers f-k; ~17 minutes at the 128x128
@@ -613,8 +614,10 @@ endef
 # the three kinds in each of 50 more worlds. 7-8. Grounding in the tool call itself (lever ab):
 # the perception trajectories cut after their zoom call (scripts/zoom_rows.py), 4 epochs twice
 # (as measured: two runs, AdamW restarted between them); 9. the trajectories again with the zoom
-# rows twice beside them, which brings back the turns after the zoom. Then the greedy agent on
-# world 1999 (KIND_PROBE).
+# rows twice beside them, which brings back the turns after the zoom. 10. Reading in the agent's
+# format (lever ag): the trajectories again with the reading worlds' crops beside them (phase 5's
+# message rows), so that what the zoom's crop shows is read there. Then the greedy agent on world
+# 1999 (KIND_PROBE).
 VLM_ZOOM_EPOCHS ?= 4
 define VLM_AGENT_PHASE
 	$(call EXPERTS,$(VX),$(VLM_AGENT_SEEDS),$(VLM_EXPERT_OPTS) --kinds $(VLM_KINDS) --sft 60,$(VLM_RUN)-random,agent)
@@ -623,7 +626,9 @@ define VLM_AGENT_PHASE
 	cat $(VX)/zoom.jsonl $(VX)/zoom.jsonl $(VX)/agent.jsonl > $(VX)/agent-zoom.jsonl
 	$(call VLM_SFT,$(VX)/zoom.jsonl,$(VLM_RUN)-6,$(VLM_RUN)-7,$(VLM_ZOOM_EPOCHS))
 	$(call VLM_SFT,$(VX)/zoom.jsonl,$(VLM_RUN)-7,$(VLM_RUN)-8,$(VLM_ZOOM_EPOCHS))
-	$(call VLM_SFT,$(VX)/agent-zoom.jsonl,$(VLM_RUN)-8,$(VLM_RUN),2)
+	$(call VLM_SFT,$(VX)/agent-zoom.jsonl,$(VLM_RUN)-8,$(VLM_RUN)-9,2)
+	cat $(VR)/crops.jsonl $(VX)/agent.jsonl > $(VX)/agent-crops.jsonl
+	$(call VLM_SFT,$(VX)/agent-crops.jsonl,$(VLM_RUN)-9,$(VLM_RUN),2)
 	$(call KIND_PROBE,$(VX),1999,$(VLM_EXPERT_OPTS) --kinds $(VLM_KINDS),$(VLM_RUN))
 endef
 else

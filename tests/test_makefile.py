@@ -377,10 +377,11 @@ def test_tiny_vlm_general_copies_first_then_sees_with_the_copying_rows_beside(tm
     sft = [x for x in lines if " sft " in x]
     assert sft_args(sft, "sft") == [f"{x}/knows.jsonl", f"{x}/zoomed.jsonl", f"{x}/ground.jsonl",
                                     f"{x}/logos.jsonl", f"{x}/read.jsonl", f"{x}/agent.jsonl",
-                                    f"{x}/zoom.jsonl", f"{x}/zoom.jsonl", f"{x}/agent-zoom.jsonl"]
-    assert sft_args(sft, "--policy") == [f"{run}-random", *(f"{run}-{i}" for i in range(1, 9))]
-    assert sft_args(sft, "--out") == [*(f"{run}-{i}" for i in range(1, 9)), run]
-    assert sft_args(sft, "--epochs") == ["6", "4", "1", "3", "2", "3", "4", "4", "2"]
+                                    f"{x}/zoom.jsonl", f"{x}/zoom.jsonl", f"{x}/agent-zoom.jsonl",
+                                    f"{x}/agent-crops.jsonl"]
+    assert sft_args(sft, "--policy") == [f"{run}-random", *(f"{run}-{i}" for i in range(1, 10))]
+    assert sft_args(sft, "--out") == [*(f"{run}-{i}" for i in range(1, 10)), run]
+    assert sft_args(sft, "--epochs") == ["6", "4", "1", "3", "2", "3", "4", "4", "2", "2"]
     assert not any("--freeze-vision" in x for x in sft)  # a constant rate, every weight (o)
     # every file after the first is the copying rows with the phase's own (x); the message
     # rows' image paths are absolute (the joined files live among the trajectories' worlds)
@@ -464,9 +465,10 @@ def test_no_pre_training_world_shares_a_seed_or_a_logo_with_the_demos_worlds(tmp
 
 def test_the_committed_tiny_vlm_is_what_make_tiny_vlm_builds(tmp_path):
     """recipes/tiny-vlm (the demo's start) was trained by the target's last phase as it stands
-    (the agent's trajectories with the zoom rows beside them, from phase 8): the same options,
-    the same view, a tokenizer of no world's names; a change to any must rebuild and recommit
-    the model. The zoom rows are the agent rows' perception trajectories cut after the zoom."""
+    (the agent's trajectories with the reading worlds' crops beside them, from phase 9: the
+    trajectories with the zoom rows beside them, from phase 8): the same options, the same view,
+    a tokenizer of no world's names; a change to any must rebuild and recommit the model. The
+    zoom rows are the agent rows' perception trajectories cut after the zoom."""
     meta = json.loads((ROOT / "recipes" / "tiny-vlm" / "marscli.meta.json").read_text())
     run = str(tmp_path / "vlm")
     lines = dry_run("tiny-vlm", "RECIPE=recipes/tiny.mk", f"VLM_RUN={run}")
@@ -474,7 +476,10 @@ def test_the_committed_tiny_vlm_is_what_make_tiny_vlm_builds(tmp_path):
     opt = {a.lstrip("-").replace("-", "_"): b for a, b in itertools.pairwise(last)
            if a.startswith("--")}
     x = f"{run}-experts"
-    assert opt["policy"] == f"{run}-8" and last[2] == f"{x}/agent-zoom.jsonl"
+    assert opt["policy"] == f"{run}-9" and last[2] == f"{x}/agent-crops.jsonl"
+    assert f"cat {run}-read/crops.jsonl {x}/agent.jsonl > {x}/agent-crops.jsonl" in lines
+    nine = next(ln for ln in lines if f"--out {run}-9 " in ln)
+    assert f"sft {x}/agent-zoom.jsonl --policy {run}-8 " in nine
     six = next(i for i, ln in enumerate(lines) if f"--out {run}-6 " in ln)
     assert lines[six + 1].endswith(f"scripts/zoom_rows.py {x}/agent.jsonl > {x}/zoom.jsonl")
     assert f"cat {x}/zoom.jsonl {x}/zoom.jsonl {x}/agent.jsonl > {x}/agent-zoom.jsonl" in lines
@@ -485,8 +490,9 @@ def test_the_committed_tiny_vlm_is_what_make_tiny_vlm_builds(tmp_path):
         int(opt["epochs"]), float(opt["lr"]), int(opt["batch_size"]), opt["schedule"],
         int(opt["seed"]))
     assert not cfg["freeze_vision"] and "--freeze-vision" not in last
-    # the 50 agent worlds' expert rows, and their 1000 perception rows' zooms twice
-    assert meta["stats"]["trajectory_rows"] == 50 * 60 + 2 * 1000
+    # the 50 agent worlds' expert rows, and the four reading worlds' 1000 crops each
+    assert meta["stats"]["trajectory_rows"] == 50 * 60
+    assert meta["stats"]["message_rows"] == 4 * 1000
     processor = json.loads((ROOT / "recipes" / "tiny-vlm" / "processor_config.json").read_text())
     model = next(x for x in lines if " tiny-model " in x)
     pixels = int(model.split("--max-pixels ")[1].split()[0])

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -499,12 +500,16 @@ def test_direct_share_answers_that_many_sft_rows_without_zooming(tmp_path):
     build_world(tmp_path / "d", seed=0, direct=0.3, **base)
     zoomed, direct = rows(tmp_path / "z", "sft"), rows(tmp_path / "d", "sft")
     no_zoom = [d for d in direct if len(d["replies"]) == 1]
-    assert len(no_zoom) == 3  # exactly round(0.3 x 10)
+    # round(0.3 x n) of each attribute's rows: colour 4 -> 1, shape 3 -> 1, letter 3 -> 1
+    assert sorted(d["toy"]["attribute"] for d in no_zoom) == ["colour", "letter", "shape"]
+    logos = [e["logo"] for e in entities(tmp_path / "d").values()]
+    values = {a: {lg[a] for lg in logos} for a in ("colour", "shape", "letter")}
     for z, d in zip(zoomed, direct):
         assert z["replies"][-1].endswith(f"<answer>{z['answer'][0]}</answer>")
-        if len(d["replies"]) == 1:  # the same question, the same answer, no tool call
-            assert d["replies"][0] == (f"<thinking>{DIRECT}</thinking>"
-                                       f"<answer>{z['answer'][0]}</answer>")
+        if len(d["replies"]) == 1:  # the same question, a logo's value of the world, no tool
+            answer = parse_turn(d["replies"][0])
+            assert isinstance(answer, Answer) and answer.thinking == DIRECT
+            assert answer.text in values[d["toy"]["attribute"]]
         else:
             assert d["replies"] == z["replies"]
     # the scenes and the other splits do not move (world.json records the share, vocab.txt and
@@ -514,6 +519,20 @@ def test_direct_share_answers_that_many_sft_rows_without_zooming(tmp_path):
     assert files(tmp_path / "z") | moved == files(tmp_path / "d") | moved
     with pytest.raises(BadInput, match="--direct"):
         build_world(tmp_path / "bad", seed=0, direct=1.5, **base)
+
+
+def test_direct_perception_rows_answer_blind_in_equal_shares(tmp_path):
+    """A perception question answered without a zoom names some logo's value of the world,
+    drawn without looking (the cold start under-uses the zoom without teaching the world's
+    logos), and every attribute has the same share of such rows."""
+    build_world(tmp_path / "w", seed=0, direct=0.3, entities=8, train=0, test=1, sft=180,
+                size=512, grid=4, kinds=("perception",))
+    sft = rows(tmp_path / "w", "sft")
+    direct = [r for r in sft if len(r["replies"]) == 1]
+    by_attr = Counter(r["toy"]["attribute"] for r in direct)
+    assert by_attr == {"colour": 18, "shape": 18, "letter": 18}  # 0.3 x 60 each
+    right = sum(parse_turn(r["replies"][0]).text == r["answer"][0] for r in direct)
+    assert 0 < right < len(direct) / 2  # a blind draw: right at about the marginal's rate
 
 
 def test_direct_search_rows_answer_another_companys_fact(tmp_path):

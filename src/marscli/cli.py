@@ -460,8 +460,9 @@ def toy_world(
         help="Amount of muted clutter in the scenes, as a multiple of the default (0: the "
              "background gradient alone).")] = 1.0,
     direct: Annotated[float, typer.Option(
-        help="Share of the cold-start (sft) rows of each kind whose expert answers without a "
-             "tool: a teacher that under-uses the tools, for RL to learn when to use them.")] = 0.0,
+        help="Share of the cold-start (sft) rows of each kind and attribute whose expert "
+             "answers without a tool, blind (some logo's value, another company's fact): a "
+             "teacher that under-uses the tools, for RL to learn when to use them.")] = 0.0,
     avoid_seeds: Annotated[str, typer.Option(
         help="Seeds of worlds (of --avoid-entities entities) whose logos this world must not "
              "reuse, comma-separated: a pre-training world disjoint from the demo's.")] = "",

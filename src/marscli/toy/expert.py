@@ -79,16 +79,16 @@ def search_turns(entity: Entity, attr: str, rank: int) -> list[str]:
 
 def expert_replies(kind: str, attr: str, entity: Entity, zoom_box: list[int],
                    rank: int, direct: bool = False, guess: Entity | None = None) -> list[str]:
-    """The expert's turns; `direct`: the question answered at once, without a tool. A search
-    question's direct answer is `guess`'s fact (another company's: a teacher that answers from
-    a memory it does not have), never the gold one, so that the cold start cannot memorise the
-    facts of the world RL is tested on."""
+    """The expert's turns; `direct`: the question answered at once, without a tool, with
+    `guess`'s attribute: a teacher that answers from a memory it does not have, so that the
+    cold start cannot memorise the world RL is tested on. The world draws a search question's
+    guess among the other companies (never the gold fact) and a perception question's among
+    all its logos (the answers' marginal: the scene's logo is a few pixels)."""
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}")
-    if direct and kind == "perception":
-        return [direct_answer(entity, attr)]
     if direct:
-        return [direct_answer(guess or entity, attr, DIRECT_SEARCH)]
+        return [direct_answer(guess or entity, attr,
+                              DIRECT if kind == "perception" else DIRECT_SEARCH)]
     if kind == "perception":
         return [zoom_turn(zoom_box), perception_answer(entity, attr)]
     if kind == "knowledge":

@@ -22,7 +22,7 @@ from marscli.toy.corpus import make_corpus
 from marscli.toy.entities import MAX_ENTITIES, Entity, make_entities, syllables
 from marscli.toy.expert import DIRECT, DIRECT_SEARCH, expert_replies
 from marscli.toy.perceive import SYSTEM, WHERE, logo_rows, perception_rows, zoomed_rows
-from marscli.toy.prompts import KINDS, gold, plan, question, search_hits
+from marscli.toy.prompts import ATTRS, KINDS, gold, plan, question, search_hits
 from marscli.toy.render import LOGO_MAX, render_logo, render_scene
 
 SPLITS = ("train", "test", "sft")
@@ -148,10 +148,14 @@ def _split_rows(split: str, n: int, seed: int, ents: list[Entity], tmp: Path, si
     rows = []
     planned = plan(_rng(seed, "plan", split), n, len(ents), kinds)
     no_tool = set()
-    for kind in kinds:  # exactly round(direct x count) of each kind's rows, a keyed RNG each
-        of_kind = [i for i, (k, _, _) in enumerate(planned) if k == kind]
-        rng = _rng(seed, "direct", split, *(() if kind == "perception" else (kind,)))
-        no_tool.update(rng.sample(of_kind, round(direct * len(of_kind))))
+    # exactly round(direct x count) of each kind's rows of each attribute, a keyed RNG each: a
+    # draw over the whole kind once left 2 of 27 colour rows zoomed (demo world 0), and the cold
+    # start then never zoomed for the attribute the base model reads best (recipes/tiny.mk ad)
+    for kind in kinds:
+        for attr in ATTRS[kind]:
+            of = [i for i, (k, a, _) in enumerate(planned) if (k, a) == (kind, attr)]
+            rng = _rng(seed, "direct", split, kind, attr)
+            no_tool.update(rng.sample(of, round(direct * len(of))))
     for i, (kind, attr, k) in enumerate(planned):
         e = ents[k]
         rid = f"{split}-{i:04d}"
@@ -168,8 +172,10 @@ def _split_rows(split: str, n: int, seed: int, ents: list[Entity], tmp: Path, si
                "toy": {"entity": e.name, "attribute": attr, "logo_box": logo_box,
                        "size": size, "zoom_box": zoom_box, "hit": rank}}
         if split == "sft":
+            # a search fact: another company's, never this one; a logo's attribute: any logo's
+            # of the world, drawn blind (the answers' marginal). Neither teaches the world.
             wrong = [x for x in ents if gold(x, attr) != gold(e, attr)] or ents
-            guess = _rng(seed, "guess", split, i).choice(wrong)  # a fact, but not this one
+            guess = _rng(seed, "guess", split, i).choice(ents if kind == "perception" else wrong)
             row["replies"] = expert_replies(kind, attr, e, zoom_box, rank, i in no_tool, guess)
         rows.append(row)
     return rows
