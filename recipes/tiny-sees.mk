@@ -4,9 +4,9 @@
 # committed): `make tiny-vlm`'s pre-training on 109 worlds that share no seed and no logo with the
 # demo's (worlds of seeds 0-2), at a 128x128 view, where a scene's logo is too small to read and
 # the zoom's crop is not. The demo's world asks the three kinds (perception: zoom; knowledge: text
-# search; both: image search, then text search); its cold start answers 70% of its rows without
-# a tool (DIRECT), so the SFT model calls none; RL has to learn when to call which. Rebuild the
-# model with
+# search; both: image search, then text search); its cold start answers 70% of each attribute's
+# rows without a tool and blind (DIRECT; lever ae), so the SFT model calls none; RL has to learn
+# when to call which. Rebuild the model with
 #   make tiny-vlm VLM_RUN=runs/tiny-vlm                                   (~115 min, 2 cores)
 # and run the demo from it with VLM=runs/tiny-vlm. Everything else is recipes/tiny.mk's.
 # Measured: README "What the demo shows" and docs/demo.md (`make demo SEEDS=3`).

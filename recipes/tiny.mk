@@ -390,13 +390,12 @@
 #  ae. A cold start that zooms on each attribute alike and otherwise answers blind: toy-world
 #     drawing round(direct x n) of each attribute's rows, and a perception question answered
 #     without a zoom with some logo's value of the world (the answers' marginal, as a search
-#     question is answered with another company's fact). One RL seed on world 0, the demo's
-#     settings (`make demo`): SFT perception 34.4% (letter 60.0%: the greedy guess "M", the
+#     question is answered with another company's fact). From ab's model, one RL seed on world
+#     0, the demo's settings (`make demo`): SFT perception 34.4% (letter 60.0%: the greedy guess "M", the
 #     initial of 2 of the 8 companies and of 6 of the 10 test letters), after RL no zoom at
 #     greedy: perception 37.5, knowledge 6.2 -> 100.0, both 18.8 -> 40.6. The rollouts' zoomed
 #     colour was right 36-48% against 19-24% direct, but 50 colour zooms in 12 iterations moved
-#     nothing. Not kept (built with its tests, reverted): it changes every world's numbers and
-#     buys no point.
+#     nothing from that model; with ag's model below it is what RL needs, and the demo's.
 #  af. A vision tower of 8-pixel patches reads shape a little better; the letter neither. From the
 #     random model (VLM_MODEL_OPTS, its syllables tokenizer) and the same model with patch 8
 #     (a 16x16 grid of patches at the 128 px view, 64 merged tokens), by hand, 2026-12-06, one
@@ -416,8 +415,8 @@
 #       A. their 1000 perception trajectories twice, the zoom's turn made context so that only
 #          the answer after it trains (626 steps, 15 min at 1 thread);
 #       B. v's 4000 crops of the reading worlds ($(VR)/crops.jsonl, phase 5's message rows; 876
-#          steps, 20 min at 1 thread). `make tiny-vlm` with B as its phase 10 (from phase 9's
-#          output) is on branch issue35-ag, with B's model as recipes/tiny-vlm.
+#          steps, 20 min at 1 thread): `make tiny-vlm`'s phase 10 (from phase 9's output),
+#          committed as recipes/tiny-vlm.
 #     Greedy (kind_probe.py), perception % (colour / shape / letter), knowledge %, both %:
 #       committed: world 1999 31.2 (45.5 / 45.5 / 0.0), 84.4, 6.2; the demo's world (seed 0)
 #         before its cold start 12.5 (9.1 / 27.3 / 0.0), 96.9, 15.6;
@@ -425,8 +424,8 @@
 #         96.9, 15.6;
 #       B: 1999 34.4 (81.8 / 18.2 / 0.0), 84.4, 3.1; the demo's world 31.2 (72.7 / 9.1 / 10.0),
 #         93.8, 3.1.
-#     The demo from B (`make demo SEEDS=3` at branch issue35-ag's 3e4857c, whose recipes/tiny-vlm
-#     is B's model; run as VLM=runs/pt/agcrops, the same bytes; 24 m 50 s on 2 cores), SFT ->
+#     The demo from B with the cold start before ae (`make demo SEEDS=3` at commit 3e4857c; 24 m
+#     50 s on 2 cores), SFT ->
 #     iteration 12, seeds 0 / 1 / 2: perception 34.4 -> 62.5 / 21.9 / 21.9 (35.4 +- 58.3; seed 0
 #     zooms on every question, on the logo 100%: colour 100.0, shape 27.3, letter 60.0; the others
 #     on none), knowledge 3.1 -> 100.0 each, both 18.8 -> 44.8 +- 4.5 (43.8 / 46.9 / 43.8). A
@@ -434,18 +433,20 @@
 #     but this cold start zooms on 2 of its 27 colour rows (ad): seeds 0 / 1 / 2 sampled a
 #     colour zoom 29 / 11 / 3 times in 176, and only seed 0 was shown that it pays. From A, one
 #     seed at 1 thread: 25.0 -> 50.0, 3.1 -> 100.0, 18.8 -> 40.6.
-#     B with ae's cold start (its world written by the issue35-ag branch's toy-world: 8 of 27
-#     rows of each attribute zoomed, the direct ones blind; `make rl-eval`'s demo settings, 1
-#     thread; seed 2 at 2), RL seeds 1 (21.9 above), 0 and 2: SFT perception 37.5 -> 59.4 / 59.4
-#     at iteration 4 -> 62.5 / 62.5 / 62.5 at 12 (zoom on every question, on the logo 96.9-100%),
-#     knowledge 15.6 -> 100.0 each, both 12.5 -> 40.6 / 37.5 / 37.5; colour zoomed in 109 / 130 /
-#     123 of 176 samples, 88.1 / 82.3 / 87.0% right. Every seed above SFT by 25 points or more on
-#     each kind, on this world; worlds 1 and 2 not run.
-#  What would be next: ag's model and ae's cold start as the demo's (branch issue35-ag), measured
-#  as the issue asks (3 RL seeds on worlds 0, 1 and 2); then shape and letter legible in the crop
-#  (a box fitted to the logo, so that it fills the view as the logo files do, where shape reads
-#  100%, lever v; 8-pixel patches, af) and matching scene and thumbnail as a skill of its own (a
-#  row: scene + five thumbnails -> the index).
+#     B with ae's cold start (8 of 27 rows of each attribute zoomed, the direct ones blind): the
+#     demo, `make demo SEEDS=3` (2026-12-07, 25 m 15 s on 2 cores), SFT -> iteration 12, seeds
+#     0 / 1 / 2: perception 37.5 -> 62.5 each (zoom on every question from iteration 4, on the
+#     logo 96.9-100%; colour 27.3 -> 100.0, shape 27.3 and letter 60.0 the SFT model's guesses),
+#     knowledge 15.6 -> 100.0 each, both 12.5 -> 37.5 / 40.6 / 37.5; the rollouts zoomed on 130 /
+#     109 / 123 of 176 colour samples, 82.3 / 88.1 / 87.0% right (direct 13-19%).
+#     Worlds 1 and 2 (`make demo WORLD_SEED=1 SEEDS=3`, `WORLD_SEED=2 SEEDS=3`): perception
+#     31.2 -> 46.9 each and 28.1 -> 59.4 / 59.4 / 34.4 (seed 2 never zooms: 20 colour zooms in
+#     176 samples), knowledge 0.0 -> 100.0 each and 12.5 -> 90.6 / 87.5 / 87.5, both 9.4 -> 53.1
+#     / 50.0 / 46.9 and 28.1 -> 50.0 / 53.1 / 50.0: issue 35's targets on the three worlds.
+#  What would be next: shape and letter legible in the crop (a box fitted to the logo, so that
+#  it fills the view as the logo files do, where shape reads 100%, lever v; 8-pixel patches, af)
+#  and matching scene and thumbnail as a skill of its own (a row: scene + five thumbnails -> the
+#  index), which the "both" kind waits on (its thumbnail right 38.5% on world 0, chance 20%).
 
 # Same seeds, same numbers on another x86-64 machine: torch (ATen), oneDNN and MKL pick kernels by
 # the CPU's instruction set and split reductions by thread count, and both change float
