@@ -22,7 +22,7 @@ def lines(path) -> list[dict]:
 def test_zoom_rows_are_the_replayed_zoom_turns_and_sft_trains_on_them(tiny_model, tmp_path):
     w = tmp_path / "w"
     build_world(w, seed=3, entities=6, train=1, test=1, sft=8, size=512, grid=4, zoom_cells=2,
-                kinds=("perception", "knowledge"), direct=0.25)
+                kinds=("perception", "knowledge"), direct=0.5)  # per attribute: 1 of colour's 2 rows
     res = marscli("index", "text", str(w / "corpus.jsonl"), "-o", str(w / "t.sqlite"))
     assert res.returncode == 0, res.stderr
     traj = tmp_path / "traj.jsonl"
