@@ -21,8 +21,9 @@ def lines(path) -> list[dict]:
 
 def test_zoom_rows_are_the_replayed_zoom_turns_and_sft_trains_on_them(tiny_model, tmp_path):
     w = tmp_path / "w"
+    # --direct is drawn per attribute: 0.5 leaves one of colour's two rows without a zoom
     build_world(w, seed=3, entities=6, train=1, test=1, sft=8, size=512, grid=4, zoom_cells=2,
-                kinds=("perception", "knowledge"), direct=0.5)  # per attribute: 1 of colour's 2 rows
+                kinds=("perception", "knowledge"), direct=0.5)
     res = marscli("index", "text", str(w / "corpus.jsonl"), "-o", str(w / "t.sqlite"))
     assert res.returncode == 0, res.stderr
     traj = tmp_path / "traj.jsonl"
