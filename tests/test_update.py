@@ -239,7 +239,8 @@ def test_bad_options_are_refused_before_torch_loads(tmp_path):
 
 @pytest.mark.parametrize("opts,match", [
     ({"micro_batch_tokens": 0}, "--micro-batch-tokens"),
-    ({"micro_batch_tokens": 50}, r"adv.jsonl:1: segments: \d+ tokens, over --micro-batch-tokens"),
+    ({"logp_chunk": -3}, "--logp-chunk: -3 is out of range — must be >= 1"),
+    ({"micro_batch_tokens": 50, "logp_chunk": 64}, r"--logp-chunk: 64 .* <= 50"),
     ({"clip_low": 1.5}, "--clip-low"),
     ({"epochs": 0}, "--epochs"),
     ({"kl": 0.1}, "--kl: .* --ref"),

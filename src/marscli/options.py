@@ -136,6 +136,10 @@ FreezeVision = Annotated[bool, typer.Option(
     "--freeze-vision", help="Do not train the vision tower and projector.")]
 GradientCheckpointing = Annotated[bool, typer.Option(
     "--gradient-checkpointing", help="Recompute activations in backward.")]
+LogpChunk = Annotated[int | None, typer.Option(
+    metavar="C", help="Loss positions whose logits [C, vocab] are formed at once: the "
+    "log-probs and their backward go a chunk at a time (default 1024, 1.7 GiB at Qwen's "
+    "vocabulary, or --micro-batch-tokens when smaller; at most --micro-batch-tokens).")]
 DeepSpeed = value_option("CONFIG", "DeepSpeed JSON config (recipes/ds_zero2.json, ds_zero3.json).")
 Metrics = value_option("FILE", "Metrics JSONL, one line per step (default: OUT/metrics.jsonl).")
 TrainDevice = Annotated[str, typer.Option(help="auto, cpu or cuda.")]

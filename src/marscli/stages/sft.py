@@ -18,7 +18,8 @@
 3. Each epoch visits every row once in an order shuffled by `random.Random("SEED:sft:EPOCH")`;
    consecutive `--batch-size` rows make one optimiser step (the last step of an epoch may be
    smaller). A step is sharded over ranks and bucketed into micro-batches of at most
-   `--micro-batch-tokens` padded tokens (batch.plan), as in `update`.
+   `--micro-batch-tokens` padded tokens (batch.plan), as in `update`: a longer row trains
+   alone, and its log-probs come `--logp-chunk` positions at a time (train/logprobs.py).
 4. The loss of a step is the token-mean cross-entropy over the masked tokens of all its
    sequences (all micro-batches, all ranks): −Σ log p / N_step. Each micro-batch contributes its
    own token-mean times n_tokens_micro / N_step (losses.micro_weight), so long sequences weigh
@@ -128,10 +129,8 @@ def check_config(cfg: SftConfig) -> None:
     check_range("--batch-size", cfg.batch_size, 1)
     check_range("--max-tokens", cfg.max_tokens, 2)
     check_range("--micro-batch-tokens", cfg.micro_batch_tokens, 1)
+    check_range("--logp-chunk", cfg.logp_chunk, 1, cfg.mbt)  # a chunk ≤ a micro-batch
     cfg.check_common(cfg.optim(), "--schedule")
-    if cfg.mbt < cfg.max_tokens:
-        raise BadInput(f"--micro-batch-tokens: {cfg.mbt} is under --max-tokens {cfg.max_tokens} "
-                       "— a sequence is never split: raise it or lower --max-tokens")
 
 
 # ------------------------------------------------------------------------------ data
@@ -259,7 +258,7 @@ def _train(job: Job, policy, cfg, processor, spec, examples, bad, fp) -> dict:
     done = state["epoch"] if state else 0
     model = job.build(str(part) if state else policy, optim=optim,
                       gradient_checkpointing=cfg.gradient_checkpointing,
-                      freeze_vision=cfg.freeze_vision)
+                      freeze_vision=cfg.freeze_vision, logp_chunk=cfg.chunk(cfg.mbt))
     kinds = Counter(e.extra["kind"] for e in examples)
     job.log(f"sft: {len(examples)} rows ({kinds['trajectory']} trajectory, "
             f"{kinds['messages']} message), {len(bad)} skipped; {total} steps of "

@@ -4,10 +4,13 @@
 
 1. Every row is validated before anything loads (FILE:LINE: field errors, exit 2): a finite
    `advantage`, segments with a model token, images that exist and give the placeholder counts
-   the segments hold, token ids inside the policy's vocabulary, no sequence over
-   `--micro-batch-tokens`, `minibatch` on all rows or none.
+   the segments hold, token ids inside the policy's vocabulary, `minibatch` on all rows or none.
 2. Rows are grouped by `minibatch` (ascending; absent: the whole file is one minibatch). Each
-   minibatch is sharded over ranks by sequence and bucketed by length into micro-batches.
+   minibatch is sharded over ranks by sequence and bucketed by length into micro-batches of
+   at most `--micro-batch-tokens` tokens through the model (padded rows: longest x count); a
+   row longer than that trains alone (a sequence is never split). The log-probs come from the
+   final hidden states `--logp-chunk` positions at a time (train/logprobs.py), so a row of the
+   whole context costs one chunk's logits, not the row's.
 3. π_old: `--old-logp recompute` (the default) recomputes the log-probs with the input policy
    for every row before the first optimiser step, and corrects for the engine having sampled
    from a slightly different distribution: `--rollout-is MODE` (marscli.rl.rollout_correction:
@@ -105,6 +108,7 @@ def check_config(cfg: UpdateConfig) -> None:
     check_range("--clip-high", cfg.clip_high, 0)
     check_range("--kl", cfg.kl, 0)
     check_range("--micro-batch-tokens", cfg.micro_batch_tokens, 1)
+    check_range("--logp-chunk", cfg.logp_chunk, 1, cfg.micro_batch_tokens)
     cfg.check_common(cfg.optim(), "--lr-schedule")
     if cfg.kl > 0 and not cfg.ref:
         raise BadInput("--kl: a KL penalty needs the reference policy — add --ref CKPT0")
@@ -122,7 +126,7 @@ def check_config(cfg: UpdateConfig) -> None:
                        "--old-logp recompute")
 
 
-def load_rows(path: str, spec: Spec, max_tokens: int,
+def load_rows(path: str, spec: Spec,
               engine_logp: bool = False) -> tuple[list[Example], int]:
     """Validate every advantage row and assemble it (module docstring, point 1); with
     `engine_logp`, every model token must carry the engine's log-prob. Returns the examples to
@@ -142,9 +146,6 @@ def load_rows(path: str, spec: Spec, max_tokens: int,
         if mb is not None and (not isinstance(mb, int) or isinstance(mb, bool) or mb < 0):
             raise BadInput(f"{path}:{line}: minibatch: expected an integer >= 0, got {mb!r}")
         e = load_example(row, path, line, base, spec)
-        if len(e) > max_tokens:
-            raise BadInput(f"{path}:{line}: segments: {len(e)} tokens, over --micro-batch-tokens "
-                           f"{max_tokens} — raise it (a sequence is never split)")
         if engine_logp:
             _check_engine_logprobs(row, path, line)
         e.advantage, e.minibatch, e.index = float(adv), mb or 0, n
@@ -199,7 +200,7 @@ def run_update(adv: str, policy: str, out: str, cfg: UpdateConfig | None = None,
         check_resumable(policy, ds_cfg, launch_world())
     processor = load_processor(policy)
     spec = Spec.of(processor, policy)
-    examples, masked = load_rows(adv, spec, cfg.micro_batch_tokens, cfg.old_logp == "engine")
+    examples, masked = load_rows(adv, spec, cfg.old_logp == "engine")
     with Job("update", out, cfg, ds_cfg, [adv], started, folders=[policy, ref]) as job:
         return _train(job, policy, ref, cfg, agg, loss, processor, spec, examples, masked)
 
@@ -211,8 +212,9 @@ def _train(job: Job, policy, ref, cfg, agg, loss, processor, spec, examples, mas
 
     d, ds_cfg = job.dist, job.ds_cfg
     plans = _minibatches(job, examples, cfg.micro_batch_tokens)
+    chunk = cfg.chunk(cfg.micro_batch_tokens)
     model = job.build(policy, optim=cfg.optim(), gradient_checkpointing=cfg.gradient_checkpointing,
-                      freeze_vision=cfg.freeze_vision)
+                      freeze_vision=cfg.freeze_vision, logp_chunk=chunk)
     carried = cfg.keep_optimizer and job.load_optimizer(model, policy)
     before = (read_state(policy) or {}).get("steps", 0) if carried else 0
     job.log(f"update: {len(examples)} trajectories in {len(plans)} minibatch(es)"
@@ -222,7 +224,7 @@ def _train(job: Job, policy, ref, cfg, agg, loss, processor, spec, examples, mas
             f"π_old {cfg.old_logp}, rollout correction {cfg.is_mode}")
     logps, rollout = old_logps(model, plans, spec, d, cfg, examples)
     if cfg.kl > 0:
-        ref_model = job.build(ref)
+        ref_model = job.build(ref, logp_chunk=chunk)
         logps["ref_logp"] = score_all(ref_model, plans, spec, d)
         del ref_model
     total = cfg.epochs * len(plans)

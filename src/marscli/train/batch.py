@@ -191,7 +191,8 @@ def _check_sha256(path: Path, want: Any, where: str) -> None:
 def micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     """Indexes grouped into micro-batches, longest first, each with longest × count ≤ max_tokens
     (so the padding a micro-batch computes is bounded by sorting, not by chance). A sequence
-    longer than the budget is refused upstream; here it would sit alone."""
+    longer than the budget sits alone: it is never split, nor refused (a row of the model's
+    whole context trains; the log-probs' chunks keep its logits small)."""
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     out: list[list[int]] = []
     for i in order:

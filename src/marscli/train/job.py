@@ -46,6 +46,7 @@ from marscli.train.distributed import (
     log,
     seed_everything,
 )
+from marscli.train.logprobs import DEFAULT_CHUNK
 from marscli.train.optim import OptimConfig
 
 if TYPE_CHECKING:
@@ -67,6 +68,7 @@ class TrainOptions:
     deepspeed: str | None = None
     gradient_checkpointing: bool = False
     freeze_vision: bool = False
+    logp_chunk: int | None = None  # loss positions whose logits are formed at once (chunk())
     seed: int = 0
     metrics: str | None = None  # None: OUT/metrics.jsonl
     device: str = "auto"
@@ -79,6 +81,10 @@ class TrainOptions:
         return OptimConfig(lr=self.lr, betas=(self.adam_beta1, self.adam_beta2),
                            eps=self.adam_eps, weight_decay=self.weight_decay,
                            grad_clip=self.grad_clip, **schedule)
+
+    def chunk(self, micro_batch_tokens: int) -> int:
+        """--logp-chunk, or its default: logprobs.DEFAULT_CHUNK, at most the micro-batch."""
+        return self.logp_chunk or min(DEFAULT_CHUNK, micro_batch_tokens)
 
     def check_common(self, optim: OptimConfig, schedule_option: str) -> None:
         """The shared options out of range → BadInput naming the option."""

@@ -30,6 +30,7 @@ from torch import nn
 from marscli.train.batch import Batch
 from marscli.train.distributed import Dist
 from marscli.train.dsconfig import bf16_enabled, zero_stage
+from marscli.train.logprobs import DEFAULT_CHUNK, logp_head
 from marscli.train.optim import OptimConfig
 
 LossFn = Callable[[torch.Tensor, Batch], tuple[torch.Tensor, dict[str, float]]]
@@ -41,17 +42,21 @@ LossFn = Callable[[torch.Tensor, Batch], tuple[torch.Tensor, dict[str, float]]]
 class PolicyLM(nn.Module):
     """A Qwen3-VL `...ForConditionalGeneration` whose forward returns per-token log-probs.
 
-    Only the positions under the loss mask go through the LM head, so the [T, vocab] logits of
-    prompt and tool tokens are never materialised. With `touch_visual`, a micro-batch without
-    images gets one extra row holding a 1-token blank image (loss mask 0, its output dropped):
-    under ZeRO-3 every rank must run the same modules in the same order, or the parameter
-    gathers mismatch (a separate call into the vision tower is not enough: gloo aborts with
-    "Received data size doesn't match expected size"), and under ZeRO-2 every rank must
-    produce gradients for the same parameters.
+    Only the positions under the loss mask go through the LM head, `logp_chunk` of them at a
+    time (train/logprobs.py: the head is replaced by one holding the same weight), so neither
+    the [T, V] logits of prompt and tool tokens nor the [N, V] of the loss tokens exist at
+    once; `logp_chunk=None` forms the [N, V] logits whole (the reference path). With
+    `touch_visual`, a micro-batch without images gets one extra row holding a 1-token blank
+    image (loss mask 0, its output dropped): under ZeRO-3 every rank must run the same modules
+    in the same order, or the parameter gathers mismatch (a separate call into the vision
+    tower is not enough: gloo aborts with "Received data size doesn't match expected size"),
+    and under ZeRO-2 every rank must produce gradients for the same parameters.
     """
 
-    def __init__(self, lm: nn.Module, touch_visual: bool = False) -> None:
+    def __init__(self, lm: nn.Module, touch_visual: bool = False,
+                 logp_chunk: int | None = DEFAULT_CHUNK) -> None:
         super().__init__()
+        lm.lm_head = logp_head(lm.lm_head, logp_chunk)
         self.lm = lm
         self.touch_visual = touch_visual
 
@@ -68,8 +73,7 @@ class PolicyLM(nn.Module):
                             image_grid_thw=image_grid_thw, use_cache=False)
         h = out.last_hidden_state[:n]  # [B, T, H]
         sel = loss_mask[:n, 1:] > 0  # [B, T-1]: token t+1 is predicted at position t
-        logits = self.lm.lm_head(h[:, :-1][sel]).float()  # [N, V]
-        lp = -F.cross_entropy(logits, input_ids[:n, 1:][sel], reduction="none")  # [N]
+        lp = self.lm.lm_head(h[:, :-1][sel], targets=input_ids[:n, 1:][sel])  # [N] float32
         full = torch.zeros(sel.shape, dtype=lp.dtype, device=lp.device).masked_scatter(sel, lp)
         return F.pad(full, (1, 0))  # [B, T]
 
@@ -262,7 +266,8 @@ def _all_reduce_grads(params: list[torch.Tensor]) -> None:
 
 def build_model(policy: str, d: Dist, *, optim: OptimConfig | None = None,
                 ds_config: dict | None = None, gradient_checkpointing: bool = False,
-                freeze_vision: bool = False) -> TrainModel:
+                freeze_vision: bool = False, logp_chunk: int | None = DEFAULT_CHUNK
+                ) -> TrainModel:
     """Load the policy for training (with `optim`) or scoring only (without: the reference).
 
     The weights are the checkpoint's fp32 masters (POLICY/train_state/, see trainstate.py, when
@@ -286,7 +291,8 @@ def build_model(policy: str, d: Dist, *, optim: OptimConfig | None = None,
         if stage != 3 and not bf16:  # the module is the fp32 copy: load the masters into it
             with timed(seconds):
                 _load_whole(lm, source)
-    module = PolicyLM(lm, touch_visual=ds_config is not None and d.world > 1)
+    module = PolicyLM(lm, touch_visual=ds_config is not None and d.world > 1,
+                      logp_chunk=logp_chunk)
     if freeze_vision:
         lm.model.visual.requires_grad_(False)
     if gradient_checkpointing:
@@ -420,9 +426,10 @@ def train_minibatch(model: TrainModel, batches: Iterable[Batch], n_batches: int,
     metrics, tokens = [], 0
     for i, b in enumerate(batches):
         model.set_boundary(i == n_batches - 1)
-        logp = model.logp(b, grad=True)  # [B, T]
-        loss, m = loss_fn(logp, b)
-        model.backward(loss)
+        with out_of_memory(b, "training forward and backward"):
+            logp = model.logp(b, grad=True)  # [B, T]
+            loss, m = loss_fn(logp, b)
+            model.backward(loss)
         if b.weight:
             metrics.append(m)
             tokens += b.n_tokens
@@ -433,4 +440,31 @@ def score(model: TrainModel, batches: Iterable[Batch]) -> Iterable[tuple[Batch, 
     """Log-probs [B, T] without gradients (old policy, reference), batch by batch."""
     model.train(False)
     for b in batches:
-        yield b, model.logp(b, grad=False).cpu()
+        with out_of_memory(b, "scoring forward"):
+            lp = model.logp(b, grad=False).cpu()
+        yield b, lp
+
+
+# Allocation failures: CUDA's own error, and the CPU allocator's (a RuntimeError whose text is
+# all that tells it apart).
+_CPU_OOM = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")
+
+
+@contextmanager
+def out_of_memory(b: Batch, what: str) -> Iterator[None]:
+    """Running out of memory on micro-batch `b` → one line naming its size and the options
+    that shrink it (RuntimeFailure, exit 1), not a traceback asking for some tensor's bytes."""
+    from marscli.errors import RuntimeFailure
+
+    try:
+        yield
+    except (torch.OutOfMemoryError, MemoryError, RuntimeError) as e:
+        if isinstance(e, RuntimeError) and not isinstance(e, torch.OutOfMemoryError) \
+                and not any(m in str(e) for m in _CPU_OOM):
+            raise
+        rows, width = b.tensors["input_ids"].shape
+        raise RuntimeFailure(
+            f"out of memory in the {what} of a micro-batch of {rows} row(s) x {width} tokens "
+            f"({b.n_tokens} real, {int(b.loss_mask.sum())} under the loss) — lower "
+            "--micro-batch-tokens (a longer row trains alone) or --logp-chunk, add "
+            "--gradient-checkpointing or GPUs; `marscli plan` shows what fits") from None
