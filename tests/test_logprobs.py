@@ -70,6 +70,26 @@ def test_chunks_equal_the_whole_batch_in_float32(head_inputs, chunk):
         assert rel(a, b) < TOL, (name, chunk, rel(a, b))
 
 
+def test_one_chunk_is_the_whole_batch_bit_for_bit(head_inputs):
+    """A chunk that holds every position runs what the whole-batch path ran: the same bits
+    (so the CPU demo, whose micro-batches are one chunk at the tiny vocabulary, is unchanged)."""
+    import torch
+
+    hidden, weight, targets, upstream = head_inputs
+    ref = run_head(hidden, weight, targets, None, upstream)
+    got = run_head(hidden, weight, targets, len(targets), upstream)
+    assert all(torch.equal(a, b) for a, b in zip(got, ref))
+
+
+def test_the_default_chunk_follows_the_vocabulary():
+    from marscli.train.logprobs import BYTES_PER_LOGIT, LOGITS_BUDGET, default_chunk
+
+    assert default_chunk(QWEN_VOCAB) == 1024  # 1024 x 151,936 x 12 B = 1.7 GiB
+    assert default_chunk(3690) == 65536
+    c = default_chunk(50_000)
+    assert c * 50_000 * BYTES_PER_LOGIT <= LOGITS_BUDGET < 2 * c * 50_000 * BYTES_PER_LOGIT
+
+
 def test_chunks_in_bf16_are_as_exact_as_the_whole_batch(head_inputs):
     """bf16 inputs: the two paths round differently (the whole batch's 16-bit product, or each
     chunk's float32 one summed), so they are compared by their distance to the exact result

@@ -138,8 +138,9 @@ GradientCheckpointing = Annotated[bool, typer.Option(
     "--gradient-checkpointing", help="Recompute activations in backward.")]
 LogpChunk = Annotated[int | None, typer.Option(
     metavar="C", help="Loss positions whose logits [C, vocab] are formed at once: the "
-    "log-probs and their backward go a chunk at a time (default 1024, 1.7 GiB at Qwen's "
-    "vocabulary, or --micro-batch-tokens when smaller; at most --micro-batch-tokens).")]
+    "log-probs and their backward go a chunk at a time (default: the largest power of two "
+    "whose logits take at most 3 GiB, 1024 at Qwen's vocabulary, or --micro-batch-tokens "
+    "when smaller; at most --micro-batch-tokens).")]
 DeepSpeed = value_option("CONFIG", "DeepSpeed JSON config (recipes/ds_zero2.json, ds_zero3.json).")
 Metrics = value_option("FILE", "Metrics JSONL, one line per step (default: OUT/metrics.jsonl).")
 TrainDevice = Annotated[str, typer.Option(help="auto, cpu or cuda.")]
@@ -148,6 +149,9 @@ Track = value_option("SPEC", "Also send metrics to a tracker: tensorboard:DIR, w
 SaveDtype = Annotated[str, typer.Option(
     help="Of the HF export engines load: auto (bfloat16 on CUDA, float32 on CPU), float32, "
          "bfloat16 or input. The fp32 masters stay in OUT/train_state/.")]
+StateDir = value_option("DIR", "Write train_state/ into DIR/<OUT's name> (node-local storage: "
+                               "/dev/shm, a local NVMe) and OUT/train_state as a link to it "
+                               "(make rl STATE_DIR=...; `marscli state` copies it durably).")
 
 
 # A stage's config (a dataclass) from a command's parameters (its `locals()`), by field name;

@@ -258,7 +258,8 @@ def _train(job: Job, policy, cfg, processor, spec, examples, bad, fp) -> dict:
     done = state["epoch"] if state else 0
     model = job.build(str(part) if state else policy, optim=optim,
                       gradient_checkpointing=cfg.gradient_checkpointing,
-                      freeze_vision=cfg.freeze_vision, logp_chunk=cfg.chunk(cfg.mbt))
+                      freeze_vision=cfg.freeze_vision,
+                      logp_chunk=cfg.chunk(cfg.mbt, spec.vocab_size))
     kinds = Counter(e.extra["kind"] for e in examples)
     job.log(f"sft: {len(examples)} rows ({kinds['trajectory']} trajectory, "
             f"{kinds['messages']} message), {len(bad)} skipped; {total} steps of "

@@ -212,7 +212,7 @@ def _train(job: Job, policy, ref, cfg, agg, loss, processor, spec, examples, mas
 
     d, ds_cfg = job.dist, job.ds_cfg
     plans = _minibatches(job, examples, cfg.micro_batch_tokens)
-    chunk = cfg.chunk(cfg.micro_batch_tokens)
+    chunk = cfg.chunk(cfg.micro_batch_tokens, spec.vocab_size)
     model = job.build(policy, optim=cfg.optim(), gradient_checkpointing=cfg.gradient_checkpointing,
                       freeze_vision=cfg.freeze_vision, logp_chunk=chunk)
     carried = cfg.keep_optimizer and job.load_optimizer(model, policy)

@@ -46,7 +46,7 @@ from marscli.train.distributed import (
     log,
     seed_everything,
 )
-from marscli.train.logprobs import DEFAULT_CHUNK
+from marscli.train.logprobs import default_chunk
 from marscli.train.optim import OptimConfig
 
 if TYPE_CHECKING:
@@ -74,6 +74,7 @@ class TrainOptions:
     device: str = "auto"
     save_dtype: str = "auto"  # of the HF export: auto (bf16 on CUDA, else fp32) | float32 | ...
     force: bool = False
+    state_dir: str | None = None  # --state-dir: train_state/ node-local, linked (persist.py)
     track: str | None = None  # --track SPEC (None: $MARSCLI_TRACK, then none): trackers.py
 
     def adamw(self, **schedule: Any) -> OptimConfig:
@@ -82,9 +83,10 @@ class TrainOptions:
                            eps=self.adam_eps, weight_decay=self.weight_decay,
                            grad_clip=self.grad_clip, **schedule)
 
-    def chunk(self, micro_batch_tokens: int) -> int:
-        """--logp-chunk, or its default: logprobs.DEFAULT_CHUNK, at most the micro-batch."""
-        return self.logp_chunk or min(DEFAULT_CHUNK, micro_batch_tokens)
+    def chunk(self, micro_batch_tokens: int, vocab: int) -> int:
+        """--logp-chunk, or its default: logprobs.default_chunk(vocab), at most the
+        micro-batch."""
+        return self.logp_chunk or min(default_chunk(vocab), micro_batch_tokens)
 
     def check_common(self, optim: OptimConfig, schedule_option: str) -> None:
         """The shared options out of range → BadInput naming the option."""
@@ -139,6 +141,8 @@ class Job:
         self.dist = init_distributed(deepspeed=self.ds_cfg is not None, device=self.opts.device)
         try:
             seed_everything(self.opts.seed)
+            if self.opts.state_dir:  # before any work, as a tracker that cannot write
+                self._check_state_dir()
             if self.dist.main:  # before any work: a tracker that cannot write fails first
                 self.tracker = self._tracker()
         except BaseException:
@@ -162,6 +166,20 @@ class Job:
 
     def log(self, msg: str) -> None:
         log(self.dist, msg)
+
+    def _check_state_dir(self) -> None:
+        """--state-dir takes the train_state/ this job will write: writable, with room for it
+        (from the policy's parameter count), the same folder on every rank (persist.py)."""
+        from marscli.train.persist import check_everywhere, check_state_dir, state_need
+
+        policy = self.folders[0] if self.folders else None
+        need = 0
+        if policy and Path(policy).is_dir():
+            need = state_need(policy, self.export_dtype(policy),
+                              bool(getattr(self.opts, "keep_optimizer", False)))
+        check_state_dir(self.opts.state_dir, self.out, policy, need)
+        if self.dist.world > 1:
+            check_everywhere(self.opts.state_dir, self.dist)
 
     @contextmanager
     def output(self) -> Iterator[MetricsWriter]:
@@ -227,11 +245,15 @@ class Job:
     def save(self, model: Any, policy: str, processor: Any, *, optimizer: bool = False,
              steps: int = 0) -> None:
         """The HF export and train_state/ (fp32 masters; AdamW's state with `optimizer`) into
-        the output folder. Collective: every rank calls it."""
+        the output folder (with --state-dir, train_state/ a link to its node-local copy).
+        Collective: every rank calls it."""
+        from marscli.train.persist import local_path
         from marscli.train.trainstate import save_all
 
+        at = local_path(self.opts.state_dir, self.out) if self.opts.state_dir else None
         io = save_all(model, self.folder, policy, processor, self.export_dtype(policy),
-                      optimizer=optimizer, steps=steps, ds_cfg=self.ds_cfg)
+                      optimizer=optimizer, steps=steps, ds_cfg=self.ds_cfg, state_at=at,
+                      pid=self.pid)
         for k in ("save_seconds", "master_save_seconds", "bytes_written"):
             self.io[k] += io[k]
 

@@ -2,23 +2,24 @@
 the [N, V] logits of a whole micro-batch never exist.
 
 At Qwen's vocabulary (151,936) the fp32 logits of a 32,768-token row are 18.5 GiB, and
-`cross_entropy` keeps its softmax for the backward: 55.6 GiB a micro-batch, more than the rest
-of an 8B update together. Here the forward forms each chunk's logits [C, V], reduces them to
-log-probs and a log-sum-exp per token, and frees them; the backward forms them again, a chunk
-at a time, and turns them into the gradients of the hidden states and of the LM head's weight.
-The peak is one chunk's logits (about 12 C V bytes) instead of the batch's.
+`cross_entropy` keeps its log-softmax for the backward: 55.6 GiB a micro-batch, more than the
+rest of an 8B update together. Here the forward forms each chunk's logits [C, V], reduces them
+to log-probs and frees them; the backward forms them again, a chunk at a time, and turns them
+into the gradients of the hidden states and of the LM head's weight. The peak is one chunk's
+logits (`BYTES_PER_LOGIT` C V) instead of the batch's.
 
 The same approach as Liger-Kernel's fused linear cross-entropy (its `chunk_size`) and verl's
 linear-cross-entropy kernels (`verl/utils/kernel/`), in plain torch: it runs on CPU, and it is
 the reference a fused CUDA kernel would be checked against. `chunk=None` is the path without
-chunks (the logits of every position at once, through `cross_entropy`), kept as the reference
-for the equality tests.
+chunks (the logits of every position at once), kept as the reference for the equality tests.
 
-Numerics: each chunk's logits are the head's output in the weight's dtype, then float32, as
-before. The weight's gradient is each chunk's product accumulated in float32 (cuBLAS's fp32
-output for 16-bit inputs), summed over chunks in float32 and cast once, as one matmul over all
-positions rounds it once: a 16-bit sum over chunks would round it once per chunk (Liger's
-choice; here that measured 0.4% off the whole-batch gradient in bf16 at 7-token chunks).
+Numerics. A chunk runs the operations the whole-batch path ran (the head's matmul in the
+weight's dtype, `.float()`, `cross_entropy`; in the backward, what their autograd computes,
+in place), so one chunk that holds every position gives the same bits as before: the CPU demo, whose
+micro-batches fit one chunk, is unchanged. The weight's gradient is each chunk's product
+accumulated in float32 (cuBLAS's fp32 output for 16-bit inputs), summed over chunks in float32
+and cast once, as one matmul over all positions rounds it once; a 16-bit sum over chunks
+(Liger's choice) would round it once per chunk.
 
 Import cost: none; torch loads inside the functions.
 """
@@ -28,11 +29,20 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-# Positions whose logits are formed at once. Liger-Kernel's rule (its chunk's logits no larger
-# than the head's input, C V ≈ N H) gives 1024 for Qwen3-VL-8B at 32k tokens; a chunk costs
-# about 12 C V bytes: 1.74 GiB at V = 151,936, ~2% of an 80 GB GPU, and a matmul of 1,024 rows
-# keeps a GPU's tensor cores busy.
-DEFAULT_CHUNK = 1024
+# What one chunk of C positions holds at the backward's peak, per logit: the head's output in
+# 16 bits (2), its float32 copy (4) and log-softmax (4); then the log-softmax (4) and the
+# logits' gradient in float32 (4) and in the weight's dtype (2).
+BYTES_PER_LOGIT = 12
+LOGITS_BUDGET = 3 << 30  # one chunk's logits, at most: ~4% of an 80 GB GPU
+
+
+def default_chunk(vocab: int) -> int:
+    """The largest power of two whose chunk of logits fits LOGITS_BUDGET: 1024 at Qwen's
+    vocabulary (1.7 GiB; Liger-Kernel's own rule gives 1024 for Qwen3-VL-8B at 32k tokens, and
+    a 1,024-row matmul keeps a GPU's tensor cores busy), 65,536 at the tiny model's 3,690 (a
+    micro-batch of the default 32,768 tokens is one chunk: the same bits as without chunks)."""
+    c = max(1, LOGITS_BUDGET // (BYTES_PER_LOGIT * vocab))
+    return 1 << (c.bit_length() - 1)
 
 
 def token_logprobs(hidden: Any, weight: Any, targets: Any, chunk: int | None) -> Any:
@@ -40,12 +50,17 @@ def token_logprobs(hidden: Any, weight: Any, targets: Any, chunk: int | None) ->
 
     `hidden` [N, H] and `weight` get gradients (when they require them); `targets` [N] are
     token ids. `chunk`: positions per chunk, None for all at once (the reference path)."""
+    if chunk is None:
+        return _logp(hidden, weight, targets)
+    return _chunked_logp().apply(hidden, weight, targets, chunk)
+
+
+def _logp(hidden: Any, weight: Any, targets: Any) -> Any:
+    """The head, then log-probs, as the whole-batch path computes them: [N] float32."""
     import torch.nn.functional as F
 
-    if chunk is None:
-        logits = F.linear(hidden, weight).float()  # [N, V]
-        return -F.cross_entropy(logits, targets, reduction="none")
-    return _chunked_logp().apply(hidden, weight, targets, chunk)
+    logits = F.linear(hidden, weight).float()  # [N, V]
+    return -F.cross_entropy(logits, targets, reduction="none")
 
 
 @cache
@@ -58,54 +73,48 @@ def _chunked_logp() -> type:
 
         @staticmethod
         def forward(ctx, hidden, weight, targets, chunk):
-            n = hidden.shape[0]
-            out = torch.empty(n, dtype=torch.float32, device=hidden.device)
-            lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
-            for a in range(0, n, chunk):
-                b = min(a + chunk, n)
-                logits = (hidden[a:b] @ weight.t()).float()  # [C, V]
-                lse[a:b] = torch.logsumexp(logits, dim=-1)
-                out[a:b] = logits.gather(1, targets[a:b, None])[:, 0] - lse[a:b]
-                del logits
-            ctx.save_for_backward(hidden, weight, targets, lse)
+            ctx.save_for_backward(hidden, weight, targets)
             ctx.chunk = chunk
-            return out
+            return torch.cat([_logp(hidden[a:b], weight, targets[a:b])
+                              for a, b in _spans(hidden.shape[0], chunk)])
 
         @staticmethod
         def backward(ctx, grad_out):
-            hidden, weight, targets, lse = ctx.saved_tensors
+            hidden, weight, targets = ctx.saved_tensors
             want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
             grad_h = torch.empty_like(hidden) if want_h else None
-            grad_w = (torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-                      if want_w else None)
-            g = grad_out.float()
-            for a in range(0, hidden.shape[0], ctx.chunk):
-                b = min(a + ctx.chunk, hidden.shape[0])
-                # d logp_t / d logits = onehot(t) - softmax, times the incoming gradient
-                d = (hidden[a:b] @ weight.t()).float()  # [C, V]
-                d.sub_(lse[a:b, None]).exp_().mul_(-g[a:b, None])
-                d.scatter_add_(1, targets[a:b, None], g[a:b, None])
-                d = d.to(hidden.dtype)
+            grad_w = None
+            for a, b in _spans(hidden.shape[0], ctx.chunk):
+                # cross_entropy's own backward (nll's, then log_softmax's kernel, written over
+                # its input): g · (onehot − softmax), the same bits as autograd's
+                ls = torch.log_softmax((hidden[a:b] @ weight.t()).float(), dim=-1)  # [C, V]
+                d = torch.zeros_like(ls).scatter_(1, targets[a:b, None], grad_out[a:b, None])
+                torch._log_softmax_backward_data(d, ls, -1, torch.float32, out=d)
+                del ls
+                d = d.to(hidden.dtype)  # the backward of `.float()`
                 if want_h:
                     grad_h[a:b] = d @ weight
-                if want_w and weight.dtype == torch.float32:
-                    grad_w.addmm_(d.t(), hidden[a:b])
-                elif want_w:
-                    grad_w.add_(_mm_fp32(d.t(), hidden[a:b]))
+                if want_w:
+                    grad_w = _accumulate(grad_w, d.t(), hidden[a:b])
                 del d
-            return (grad_h, grad_w.to(weight.dtype) if want_w else None, None, None)
+            return grad_h, grad_w.to(weight.dtype) if want_w else None, None, None
 
     return ChunkedLogp
 
 
-def _mm_fp32(a: Any, b: Any) -> Any:
-    """a @ b of 16-bit matrices, accumulated and returned in float32: cuBLAS's own fp32 output
-    on CUDA; on CPU, which has no such kernel, the inputs are widened first."""
+def _spans(n: int, chunk: int) -> list[tuple[int, int]]:
+    return [(a, min(a + chunk, n)) for a in range(0, n, chunk)]
+
+
+def _accumulate(acc: Any, a: Any, b: Any) -> Any:
+    """acc + a @ b in float32 (acc None: a @ b alone, the whole-batch path's own product)."""
     import torch
 
-    if a.is_cuda:
-        return torch.mm(a, b, out_dtype=torch.float32)
-    return a.float() @ b.float()
+    if a.dtype == torch.float32:
+        return a @ b if acc is None else acc.addmm_(a, b)
+    # 16-bit: cuBLAS's float32 output on CUDA; on CPU, which has no such kernel, widened first
+    prod = torch.mm(a, b, out_dtype=torch.float32) if a.is_cuda else a.float() @ b.float()
+    return prod if acc is None else acc.add_(prod)
 
 
 def logp_head(lm_head: Any, chunk: int | None) -> Any:

@@ -30,7 +30,7 @@ from torch import nn
 from marscli.train.batch import Batch
 from marscli.train.distributed import Dist
 from marscli.train.dsconfig import bf16_enabled, zero_stage
-from marscli.train.logprobs import DEFAULT_CHUNK, logp_head
+from marscli.train.logprobs import default_chunk, logp_head
 from marscli.train.optim import OptimConfig
 
 LossFn = Callable[[torch.Tensor, Batch], tuple[torch.Tensor, dict[str, float]]]
@@ -45,7 +45,8 @@ class PolicyLM(nn.Module):
     Only the positions under the loss mask go through the LM head, `logp_chunk` of them at a
     time (train/logprobs.py: the head is replaced by one holding the same weight), so neither
     the [T, V] logits of prompt and tool tokens nor the [N, V] of the loss tokens exist at
-    once; `logp_chunk=None` forms the [N, V] logits whole (the reference path). With
+    once; "auto" takes logprobs.default_chunk of the vocabulary, None forms the [N, V] logits
+    whole (the reference path). With
     `touch_visual`, a micro-batch without images gets one extra row holding a 1-token blank
     image (loss mask 0, its output dropped): under ZeRO-3 every rank must run the same modules
     in the same order, or the parameter gathers mismatch (a separate call into the vision
@@ -54,8 +55,12 @@ class PolicyLM(nn.Module):
     """
 
     def __init__(self, lm: nn.Module, touch_visual: bool = False,
-                 logp_chunk: int | None = DEFAULT_CHUNK) -> None:
+                 logp_chunk: int | str | None = "auto") -> None:
         super().__init__()
+        if logp_chunk == "auto":
+            logp_chunk = default_chunk(lm.lm_head.weight.ds_shape[0]
+                                       if hasattr(lm.lm_head.weight, "ds_shape")
+                                       else lm.lm_head.weight.shape[0])
         lm.lm_head = logp_head(lm.lm_head, logp_chunk)
         self.lm = lm
         self.touch_visual = touch_visual
@@ -266,7 +271,7 @@ def _all_reduce_grads(params: list[torch.Tensor]) -> None:
 
 def build_model(policy: str, d: Dist, *, optim: OptimConfig | None = None,
                 ds_config: dict | None = None, gradient_checkpointing: bool = False,
-                freeze_vision: bool = False, logp_chunk: int | None = DEFAULT_CHUNK
+                freeze_vision: bool = False, logp_chunk: int | str | None = "auto"
                 ) -> TrainModel:
     """Load the policy for training (with `optim`) or scoring only (without: the reference).
 
