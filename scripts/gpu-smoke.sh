@@ -30,7 +30,10 @@
 #  6. runs benchmarks/bench_update_gpu.py: a random Qwen3-VL with the 8B's widths and
 #     UPDATE_LAYERS (4) text layers; `update` on one GPU (plain torch, bf16 autocast) at each
 #     micro-batch of UPDATE_RUNS (tokens, `:gc` for gradient checkpointing), the first run also
-#     timing a second update that reads the fp32 masters back; with several GPUs one more run
+#     timing a second update that reads the fp32 masters back. `update` computes the log-probs
+#     in chunks of the vocabulary's default (train/logprobs.py: 1024 positions at Qwen's), so
+#     the 8k and 32k runs measure the chunked path's peak beside plan's figure for it (the
+#     [N, V] logits plan used to count are gone); with several GPUs one more run
 #     over all of them under torchrun (ZeRO-3 when DeepSpeed imports); then one line per run:
 #     tokens/s, MFU, and the measured peak against `marscli plan`'s. A run plan says does not
 #     fit the GPU is skipped. Estimated 4-6 minutes on one H100 (never timed: no GPU yet).
