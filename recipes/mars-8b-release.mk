@@ -56,7 +56,12 @@
 #  4. No dual clip: verl clips the loss of negative-advantage tokens at 3·|A| (clip_ratio_c=3);
 #     marscli's losses do not.
 #  5. No sequence parallelism (the release: Ulysses SP 2, 16k tokens per GPU): a micro-batch
-#     holds up to 32,768 tokens, one whole 16k + 16k trajectory.
+#     holds up to 32,768 tokens, one whole 16k + 16k trajectory, and the log-probs come from
+#     the final hidden states 1,024 positions at a time (update's --logp-chunk default), so
+#     its [N, V] logits never exist (as verl's fused kernels avoid them). `make plan`: 43.0
+#     GiB a GPU of 80, apart or colocated (88.97 before the chunks: it did not fit); an
+#     iteration writes ~116 GB to the run folder (export 18, fp32 masters 33, AdamW's moments
+#     66; the tower is frozen) and the next reads as much back: about a minute each at 2 GB/s.
 #  6. The trainer: DeepSpeed ZeRO-3 under torchrun, one process per iteration [marscli]; the
 #     release's is verl's FSDP (actor model_dtype=bfloat16) in one long-lived process. Across
 #     iterations `update` keeps the fp32 master weights and (--keep-optimizer, as verl keeps its

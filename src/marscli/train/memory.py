@@ -15,34 +15,66 @@ Trainer, model states (DeepSpeed's accounting, `estimate_zero{2,3}_model_states_
   --offload-optimizer     the fp32 and optimiser parts (and ZeRO-2's grads) live on the host
 Plus DeepSpeed's communication buckets (bf16) and a CUDA context.
 
-Trainer, activations of one micro-batch of M tokens in rows padded to the longest, T tokens
-(bf16): what autograd keeps for the backward in transformers' Qwen3-VL modules under SDPA (no
-[T, T] scores), as tests/test_plan.py measures them on CPU. Per token and decoder layer, with
-h hidden, q = heads x head_dim, kv = kv_heads x head_dim, f intermediate:
-  2 RMSNorms: 4h fp32 input, 2h scaled, 2h output (the projections' input), each   16h
-  q/k norms (4 fp32 + 2 scaled), q after RoPE, attention output     10q + 6kv
-  K and V as attention gets them                                    4kv, or 4q when padded
-  SwiGLU: gate, up, silu(gate), their product                       8f
-  attention log-sum-exp and the norms' 1/rms (fp32)                 4 x (2 heads + kv_heads + 2)
-  the [B, 1, T, T] mask SDPA converts to bf16, when padded          2T
-Padded rows (several per micro-batch) are the worst case: transformers then hands SDPA a mask,
-repeats K/V to every head, and SDPA keeps a bf16 copy of the mask; the plan takes
-T = min(M / 2, max_model_len), and the boolean [B, 1, T, T] mask itself (M x T bytes) lives
-through the whole step. With --gradient-checkpointing only each layer's input (2h) stays, and
-the backward recomputes one layer at a time (its activations plus ~(4h + 4f) of gradients in
-flight).
-The loss: only the N loss tokens go through the LM head; the [N, V] logits in fp32 peak at 3
-buffers in the loss's backward (the log-softmax saved for it, its incoming and its outgoing
-gradient): 12 V bytes a loss token, plus the final norm (8h a token) and the head's input (2h).
-The vision tower (trained unless --freeze-vision), for I image tokens = I m^2 patches of width
-hv (mlp fv, heads hh): per patch and block 22hv + 4fv + 4hh + 16 (2 LayerNorm inputs, qkv
-output, q/k after RoPE, attention input and output, GELU MLP, statistics), or 2hv with
-checkpointing (plus one block recomputed); each patch merger keeps 8 hv m^2 a token.
+Trainer, activations of one micro-batch of M tokens in rows padded to the longest, T tokens:
+what autograd keeps for the backward in transformers' Qwen3-VL modules under SDPA (no [T, T]
+scores), as tests/test_plan.py measures them on CPU. w is the compute dtype's bytes: 2 (bf16,
+what update runs on GPUs, and what the plan prints), 4 (fp32, update on CPU: the tests measure
+both). Per token and decoder layer, with h hidden, q = heads x head_dim, kv = kv_heads x
+head_dim, f intermediate:
+  2 RMSNorms: a 4-byte fp32 input, the scaled and the output (the projections' input)
+                                                                  2 x (4 + 2w) h
+  q/k norms (4 fp32 + w scaled), q after RoPE, attention output   (4 + 3w) q + (4 + w) kv
+  K and V as attention gets them                                  2w kv, or 2w q when padded
+  SwiGLU: gate, up, silu(gate), their product                     4w f
+  attention log-sum-exp and the norms' 1/rms (fp32)               4 x (2 heads + kv_heads + 2)
+  the [B, 1, T, T] mask SDPA converts to the compute dtype, when padded     w T
+(bf16: 16h + 10q + 6kv + 4kv + 8f + ...), and RoPE's cos and sin, which every layer shares:
+2w head_dim a token. Padded rows (several per micro-batch) are the worst case: transformers
+then hands SDPA a mask, repeats K/V to every head, and SDPA keeps a copy of the mask; the plan
+takes T = min(M / 2, max_model_len), and the boolean [B, 1, T, T] mask itself (M x T bytes)
+lives through the whole step. A row longer than M trains alone in its micro-batch (update
+never splits nor refuses a row), so when max_model_len > M the plan also takes one unpadded row
+of max_model_len tokens. With --gradient-checkpointing only each layer's input (w h) stays,
+and the backward recomputes one layer at a time (its activations plus ~2w (h + f) of
+gradients in flight).
+The loss: only the N loss tokens go through the LM head, and train/logprobs.py forms their
+logits C = --logp-chunk positions at a time (default logprobs.default_chunk(V), at most the
+micro-batch), so the [N, V] logits never exist. Saved for the backward: the final norm's
+(4 + 2w) h a token, the head's input w h and its log-prob (4 bytes) a loss token. Beyond that,
+with C no more than N and, after the first chunk, S = 4 V H the head weight's gradient summed
+in fp32 over the chunks so far:
+  forward    a chunk's fp32 logits and their log-softmax (the 16-bit head output is freed
+             before the log-softmax exists)                                 8 C V
+  backward   the head input's gradient [N, H], w N H, plus the highest of
+               a chunk's fp32 log-softmax and its gradient (formed in place)     S + 8 C V
+               16-bit: the chunk's gradient, 2 C V, beside its [V, H] product
+                 with the chunk's inputs (cuBLAS's fp32 output)            S + 4 V H + 2 C V
+               fp32: the chunk's gradient, 4 C V, and the sum (addmm_ in place)  4 V H + 4 C V
+               the sum and its cast to the weight's dtype (none in fp32)     4 V H + 2 V H
+(Checked on CPU in fp32; on CPU a 16-bit product is widened before the matmul, which costs
+more than cuBLAS's fp32 output: the plan counts CUDA's.) At Qwen3-VL-8B (V = 151,936, H =
+4,096, C = 1,024) the forward holds 1.2 GiB and the backward 4.9 GiB, nearly all the two
+[V, H] fp32 buffers; the [N, V] fp32 logits formed whole, as update did before logprobs.py,
+peak at 12 V bytes a loss token (cross-entropy's saved softmax and two gradients): 55.6 GiB at
+32,768 loss tokens.
+The vision tower (trained unless --freeze-vision; bf16 figures), for I image tokens = I m^2
+patches of width hv (mlp fv, heads hh): per patch and block 22hv + 4fv + 4hh + 16 (2 LayerNorm
+inputs, qkv output, q/k after RoPE, attention input and output, GELU MLP, statistics), or 2hv
+with checkpointing (plus one block recomputed); each patch merger keeps 8 hv m^2 a token.
 The worst micro-batch is the larger of: every token under the loss, every token an image
 token (the cost is linear in each, so a mix is never worse); --loss-tokens / --image-tokens
 pin one.
-Scoring (π_old recomputed, the --ref forward): no grad, so one layer's activations at a time
-and 8 V bytes a loss token (fp32 logits and their log-softmax), beside the reference's weights.
+Scoring (π_old recomputed, the --ref forward): no grad, so one layer's activations at a time,
+or the head: the final norm's 4h a token, the head's input and one chunk's 8 C V, beside the
+reference's weights.
+
+Disk, per iteration (the run folder, at --disk-gbps a node): update writes the HF export (2P,
+bf16, from rank 0: its node), the fp32 masters (4Pt) and with --keep-optimizer AdamW's moments
+(8Pt), each rank its 1/R share (ZeRO; plain torch: rank 0 all of it); the next update reads
+them back, with its input export (2P) and the reference's with --ref (2P), read on rank 0's
+node under ZeRO-3 (rank 0 reads the files) and once a node otherwise (its ranks share the page
+cache). The plan counts rank 0's node, the busiest. Each engine reads the export (2P) when it
+starts, apart from update's I/O.
 
 Engine (vLLM), per GPU of a tensor-parallel group of T:
   weights      2P / T (bf16; the vision tower is sharded too, vLLM's default)
@@ -70,6 +102,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from marscli.train.logprobs import default_chunk  # no torch at its import
+
 GiB = 1 << 30
 CUDA_CONTEXT = 1 * GiB  # a process's non-torch memory: CUDA context, cuBLAS and NCCL workspaces
 CUDA_GRAPHS = 1 * GiB  # vLLM's captured graphs (its logs: 0.3 to 1.5 GiB at 8B)
@@ -83,6 +117,9 @@ ZERO2_BUCKETS = {"reduce_bucket_size": 200_000_000, "allgather_bucket_size": 200
 ZERO3_AUTO = {"reduce_bucket_size": lambda h: h * h,
               "stage3_prefetch_bucket_size": lambda h: int(0.9 * h * h)}
 STAGES = ("torch", 0, 1, 2, 3)  # "torch": update without --deepspeed
+# An assumed throughput of one node to the run folder on a shared file system (NFS and
+# parallel file system clients commonly reach 1-3 GB/s a node); measure yours (fio, dd).
+DISK_GBPS = 2.0
 
 
 # ------------------------------------------------------------------------------ the model
@@ -176,6 +213,7 @@ class Options:
     overlap_comm: bool = False
     micro_batch_tokens: int = 32_768
     gradient_checkpointing: bool = False
+    logp_chunk: int | None = None  # None: update's default (chunk())
     freeze_vision: bool = False
     ref: bool = False  # update scores a reference policy (--kl with --ref)
     loss_tokens: int | None = None  # None: the worst split (module docstring)
@@ -188,10 +226,20 @@ class Options:
     gpu_memory: int = 80 * GiB
     colocate: bool = False
     sleep_level: int = 0  # 0: the engine stays awake (marscli's serve), 1 or 2: vLLM's sleep
+    keep_optimizer: bool = False  # update writes (and the next reads) AdamW's moments
+    disk_gbps: float = DISK_GBPS  # a node's throughput to the run folder, GB/s
+    # The compute dtype's bytes: 2 (bf16, update on GPUs); 4 (fp32, update on CPU, what the
+    # tests measure). Not an option of plan: a plan is for GPUs.
+    dtype_bytes: int = 2
 
     @property
     def ranks(self) -> int:
         return self.gpus_per_node * self.nodes
+
+    def chunk(self, vocab: int) -> int:
+        """Loss positions a chunk (train/logprobs.py): --logp-chunk, or update's default for
+        the vocabulary, at most --micro-batch-tokens (train/job.py's rule)."""
+        return self.logp_chunk or min(default_chunk(vocab), self.micro_batch_tokens)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -286,12 +334,13 @@ def row_length(o: Options, tokens: int) -> int | None:
     return min(tokens // 2, o.max_model_len) if tokens >= 2 else None
 
 
-def layer_bytes(s: Shape, row: int | None = None) -> int:
+def layer_bytes(s: Shape, row: int | None = None, w: int = 2) -> int:
     """Saved for the backward, per token, by one decoder layer (module docstring): in rows
-    padded to `row` tokens, or None for one unpadded row."""
+    padded to `row` tokens, or None for one unpadded row; `w` the compute dtype's bytes."""
     kv_in = s.q if row else s.kv  # padded: transformers repeats K/V to every head for SDPA
-    return (16 * s.hidden + 10 * s.q + 6 * s.kv + 4 * kv_in + 8 * s.intermediate
-            + 4 * (2 * s.heads + s.kv_heads + 2) + (2 * row if row else 0))
+    return (2 * (4 + 2 * w) * s.hidden + (4 + 3 * w) * s.q + (4 + w) * s.kv + 2 * w * kv_in
+            + 4 * w * s.intermediate + 4 * (2 * s.heads + s.kv_heads + 2)
+            + (w * row if row else 0))
 
 
 def vision_block_bytes(v: Vision) -> int:
@@ -299,37 +348,61 @@ def vision_block_bytes(v: Vision) -> int:
     return 22 * v.hidden + 4 * v.intermediate + 4 * v.heads + 16
 
 
-def activations(s: Shape, o: Options, tokens: int, loss: int, images: int) -> dict[str, Any]:
-    """Training activations of one micro-batch of `tokens` tokens, `loss` of them under the
-    loss and `images` of them image tokens: the parts, and the peak over the two moments
-    that can be highest (the loss's backward; with checkpointing, a layer's recompute)."""
-    h, L = s.hidden, s.layers
-    row = row_length(o, tokens)
+# The parts of the activations' table that the chunked log-probs add.
+LOGITS = "logits of one chunk [C, V] fp32"
+HEAD_GRAD = "LM head weight gradient [V, H] fp32"
+INPUT_GRAD = "LM head input gradient [N, H]"
+MASK = "attention mask [B, 1, T, T]"
+
+
+def logp_moments(s: Shape, o: Options, loss: int) -> dict[str, dict[str, int]]:
+    """What the chunked log-probs of `loss` positions (train/logprobs.py) hold beyond the
+    head's saved input, at the highest point of their forward and of their backward (module
+    docstring)."""
+    if loss <= 0:
+        return {"loss forward": {}, "loss backward": {}}
+    w, C = o.dtype_bytes, min(o.chunk(s.vocab), loss)
+    cv, vh = C * s.vocab, s.vocab * s.hidden
+    acc = 4 * vh if loss > C else 0  # the fp32 sum of the earlier chunks' products
+    product = ({LOGITS: 4 * cv, HEAD_GRAD: 4 * vh} if w >= 4  # addmm_ into the sum
+               else {LOGITS: w * cv, HEAD_GRAD: acc + 4 * vh})  # cuBLAS's fp32 product
+    backward = max(({LOGITS: 8 * cv, HEAD_GRAD: acc}, product,
+                    {LOGITS: 0, HEAD_GRAD: 4 * vh + (w * vh if w < 4 else 0)}),  # the cast
+                   key=lambda m: sum(m.values()))
+    return {"loss forward": {LOGITS: 8 * cv},
+            "loss backward": {**backward, INPUT_GRAD: w * loss * s.hidden}}
+
+
+def activations(s: Shape, o: Options, tokens: int, loss: int, images: int, *,
+                lone: bool = False) -> dict[str, Any]:
+    """Training activations of one micro-batch of `tokens` tokens (`lone`: one unpadded row,
+    longer than --micro-batch-tokens), `loss` of them under the loss and `images` of them
+    image tokens: the parts held at each moment that can be highest (the loss's forward and
+    backward; with checkpointing, a layer's recompute; the vision tower's backward), the
+    highest, and what it holds."""
+    h, L, w = s.hidden, s.layers, o.dtype_bytes
+    row = None if lone else row_length(o, tokens)
     mask = tokens * row if row else 0
-    per_layer = layer_bytes(s, row)
-    stored = tokens * L * (2 * h if o.gradient_checkpointing else per_layer)
-    recompute = (tokens * (per_layer + 4 * h + 4 * s.intermediate)
-                 if o.gradient_checkpointing else 0)
-    head = tokens * 8 * h + loss * 2 * h
-    logits = loss * s.vocab * 12
+    per_layer = layer_bytes(s, row, w)
+    rope = tokens * 2 * w * s.head_dim  # cos and sin, which every layer shares
+    stored = rope + tokens * L * (w * h if o.gradient_checkpointing else per_layer)
+    decoder = "decoder" + (" (layer inputs)" if o.gradient_checkpointing else "")
+    head = tokens * (4 + 2 * w) * h + loss * (w * h + 4)  # final norm; head input, log-prob
     vision, vision_block = vision_activations(s, o, images)
-    loss_peak = stored + head + logits + vision + mask
-    layer_peak = stored + recompute + vision + mask
-    vision_peak = vision + vision_block + mask  # the tower's backward comes last
-    parts = {"decoder" + (" (layer inputs)" if o.gradient_checkpointing else ""): stored,
-             "decoder layer recomputed": recompute,
-             "final norm + LM head input": head, "logits [N, V] fp32": logits,
-             "vision tower": vision, "vision block recomputed": vision_block,
-             "attention mask [B, 1, T, T]": mask}
-    moments = {"loss backward": loss_peak, "layer recompute": layer_peak,
-               "vision backward": vision_peak}
-    keys = list(parts)
-    at_moment = {"loss backward": [keys[i] for i in (0, 2, 3, 4, 6)],
-                 "layer recompute": [keys[i] for i in (0, 1, 4, 6)],
-                 "vision backward": [keys[i] for i in (4, 5, 6)]}
-    at = max(moments, key=lambda k: moments[k])
+    lp = logp_moments(s, o, loss)
+    moments = {k: {decoder: stored, "final norm + LM head input": head, **lp[k],
+                   "vision tower": vision, MASK: mask} for k in ("loss forward", "loss backward")}
+    if o.gradient_checkpointing:
+        recompute = tokens * (per_layer + 2 * w * (h + s.intermediate))
+        moments["layer recompute"] = {decoder: stored, "decoder layer recomputed": recompute,
+                                      "vision tower": vision, MASK: mask}
+    moments["vision backward"] = {"vision tower": vision, "vision block recomputed": vision_block,
+                                  MASK: mask}  # the tower's backward comes last
+    totals = {k: sum(v.values()) for k, v in moments.items()}
+    at = max(totals, key=lambda k: totals[k])
     return {"tokens": tokens, "loss_tokens": loss, "image_tokens": images, "row": row,
-            "parts": parts, "peak": moments[at], "peak_at": at, "at_peak": at_moment[at]}
+            "lone": lone, "parts": {k: v for k, v in moments[at].items() if v},
+            "peak": totals[at], "peak_at": at, "moments": totals}
 
 
 def vision_activations(s: Shape, o: Options, images: int) -> tuple[int, int]:
@@ -349,13 +422,17 @@ def vision_activations(s: Shape, o: Options, images: int) -> tuple[int, int]:
     return out + blocks + mergers + conv_input, block if o.gradient_checkpointing else 0
 
 
-def scoring_activations(s: Shape, o: Options, tokens: int, loss: int, images: int) -> int:
-    """No-grad forward (π_old, the reference): one layer or the head at a time."""
-    row = row_length(o, tokens)
+def scoring_activations(s: Shape, o: Options, tokens: int, loss: int, images: int, *,
+                        lone: bool = False) -> int:
+    """No-grad forward (π_old, the reference): one layer, or the head and one chunk's
+    logits, or one vision block at a time."""
+    row = None if lone else row_length(o, tokens)
     patches = images * s.vision.patches_per_token if s.vision and images else 0
     vis = patches * vision_block_bytes(s.vision) if patches else 0
+    head = (tokens * 4 * s.hidden + loss * (o.dtype_bytes * s.hidden + 8)
+            + 8 * min(o.chunk(s.vocab), loss) * s.vocab)
     return (tokens * row if row else 0) + max(
-        tokens * layer_bytes(s, row), tokens * 4 * s.hidden + loss * s.vocab * 8, vis)
+        tokens * layer_bytes(s, row, o.dtype_bytes), head, vis)
 
 
 def splits(s: Shape, o: Options, tokens: int) -> list[tuple[int, int]]:
@@ -371,10 +448,18 @@ def splits(s: Shape, o: Options, tokens: int) -> list[tuple[int, int]]:
     return [(loss, tokens - loss if images is None else min(images, tokens - loss))]
 
 
-def trainer(s: Shape, o: Options, counts: dict[str, int], tokens: int | None = None
-            ) -> dict[str, Any]:
+def micro_batches(o: Options, tokens: int, lone_rows: bool) -> list[tuple[int, bool]]:
+    """(tokens, lone) of the micro-batches to plan: `tokens` in padded rows and, when
+    max_model_len is longer (and `lone_rows`), a row of max_model_len alone."""
+    lone = [(o.max_model_len, True)] if lone_rows and o.max_model_len > tokens else []
+    return [(tokens, False), *lone]
+
+
+def trainer(s: Shape, o: Options, counts: dict[str, int], tokens: int | None = None, *,
+            lone_rows: bool = True) -> dict[str, Any]:
     """The trainer's peak per GPU: its phases (a training micro-batch; scoring; the torch
-    optimiser step) and their parts."""
+    optimiser step) and their parts. `tokens`: the micro-batch budget (default
+    --micro-batch-tokens); `lone_rows`: also a row of max_model_len alone, when longer."""
     tokens = o.micro_batch_tokens if tokens is None else tokens
     P, L = counts["total"], counts["largest_layer"]
     Pt = P - counts["vision"] if o.freeze_vision else P
@@ -384,9 +469,11 @@ def trainer(s: Shape, o: Options, counts: dict[str, int], tokens: int | None = N
     st = sum(states.values())
     buffers = zero_buffers(stage, s.hidden, o)
     ref = reference_weights(P, L, stage, o.ranks) if o.ref else 0
-    acts = [activations(s, o, tokens, n, i) for n, i in splits(s, o, tokens)]
+    batches = [(m, lone, n, i) for m, lone in micro_batches(o, tokens, lone_rows)
+               for n, i in splits(s, o, m)]
+    acts = [activations(s, o, m, n, i, lone=lone) for m, lone, n, i in batches]
     act = max(acts, key=lambda a: a["peak"])
-    score = max(scoring_activations(s, o, tokens, n, i) for n, i in splits(s, o, tokens))
+    score = max(scoring_activations(s, o, m, n, i, lone=lone) for m, lone, n, i in batches)
     base = CUDA_CONTEXT + st + buffers
     phases = {"training micro-batch": base + act["peak"], "scoring (no grad)": base + ref + score}
     if stage == "torch":  # AdamW's foreach temporaries (or the flat all-reduce buffer)
@@ -397,13 +484,37 @@ def trainer(s: Shape, o: Options, counts: dict[str, int], tokens: int | None = N
             "buffers": buffers, "context": CUDA_CONTEXT, "total": phases[phase],
             "peak_phase": phase, "phases": phases, "model_state_parts": states,
             "activation_parts": act["parts"], "activation_split": {
-                "tokens": tokens, "row": act["row"], "loss_tokens": act["loss_tokens"],
-                "image_tokens": act["image_tokens"], "peak_at": act["peak_at"],
-                "parts_at_peak": act["at_peak"]},
-            "splits": [{"loss_tokens": a["loss_tokens"], "image_tokens": a["image_tokens"],
+                "tokens": act["tokens"], "row": act["row"], "lone_row": act["lone"],
+                "loss_tokens": act["loss_tokens"], "image_tokens": act["image_tokens"],
+                "logp_chunk": o.chunk(s.vocab), "peak_at": act["peak_at"],
+                "moments": act["moments"], "parts_at_peak": list(act["parts"])},
+            "splits": [{"tokens": a["tokens"], "lone_row": a["lone"],
+                        "loss_tokens": a["loss_tokens"], "image_tokens": a["image_tokens"],
                         "activations": a["peak"]} for a in acts],
             "scoring_activations": score, "trainable_params": Pt, "stage": stage,
             "host_per_node": host_per_node(P, L, stage, o)}
+
+
+def disk(counts: dict[str, int], o: Options, trainable: int) -> dict[str, Any]:
+    """Bytes an iteration moves through the run folder on rank 0's node, the busiest: what
+    update writes, what the next update reads back, and the seconds each takes at
+    o.disk_gbps; apart, what each engine reads when it starts (module docstring)."""
+    P, Pt = counts["total"], trainable
+    whole = o.zero in ("torch", 0)  # one rank writes it all (stage 0 partitions nothing)
+
+    def node(n: int) -> int:  # rank 0's node's share of a state each rank writes 1/R of
+        return n if whole else _cdiv(n, o.ranks) * o.gpus_per_node
+
+    state = {"fp32 masters": node(4 * Pt),
+             "AdamW moments (--keep-optimizer)": node(8 * Pt) if o.keep_optimizer else 0}
+    written = {"HF export (bf16)": 2 * P, **state}
+    read = {"input HF export (bf16)": 2 * P, "reference HF export (--ref)": 2 * P if o.ref else 0,
+            **state}
+    bps = o.disk_gbps * 1e9
+    w, r = sum(written.values()), sum(read.values())
+    return {"gbps": o.disk_gbps, "written": written, "read": read, "write_bytes": w,
+            "read_bytes": r, "write_seconds": w / bps, "read_seconds": r / bps,
+            "engine_read_bytes": 2 * P, "engine_read_seconds": 2 * P / bps}
 
 
 # ------------------------------------------------------------------------------ engine
@@ -495,16 +606,20 @@ def plan(s: Shape, o: Options) -> dict[str, Any]:
                    "when it starts)")
         max_u = max_u if max_u >= min_u else None
 
-    def micro_fits(m: int) -> bool:
-        return trainer(s, o, counts, m)["total"] <= budget
+    def micro_fits(m: int) -> bool:  # m tokens in padded rows (a longer row: trainer's own)
+        return trainer(s, o, counts, m, lone_rows=False)["total"] <= budget
 
     max_m = largest(micro_fits, 1, 1 << 20)
-    notes = _notes(s, o, t, e, max_m, G - t["total"] if not o.colocate else budget - t["total"])
+    # a longer row trains alone: what a row of max_model_len needs beside the largest budget
+    lone = (trainer(s, o, counts, max_m)["total"]
+            if max_m is not None and max_m < o.max_model_len else None)
+    notes = _notes(s, o, t, e, max_m, G - t["total"] if not o.colocate else budget - t["total"],
+                   lone, budget)
     return {"inputs": {**{k: v for k, v in asdict(o).items() if k != "buckets"},
                        "buckets": o.buckets, "ranks": o.ranks},
             "model": {**counts, **{k: v for k, v in asdict(s).items() if k != "vision"},
                       "vision_config": asdict(s.vision) if s.vision else None},
-            "trainer": t, "engine": e,
+            "trainer": t, "engine": e, "disk": disk(counts, o, t["trainable_params"]),
             "fits": fits, "trainer_fits": trainer_fits, "engine_fits": e["starts"],
             "trainer_budget": budget, "mode": why,
             "max_gpu_memory_utilization": max_u, "min_gpu_memory_utilization": min_u,
@@ -515,17 +630,26 @@ def plan(s: Shape, o: Options) -> dict[str, Any]:
                             "max_image_pixels": s.vision.max_pixels if s.vision else None}}
 
 
-def _notes(s: Shape, o: Options, t: dict, e: dict, max_m: int | None, room: int) -> list[str]:
+def _notes(s: Shape, o: Options, t: dict, e: dict, max_m: int | None, room: int,
+           lone: int | None, budget: int) -> list[str]:
     notes = []
-    logits = t["activation_parts"].get("logits [N, V] fp32", 0)
+    sp = t["activation_split"]
+    logits = t["activation_parts"].get(LOGITS, 0)
     if logits and logits >= t["activations"] / 2:
-        notes.append(f"the [N, V] fp32 logits are {logits / GiB:.1f} GiB of the activations "
-                     f"({12 * s.vocab / 2**20:.2f} MiB per loss token); --loss-tokens N plans "
-                     "for micro-batches of at most N model tokens")
-    if max_m is not None and max_m < o.max_model_len:
-        notes.append(f"--micro-batch-tokens {max_m:,} at most fits; update refuses rows longer "
-                     "than that, and trajectories reach max_model_len "
-                     f"{o.max_model_len:,}")
+        notes.append(f"one chunk's logits are {logits / GiB:.1f} GiB of the activations "
+                     f"({sp['peak_at']}, --logp-chunk {o.chunk(s.vocab):,} x vocabulary "
+                     f"{s.vocab:,}): a smaller --logp-chunk lowers them")
+    if sp["lone_row"]:
+        notes.append(f"the largest micro-batch is one row of max_model_len {o.max_model_len:,}"
+                     f" tokens: a row longer than --micro-batch-tokens {o.micro_batch_tokens:,}"
+                     " trains alone" + ("" if t["total"] <= budget else
+                                        ", so no smaller --micro-batch-tokens helps"))
+    if max_m is not None and max_m < o.micro_batch_tokens:
+        notes.append(f"--micro-batch-tokens {max_m:,} at most fits in padded rows; a longer "
+                     "row trains alone" + ("" if lone is None else (
+                         f", and one of max_model_len {o.max_model_len:,} then needs "
+                         f"{lone / GiB:.2f} GiB: "
+                         + ("it fits" if lone <= budget else "it does not fit either"))))
     if max_m is None:
         notes.append("even a 1-token micro-batch does not fit: " + (
             "a smaller --gpu-memory-utilization, a sleeping engine or separate GPUs"
