@@ -257,7 +257,11 @@ $(IT)/advantages.jsonl.meta.json: $(IT)/scored.jsonl.meta.json
 
 $(RUN)/ckpt-$(NEXT)/config.json: $(IT)/advantages.jsonl.meta.json $(RUN)/ckpt-$(ITER)/config.json
 	$(SERVE_SLEEP_CMD)
-	$(call single,UPDATE,stages/update.sh,$(IT)/advantages.jsonl $(RUN)/ckpt-$(ITER) $(RUN)/ckpt-$(NEXT) $(UPDATE_OPTS) --seed $(RL_SEED) --force --metrics $(IT)/metrics.jsonl,$(TRAIN_ENV))
+	$(STATE_CHECK)
+	$(call state_redo,$(ITER))
+	$(call state_adopt,$(ITER))
+	$(call single,UPDATE,stages/update.sh,$(IT)/advantages.jsonl $(RUN)/ckpt-$(ITER) $(RUN)/ckpt-$(NEXT) $(UPDATE_OPTS) --seed $(RL_SEED) --force --metrics $(IT)/metrics.jsonl$(STATE_OPT),$(TRAIN_ENV))
+	$(call persist_state,$(NEXT))
 	$(call prune_state,$(NEXT))
 
 # Training state (fp32 masters, AdamW's moments: ckpt-k/train_state/) is what only the next
@@ -265,10 +269,68 @@ $(RUN)/ckpt-$(NEXT)/config.json: $(IT)/advantages.jsonl.meta.json $(RUN)/ckpt-$(
 # checkpoints; the HF folders (what rollout and eval load) are never deleted, nor ckpt-0's
 # state (the cold start, shared by ablation runs through a link).
 KEEP_STATE ?= 1
-prune_state = for d in $(RUN)/ckpt-*/train_state; do k=$${d%/train_state}; k=$${k\#\#*-}; \
+prune_loop = for d in $(RUN)/ckpt-*/train_state; do k=$${d%/train_state}; k=$${k\#\#*-}; \
   if [ "$$k" -gt 0 ] && [ "$$k" -le $$(( $(1) - $(KEEP_STATE) )) ]; then rm -rf "$$d"; fi; done
+prune_state = $(if $(STATE_DIR),$(STATE) prune $(RUN) $(1) --keep $(KEEP_STATE) \
+  --state-dir $(RUN_STATE),$(prune_loop))
 
-rl-iter: setup $(RUN)/ckpt-$(NEXT)/config.json
+# STATE_DIR=DIR: the training state the next update reads stays on node-local storage
+# (/dev/shm/$USER/runs, a local NVMe), in DIR/<RUN's name> (RUN_STATE), and ckpt-k/train_state
+# is a link to it; every PERSIST_EVERY iterations (default 1) it is copied into the run folder
+# (ckpt-k/train_state.durable) by a process of its own, beside the next rollout, and at the end
+# of make rl the last one is settled there (train_state/ itself, as without STATE_DIR). A state
+# lost with its node (a wiped /dev/shm, a re-allocation) is redone from the last durable copy
+# and the same advantage rows (state-redo, bit for bit on CPU). Unset (the default): the state is
+# written into the run folder as ever. src/marscli/train/persist.py; docs/rl-loop.md.
+STATE_DIR ?=
+PERSIST_EVERY ?= 1
+ifneq ($(STATE_DIR),)
+ifeq ($(SLURM),1)
+$(error STATE_DIR=$(STATE_DIR) is node-local: every update must run on the node that runs make — SLURM=0, or SLURM=steps (make rl-job), not SLURM=1)
+endif
+ifneq ($(NNODES),1)
+$(error STATE_DIR=$(STATE_DIR) is node-local: with NNODES=$(NNODES) each node would hold its own ranks' files only — leave STATE_DIR unset, or train on one node)
+endif
+ifeq ($(SLURM),steps)
+ifneq ($(filter-out 1,$(SLURM_JOB_NUM_NODES)),)
+$(error STATE_DIR=$(STATE_DIR) is node-local: an update step of this $(SLURM_JOB_NUM_NODES)-node allocation may run on another node than make — one node (SBATCH_JOB=--nodes=1), or leave STATE_DIR unset)
+endif
+endif
+endif
+RUN_STATE = $(abspath $(STATE_DIR))/$(notdir $(abspath $(RUN)))
+STATE = $(MARSCLI) state
+STATE_OPT = $(if $(STATE_DIR), --state-dir $(RUN_STATE))
+STATE_CHECK = $(if $(STATE_DIR),$(STATE) check $(RUN) $(ITER) --state-dir $(RUN_STATE))
+# $(call state_redo,K): ckpt-K's state lost: iterations j..K-1's updates again from ckpt-j's
+# (make state-redo), j the newest whose state is there (marscli state redo-from, read-only);
+# $(call state_adopt,K) links ckpt-K to the result.
+state_redo = $(if $(STATE_DIR),j=$$($(STATE) redo-from $(RUN) $(1) --state-dir $(RUN_STATE)) || exit $$?; \
+  for i in $$(seq $$j $$(( $(1) - 1 ))); do \
+    $(MAKE) --no-print-directory state-redo ITER=$$i REDO_FROM=$$j || exit $$?; done)
+state_adopt = $(if $(STATE_DIR),$(STATE) adopt $(RUN) $(1) --state-dir $(RUN_STATE))
+persist_state = $(if $(STATE_DIR),[ $$(( $(1) % $(PERSIST_EVERY) )) != 0 ] || \
+  $(STATE) persist $(RUN) $(1) --background --state-dir $(RUN_STATE))
+
+.PHONY: state-check state-redo state-settle
+state-check:
+	$(STATE_CHECK)
+
+# Iteration ITER's update again, from ckpt-ITER's state (ITER = REDO_FROM) or the update redone
+# before it, into RUN_STATE/redo/ckpt-(ITER+1): its metrics stay there, the run's untouched.
+state-redo:
+	$(call single,UPDATE,stages/update.sh,$(IT)/advantages.jsonl $(if $(filter $(REDO_FROM),$(ITER)),$(RUN),$(RUN_STATE)/redo)/ckpt-$(ITER) $(RUN_STATE)/redo/ckpt-$(NEXT) $(UPDATE_OPTS) --seed $(RL_SEED) --force$(STATE_OPT),$(TRAIN_ENV))
+
+# The end of make rl with STATE_DIR: ckpt-ITER's state (redone if lost) made durable, in the
+# place and layout of a run without STATE_DIR, and its working copy removed.
+state-settle:
+	$(SERVE_SLEEP_CMD)
+	$(STATE_CHECK)
+	$(call state_redo,$(ITER))
+	$(call state_adopt,$(ITER))
+	$(STATE) settle $(RUN) $(ITER) --state-dir $(RUN_STATE)
+	$(call prune_state,$(ITER))
+
+rl-iter: setup $(if $(STATE_DIR),state-check) $(RUN)/ckpt-$(NEXT)/config.json
 
 # SERVE=1: rl and rl-eval run inside scripts/rl-served.sh, which starts the servers (on ckpt-0,
 # made first), runs the target with SERVING=1 and SERVE_URLS, and stops them. The servers open
@@ -285,6 +347,7 @@ rl rl-eval: setup
 else
 rl: setup
 	for i in $$(seq 0 $$(( $(ITERS) - 1 ))); do $(MAKE) --no-print-directory rl-iter ITER=$$i || exit $$?; done
+	$(if $(STATE_DIR),$(MAKE) --no-print-directory state-settle ITER=$(ITERS))
 
 # Test-split evaluation of every checkpoint 0..ITERS, then the per-iteration table. The
 # summary is what eval (or, after a merge, eval summarize) writes last, and not at all when
@@ -371,17 +434,18 @@ ablation-run:
 # holds in the recipe's update (the trainer) and rollout (the vLLM engine), and whether both
 # fit (`marscli plan`: arithmetic on config.json, nothing runs on a GPU). The launch shape and
 # update's options are the recipe's own (GPUS_PER_NODE, NNODES, TP, UPDATE_OPTS' --deepspeed,
-# --micro-batch-tokens, --gradient-checkpointing, --freeze-vision, --ref; ROLLOUT_OPTS'
-# --batch-size); the model and what the recipes leave to the engine's defaults are in
-# recipes/_gpu.mk (MODEL_CONFIG, MAX_MODEL_LEN, MAX_NUM_SEQS, GPU_MEMORY_UTILIZATION,
-# GPU_MEMORY). SERVE=1 without Slurm keeps the server up on the update's machine: --colocate.
-# PLAN_OPTS adds any other option: PLAN_OPTS="--loss-tokens 16384 --json". A variable left
-# empty leaves its option at marscli plan's default.
+# --micro-batch-tokens, --logp-chunk, --gradient-checkpointing, --freeze-vision,
+# --keep-optimizer, --ref; ROLLOUT_OPTS' --batch-size); the model and what the recipes leave
+# to the engine's defaults are in recipes/_gpu.mk (MODEL_CONFIG, MAX_MODEL_LEN, MAX_NUM_SEQS,
+# GPU_MEMORY_UTILIZATION, GPU_MEMORY). SERVE=1 without Slurm keeps the server up on the
+# update's machine: --colocate. PLAN_OPTS adds any other option: PLAN_OPTS="--loss-tokens 16384
+# --disk-gbps 1 --json". A variable left empty leaves its option at marscli plan's default.
 PLAN_POLICY ?= $(if $(wildcard $(BASE)/config.json),$(BASE),$(or $(MODEL_CONFIG),$(BASE)))
 PLAN_OPTS ?=
 PLAN_TRAIN = $(or $(addprefix --deepspeed ,$(call opt_value,--deepspeed,$(UPDATE_OPTS))),--zero 0) \
   $(addprefix --micro-batch-tokens ,$(call opt_value,--micro-batch-tokens,$(UPDATE_OPTS))) \
-  $(filter --gradient-checkpointing --freeze-vision,$(UPDATE_OPTS)) \
+  $(addprefix --logp-chunk ,$(call opt_value,--logp-chunk,$(UPDATE_OPTS))) \
+  $(filter --gradient-checkpointing --freeze-vision --keep-optimizer,$(UPDATE_OPTS)) \
   $(if $(call opt_value,--ref,$(UPDATE_OPTS)),--ref)
 PLAN_ENGINE = $(addprefix --tp ,$(TP)) $(addprefix --max-model-len ,$(MAX_MODEL_LEN)) \
   $(addprefix --max-num-seqs ,$(MAX_NUM_SEQS)) \

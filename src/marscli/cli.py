@@ -521,14 +521,17 @@ def update(
         help="F: truncate modes raise the weight to F, mask modes drop tokens (sequences) "
              "below it.")] = 0.0,
     micro_batch_tokens: Annotated[int, typer.Option(
-        help="Token budget of a micro-batch (longest sequence x count).")] = 32768,
+        help="Token budget of a micro-batch (longest sequence x count; a longer sequence "
+             "trains alone).")] = 32768,
     deepspeed: opt.DeepSpeed = None,
     gradient_checkpointing: opt.GradientCheckpointing = False,
+    logp_chunk: opt.LogpChunk = None,
     freeze_vision: opt.FreezeVision = False,
     seed: Annotated[int, typer.Option()] = 0,
     metrics: opt.Metrics = None,
     device: opt.TrainDevice = "auto",
     save_dtype: opt.SaveDtype = "auto",
+    state_dir: opt.StateDir = None,
     keep_optimizer: Annotated[bool, typer.Option(
         "--keep-optimizer", help="Carry AdamW's state across iterations: load it from "
         "POLICY/train_state/ when present, write it to OUT/train_state/ (DeepSpeed: one file "
@@ -822,6 +825,7 @@ def sft(
     grad_clip: opt.GradClip = 1.0,
     freeze_vision: opt.FreezeVision = False,
     gradient_checkpointing: opt.GradientCheckpointing = False,
+    logp_chunk: opt.LogpChunk = None,
     deepspeed: opt.DeepSpeed = None,
     system_prompt: Annotated[str | None, typer.Option(
         metavar="FILE", help="Base system prompt for message rows without a system turn "
@@ -835,6 +839,7 @@ def sft(
         "--skip-bad", help="Skip (and count) bad rows instead of exiting 2.")] = False,
     device: opt.TrainDevice = "auto",
     save_dtype: opt.SaveDtype = "auto",
+    state_dir: opt.StateDir = None,
     force: Annotated[bool, typer.Option(
         "--force", help="Replace an existing OUT (and a stale OUT.partial).")] = False,
     track: opt.Track = None,
@@ -849,6 +854,27 @@ def sft(
         )
 
         run_sft(data, policy, out, opt.config(SftConfig, params))
+
+
+@app.command("state")
+def state_cmd(
+    action: Annotated[str, typer.Argument(
+        help="check | redo-from | persist | settle | adopt | prune (docs/rl-loop.md)")],
+    run: Annotated[str, typer.Argument(help="The run folder (make's RUN).")],
+    k: Annotated[int, typer.Argument(metavar="K", help="The checkpoint ckpt-K (prune: up to).")],
+    state_dir: Annotated[str | None, typer.Option(
+        metavar="DIR", help="This run's node-local working copies (make's RUN_STATE).")] = None,
+    keep: Annotated[int, typer.Option(help="prune: states of the last KEEP kept.")] = 1,
+    background: Annotated[bool, typer.Option(
+        "--background", help="persist: copy in a process of its own.")] = False,
+    lock_fd: Annotated[int | None, typer.Option(hidden=True)] = None,
+) -> None:
+    """The RL loop's training state on node-local storage (make rl STATE_DIR=...): check it,
+    copy it durably into the run folder, redo what a lost copy held, prune it."""
+    with guard():
+        from marscli.train.persist import main as state_main
+
+        state_main(action, run, k, state_dir, keep, background, lock_fd)
 
 
 @app.command("plan")
@@ -871,11 +897,19 @@ def plan_cmd(
         help="update's --micro-batch-tokens (longest row x rows).")] = 32768,
     gradient_checkpointing: Annotated[bool, typer.Option(
         "--gradient-checkpointing", help="update's --gradient-checkpointing.")] = False,
+    logp_chunk: opt.LogpChunk = None,
     freeze_vision: Annotated[bool, typer.Option(
         "--freeze-vision", help="update's --freeze-vision: no grads or optimiser states for "
         "the vision tower.")] = False,
     ref: Annotated[bool, typer.Option(
         "--ref", help="update scores a reference policy (--kl with --ref CKPT).")] = False,
+    keep_optimizer: Annotated[bool, typer.Option(
+        "--keep-optimizer", help="update's --keep-optimizer: AdamW's moments are written and "
+        "read back each iteration (the disk figures).")] = False,
+    disk_gbps: Annotated[float, typer.Option(
+        help="A node's throughput to the run folder in GB/s, for the disk figures; the "
+             "default is an assumption for a shared file system, whose clients commonly reach "
+             "1-3 GB/s a node: measure yours with fio or dd.")] = 2.0,
     loss_tokens: Annotated[int | None, typer.Option(
         help="Tokens under the loss in a micro-batch, at most (default: the worst case).")] = None,
     image_tokens: Annotated[int | None, typer.Option(

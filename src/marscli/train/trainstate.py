@@ -4,7 +4,8 @@ moments and step, kept beside the HF export that engines load.
     CKPT/                          the rollout copy: a plain HF folder in --save-dtype (rollout,
       config.json model.safetensors  eval and vLLM load it; they read top-level files only)
       tokenizer... metrics.jsonl marscli.meta.json
-      train_state/                 read by update and sft only
+      train_state/                 read by update and sft only (with --state-dir a link to
+                                   its node-local copy, made durable by persist.py)
         state.json                 {"v": 2, "engine", "world", "zero_stage", "bf16", "steps",
                                     "master", "optimizer", "adam_step"}
         shards.json                which rank file holds which slice of each parameter
@@ -155,8 +156,12 @@ def _how(st: dict, world: bool = False) -> str:
 
 def check_state(ckpt: str) -> None:
     """The checkpoint's train_state/ is readable: state.json parses, the shard index parses
-    and names rank files that are all there (BadInput naming the file). Cheap: JSON and file
-    names only; run before anything heavy loads."""
+    and names rank files that are all there (BadInput naming the file); a link to a node-local
+    copy that is gone is refused (persist.check_present). Cheap: JSON and file names only; run
+    before anything heavy loads."""
+    from marscli.train.persist import check_present
+
+    check_present(ckpt)
     master_source(ckpt)
     st = read_state(ckpt) or {}
     if st.get("optimizer") == INDEX:
@@ -188,20 +193,29 @@ def check_resumable(ckpt: str, ds_cfg: dict | None, world: int) -> None:
 
 
 def save_all(model: Any, folder: Path, policy: str, processor: Any, dtype: str, *,
-             optimizer: bool, steps: int, ds_cfg: dict | None) -> dict:
-    """Write the HF export (rank 0) and train_state/ (collective: every rank must call it).
+             optimizer: bool, steps: int, ds_cfg: dict | None, state_at: Path | None = None,
+             pid: int = 0) -> dict:
+    """Write the HF export (rank 0) and train_state/ (collective: every rank must call it);
+    with `state_at`, train_state/ goes there (node-local, built in `state_at`.tmp-PID, PID
+    rank 0's) and FOLDER/train_state is a link to it (persist.py).
     Returns {"save_seconds", "master_save_seconds", "bytes_written"} (bytes on rank 0: the
     whole folder; master_save_seconds: this rank writing its fp32 masters and moments into
     its rank files, a part of save_seconds)."""
     from marscli.train.checkpoint import save_errors
 
     with save_errors(folder):  # a full disk: one line, whichever writer meets it
-        return _save_all(model, folder, policy, processor, dtype, optimizer=optimizer,
-                         steps=steps, ds_cfg=ds_cfg)
+        if state_at is None:
+            return _save_all(model, folder, folder / STATE_DIR, policy, processor, dtype,
+                             optimizer=optimizer, steps=steps, ds_cfg=ds_cfg)
+        from marscli.train.persist import local_state
+
+        with local_state(folder, state_at, pid, model.dist.main) as state:
+            return _save_all(model, folder, state, policy, processor, dtype,
+                             optimizer=optimizer, steps=steps, ds_cfg=ds_cfg)
 
 
-def _save_all(model: Any, folder: Path, policy: str, processor: Any, dtype: str, *,
-              optimizer: bool, steps: int, ds_cfg: dict | None) -> dict:
+def _save_all(model: Any, folder: Path, state: Path, policy: str, processor: Any, dtype: str,
+              *, optimizer: bool, steps: int, ds_cfg: dict | None) -> dict:
     from marscli.train.checkpoint import WeightShards, save_checkpoint
     from marscli.train.distributed import barrier
     from marscli.train.partitions import adam_step
@@ -211,7 +225,6 @@ def _save_all(model: Any, folder: Path, policy: str, processor: Any, dtype: str,
     # rank 0 writes each weight as it is gathered (collective under DeepSpeed)
     shards = WeightShards(folder, model.export_specs(), dtype) if d.main else None
     model.export_weights(dtype, shards.put if shards else None)
-    state = folder / STATE_DIR
     if shards:
         shards.close()
         save_checkpoint(model.lm, folder, policy, dtype, processor)
@@ -244,7 +257,8 @@ def _save_all(model: Any, folder: Path, policy: str, processor: Any, dtype: str,
         (state / "state.json").write_text(json.dumps(info, indent=2) + "\n")
     barrier(d)
     seconds = time.perf_counter() - t0
-    n = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if d.main else 0
+    n = sum(f.stat().st_size for f in {*folder.rglob("*"), *state.rglob("*")}
+            if f.is_file()) if d.main else 0
     return {"save_seconds": round(seconds, 3), "master_save_seconds": round(master_seconds, 3),
             "bytes_written": n}
 
