@@ -2,10 +2,17 @@
 """Wait until the COUNT `marscli serve` processes that write URL_DIR/0.url ... answer GET
 /health; print their URLs, one a line, in index order.
 
-usage: scripts/serve-wait.py URL_DIR [--count N] [--pid PID ... | --job SLURM_JOB_ID] [--timeout S]
+usage: scripts/serve-wait.py URL_DIR [--count N] [--pid PID ... | --job SLURM_JOB_ID]
+                              [--timeout S] [--pending-timeout S]
 
 Exits 1 when a server's process (any --pid, or the Slurm job) ends first, or after the timeout,
 so that `make rl SERVE=1` never waits on a server that failed to start. Standard library only.
+
+A Slurm job (`--job`, an array of one task per server) is alive while every task squeue lists
+is PENDING, CONFIGURING or RUNNING; a task in any other state (FAILED, CANCELLED, COMPLETING,
+...) or no task listed at all means a server ended. The timeout counts from when every task
+runs: time pending in the queue is reported, not counted, unless --pending-timeout bounds it
+(default: wait as long as the queue holds the job).
 """
 
 from __future__ import annotations
@@ -19,18 +26,31 @@ import time
 import urllib.request
 from pathlib import Path
 
+LIVE = ("PENDING", "CONFIGURING", "RUNNING")
 
-def alive(pids: list[int], job: str | None) -> bool:
+
+def job_states(job: str) -> list[str]:
+    """The state of each task of `job` as squeue lists it (an array: one line per task, the
+    tasks still pending possibly on one line); [] once the job has left the queue."""
+    out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
+                         text=True, check=False).stdout
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def status(pids: list[int], job: str | None) -> str:
+    """"ended" when a server's process or task has ended (or failed), "pending" while some
+    task of the job waits in the queue, else "running"."""
     for pid in pids:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
-            return False
-    if job is not None:
-        state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
-                               text=True, check=False).stdout.strip()
-        return state in ("PENDING", "CONFIGURING", "RUNNING")
-    return True
+            return "ended"
+    if job is None:
+        return "running"
+    states = job_states(job)
+    if not states or any(s not in LIVE for s in states):
+        return "ended"
+    return "running" if all(s == "RUNNING" for s in states) else "pending"
 
 
 def answers(url_file: Path) -> str | None:
@@ -53,15 +73,34 @@ def main() -> int:
     ap.add_argument("--count", type=int, default=1)
     ap.add_argument("--pid", type=int, action="append", default=[])
     ap.add_argument("--job")
-    ap.add_argument("--timeout", type=float, default=900.0)
+    ap.add_argument("--timeout", type=float, default=900.0,
+                    help="seconds the servers have to answer once they run")
+    ap.add_argument("--pending-timeout", type=float, default=None,
+                    help="seconds the job may wait in the queue (default: no limit)")
     args = ap.parse_args()
-    deadline = time.monotonic() + args.timeout
+    started = time.monotonic()
+    deadline = None  # set when the servers run: time in the queue is not theirs to start in
     urls: dict[int, str] = {}
-    while time.monotonic() < deadline:
-        if not alive(args.pid, args.job):
+    while deadline is None or time.monotonic() < deadline:
+        state = status(args.pid, args.job)
+        if state == "ended":
             print(f"serve-wait: a server ended before it answered ({args.url_dir}: "
                   f"{len(urls)} of {args.count} up)", file=sys.stderr)
             return 1
+        if state == "pending":
+            waited = time.monotonic() - started
+            if args.pending_timeout is not None and waited > args.pending_timeout:
+                print(f"serve-wait: job {args.job} still pending after {waited:.0f} s "
+                      f"(--pending-timeout {args.pending_timeout:g}) — see `squeue -j "
+                      f"{args.job}` for the reason", file=sys.stderr)
+                return 1
+            time.sleep(1.0)
+            continue
+        if deadline is None:
+            pending, deadline = time.monotonic() - started, time.monotonic() + args.timeout
+            if args.job is not None:
+                print(f"serve-wait: job {args.job} runs after {pending:.0f} s pending (not "
+                      "counted in --timeout)", file=sys.stderr)
         for i in range(args.count):
             if i not in urls and (url := answers(args.url_dir / f"{i}.url")):
                 urls[i] = url

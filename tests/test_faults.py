@@ -74,7 +74,8 @@ def rollout_run(tmp_path_factory):
     with ChaosServer(seed=SEED, timeout_s=TIMEOUT) as server:
         stats = run_rollout(str(prompts), str(out), engine="openai", n=2, max_turns=4,
                             engine_opts=engine_opts(server), seed=SEED, progress=False,
-                            text_search=f"retriever:{server.url}", search_opts=search_opts())
+                            text_search=f"retriever:{server.url}", search_opts=search_opts(),
+                            max_tool_failure_rate=1.0)  # chaos fails searches on purpose
     return tmp, out, stats, server, {f"{i}#{k}" for i in ids for k in range(2)}
 
 

@@ -15,6 +15,7 @@ from marscli.errors import BadInput, RuntimeFailure
 from marscli.qwen.tokens import assemble, expand, special_ids
 from marscli.stages.rollout import run_rollout
 
+from fakes import FakeServer, retrieve_reply
 from helpers import (
     REPLIES,
     ZOOM_THEN_ANSWER,
@@ -301,3 +302,76 @@ def test_a_finished_output_that_grows_loses_its_sidecar_first(tiny_model, tmp_pa
     monkeypatch.undo()
     stats = run_rollout(str(prompts), str(out), **kw)  # the resumed run writes it again
     assert stats["new"] == 2 and stats["skipped"] == 2 and sidecar.is_file()
+
+
+# ------------------------------------------------------------- a search backend that fails
+
+
+def search_then_answer(query: str) -> list[str]:
+    return [f'<thinking>Look it up.</thinking><tool_call>{{"name": "text_search_tool", '
+            f'"arguments": {{"query": "{query}"}}}}</tool_call>',
+            "<thinking>Red.</thinking><answer>red</answer>"]
+
+
+def retriever(fail: set[str]) -> FakeServer:
+    """A Search-R1 retriever that answers HTTP 500 to the queries in `fail` (every query: "*")."""
+    def script(path, body, attempt):
+        query = body["queries"][0] if isinstance(body, dict) and body.get("queries") else ""
+        if "*" in fail or query in fail:
+            return 500, "backend down"
+        return 200, retrieve_reply("Red Corp")
+    return FakeServer({"/retrieve": script})
+
+
+SEARCH_OPTS = {"timeout": 2.0, "attempts": 1, "backoff": 0.0, "cache": None}
+
+
+def test_rollout_stops_on_a_broken_search_backend_and_resumes(tiny_model, tmp_path):
+    """Every search fails: exit 1, one line naming the tool and its rate, the records kept and no
+    sidecar; once the threshold allows it (or the backend is fixed), the re-run resumes."""
+    prompts = write_prompts(tmp_path / "p.jsonl", ["a", "b", "c"], replies=search_then_answer("q"))
+    out = tmp_path / "t.jsonl"
+    args = ["rollout", str(prompts), "-o", str(out), "--policy", str(tiny_model), "--engine",
+            "replay", "-n", "1", "--search-retries", "0", "--search-timeout", "2"]
+    with retriever({"*"}) as srv:
+        res = marscli(*args, "--text-search", f"retriever:{srv.url}")
+        assert res.returncode == 1, res.stderr
+        err = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+        assert len(err) == 1, res.stderr
+        assert "text_search_tool: 100.0% of 3 calls failed" in err[0]
+        assert "--max-tool-failure-rate 5%" in err[0] and "kept" in err[0]
+        assert len(read_jsonl(out)) == 3  # the records are kept for the re-run
+        assert not Path(f"{out}.meta.json").exists()  # make does not take it for done
+        res = marscli(*args, "--text-search", f"retriever:{srv.url}",
+                      "--max-tool-failure-rate", "1")
+        assert res.returncode == 0, res.stderr
+        assert "0 new, 3 already" in res.stderr  # resumed: nothing generated again
+        assert Path(f"{out}.meta.json").is_file()
+
+
+def test_a_failure_rate_under_the_threshold_passes(tiny_model, tmp_path):
+    """One search in four fails (25%): over the default 5% the run stops, under 30% it passes."""
+    prompts = write_prompts(tmp_path / "p.jsonl", ["a"], replies=search_then_answer("fail"))
+    with prompts.open("ab") as fh:
+        for pid in ("b", "c", "d"):
+            fh.write(orjson.dumps({"v": 1, "id": pid, "image": "scene.png", "question": "Q?",
+                                   "answer": ["red"], "replies": search_then_answer(pid)})
+                     + b"\n")
+    kw = {"engine": "replay", "policy": str(tiny_model), "n": 1, "progress": False,
+          "search_opts": SEARCH_OPTS}
+    with retriever({"fail"}) as srv:
+        with pytest.raises(RuntimeFailure, match=r"text_search_tool: 25\.0% of 4 calls failed"):
+            run_rollout(str(prompts), str(tmp_path / "a.jsonl"), **kw,
+                        text_search=f"retriever:{srv.url}")
+        stats = run_rollout(str(prompts), str(tmp_path / "b.jsonl"), **kw,
+                            text_search=f"retriever:{srv.url}", max_tool_failure_rate=0.3)
+    assert stats["tool_failures"] == {"text_search_tool": 1}
+    assert stats["tool_failure_rates"] == {"text_search_tool": 0.25}
+    assert Path(tmp_path / "b.jsonl.meta.json").is_file()
+
+
+def test_the_threshold_is_declared_once():
+    from marscli import options
+    from marscli.agent.tool_health import MAX_TOOL_FAILURE_RATE
+
+    assert options.MAX_TOOL_FAILURE_RATE == MAX_TOOL_FAILURE_RATE

@@ -71,6 +71,7 @@ from marscli.agent.runner import (
     sample_settings,
     start_over,
 )
+from marscli.agent.tool_health import MAX_TOOL_FAILURE_RATE
 from marscli.benchmarks import LoadContext, format_names, load_benchmark
 from marscli.benchmarks.paper import reported
 from marscli.errors import BadInput, RuntimeFailure, check_range, unknown_name
@@ -80,7 +81,6 @@ from marscli.records.provenance import stage_inputs, write_sidecar
 from marscli.scoring.judge import JudgeOptions, make_judge
 from marscli.scoring.protocols import ScoreContext, make_protocol
 from marscli.stages.eval_health import (
-    MAX_TOOL_FAILURE_RATE,
     group_health,
     health_cells,
     health_lines,

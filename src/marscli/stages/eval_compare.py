@@ -33,9 +33,9 @@ from pathlib import Path
 
 import orjson
 
+from marscli.agent.tool_health import MAX_TOOL_FAILURE_RATE
 from marscli.errors import BadInput
 from marscli.stages.eval_health import (
-    MAX_TOOL_FAILURE_RATE,
     checkpoint_cells,
     checkpoint_health,
     health_warnings,

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from collections import Counter
 
+from marscli.agent.tool_health import MAX_TOOL_FAILURE_RATE, tool_rates, tool_warnings
+from marscli.agent.tool_health import rate as _rate
 from marscli.agent.tools_config import RELEASE_TOOLS
-from marscli.tools import FAILURE_KINDS
 
-MAX_TOOL_FAILURE_RATE = 0.05
 ENDPOINT_KEYS = ("text_search", "summarizer", "image_search", "judge")
 
 
@@ -40,10 +40,6 @@ def run_endpoints(tools: list, judge: object) -> dict[str, str]:
             out.update(t.endpoints())
     out["judge"] = getattr(judge, "address", None) or getattr(judge, "name", "")
     return out
-
-
-def _rate(bad: int, n: int) -> float | None:
-    return round(bad / n, 4) if n else None
 
 
 def group_health(trajs: list[dict], max_rate: float = MAX_TOOL_FAILURE_RATE) -> dict:
@@ -61,16 +57,9 @@ def group_health(trajs: list[dict], max_rate: float = MAX_TOOL_FAILURE_RATE) -> 
         judge.update((t.get("score") or {}).get("judge_calls") or {})
         for key, val in (t.get("endpoints") or {}).items():
             endpoints.setdefault(key, set()).add(str(val))
-    tools, pages = {}, Counter()
-    for name in sorted(calls):
+    tools, pages = tool_rates(calls, failed, per_tool), Counter()
+    for name in tools:
         h = per_tool.get(name, Counter())
-        kinds = {k: h[k] for k in FAILURE_KINDS if h[k]}
-        unknown = failed[name] - h["backend_error"] - h["timeout"]
-        if unknown > 0:  # records from before kinds were recorded
-            kinds["unknown"] = unknown
-        tools[name] = {"calls": calls[name], "failures": kinds,
-                       "failure_rate": _rate(sum(kinds.values()), calls[name]),
-                       "cache_hits": h["cache_hits"]}
         pages.update(fetched=h["pages_fetched"], ok=h["pages_ok"])
     summarizer = sum(h["summarizer_failures"] for h in per_tool.values())
     image_hits = sum(tools[n]["cache_hits"] for n in tools
@@ -94,11 +83,7 @@ def group_health(trajs: list[dict], max_rate: float = MAX_TOOL_FAILURE_RATE) -> 
 
 def health_warnings(h: dict, max_rate: float) -> list[str]:
     """One line per rate of a `health` block over `max_rate`."""
-    out = []
-    for name, t in h["tools"].items():
-        if t["failure_rate"] is not None and t["failure_rate"] > max_rate:
-            kinds = ", ".join(f"{k} {v}" for k, v in t["failures"].items())
-            out.append(f"{name}: {t['failure_rate']:.1%} of {t['calls']} calls failed ({kinds})")
+    out = tool_warnings(h["tools"], max_rate)
     p = h["pages"]
     if p["success_rate"] is not None and 1 - p["success_rate"] > max_rate:
         out.append(f"page fetches: {p['fetched'] - p['ok']} of {p['fetched']} failed")

@@ -31,6 +31,12 @@
 - Trajectories whose engine requests kept failing are recorded with `stop: "engine_error"`. A
   run in which every new trajectory failed so exits 1: the server is down or misconfigured.
   To retry them, drop them from the file (`jq -c 'select(.stop != "engine_error")'`) and re-run.
+- A tool whose backend failed (`"failed": true`: errors and timeouts after the retries; an
+  empty result is no failure) on more of its calls in the output's records than
+  `--max-tool-failure-rate` (default 5%, as eval's; `agent/tool_health.py`) exits 1 naming the
+  tool and its rate, with no sidecar: a search backend that is down would otherwise be trained
+  on as observations. The records are kept; fix the backend (`marscli preflight`), drop the
+  trajectories whose tools failed, and re-run to resume.
 """
 
 from __future__ import annotations
@@ -54,6 +60,12 @@ from marscli.agent.runner import (
     sample_settings,
     start_over,
 )
+from marscli.agent.tool_health import (
+    BACKEND_FAILURES,
+    MAX_TOOL_FAILURE_RATE,
+    tool_rates,
+    tool_warnings,
+)
 from marscli.errors import RuntimeFailure, check_range
 from marscli.records.jsonl import iter_rows
 from marscli.records.provenance import stage_inputs, write_sidecar
@@ -62,21 +74,24 @@ from marscli.train.trackers import check_tracker, log_stats, stats_tracker
 
 STDOUT_MEDIA = "rollout.media"  # `-o -`: crops go here (in the working directory) by default
 _TALLIED = ("turns", "stop", "final_answer", "tool_calls", "tool_errors", "tool_failures",
-            "format_errors", "response_tokens")
+            "tool_health", "format_errors", "response_tokens")
 
 
 @stage_inputs()
 def run_rollout(prompts: str, output: str, gen: GenerationOptions | None = None, *, n: int = 8,
                 shard: tuple[int, int] = (0, 1), image_dir: str | None = None,
                 progress: bool = True, force: bool = False, media: str | None = None,
-                track: str | None = None, **fields: Any) -> dict:
+                track: str | None = None,
+                max_tool_failure_rate: float = MAX_TOOL_FAILURE_RATE, **fields: Any) -> dict:
     """Generate the missing trajectories of `prompts` (this shard) into `output` ("-":
     stdout, no resume); return the sidecar statistics. `fields`: `GenerationOptions` fields,
     set over `gen`; `media`: the crops folder (default: `OUT.media/`); `track`: a tracker
-    the statistics also go to (trackers.py)."""
+    the statistics also go to (trackers.py); `max_tool_failure_rate`: over it, exit 1 (module
+    docstring)."""
     started = time.time()
     gen = replace(gen or GenerationOptions(), **fields)
     check_range("-n", n, 1, MAX_SAMPLES)
+    check_range("--max-tool-failure-rate", max_tool_failure_rate, 0, 1)
     gen.check()
     check_tracker(track)
     base_prompt = read_system_prompt(gen.system_prompt)
@@ -90,7 +105,7 @@ def run_rollout(prompts: str, output: str, gen: GenerationOptions | None = None,
                                 outputs=[media] if media else [])
     try:
         stats = _run(prompts, output, gen, rows, n, shard, progress, force, media, base_prompt,
-                     started)
+                     started, max_tool_failure_rate)
     except BaseException:
         if tracker is not None:
             tracker.close()
@@ -102,7 +117,7 @@ def run_rollout(prompts: str, output: str, gen: GenerationOptions | None = None,
 
 def _run(prompts: str, output: str, gen: GenerationOptions, rows: list, n: int,
          shard: tuple[int, int], progress: bool, force: bool, media: str | None,
-         base_prompt: str | None, started: float) -> dict:
+         base_prompt: str | None, started: float, max_tool_failure_rate: float) -> dict:
     """Generate, tally and write the sidecar (run_rollout's work, once everything is checked
     and the tracker is open)."""
     tools = gen.tools()
@@ -126,6 +141,7 @@ def _run(prompts: str, output: str, gen: GenerationOptions, rows: list, n: int,
         raise RuntimeFailure(f"every trajectory of this run failed at the engine (first: "
                              f"{stats['first_error']}) — they are recorded with stop engine_error; "
                              "fix the engine, drop them from the output and re-run")
+    _fail_if_tools_broken(stats, output, max_tool_failure_rate)
     config = {**gen.sidecar(res.engine), "n": n, "shard": f"{shard[0]}/{shard[1]}",
               "weights": settings["weights"] if settings else None}
     write_sidecar(output, stage="rollout", seed=gen.seed, config=config,
@@ -138,6 +154,7 @@ def tally(records: Iterable[dict]) -> dict:
     output file, so a resumed run's sidecar is complete; or what `-o -` streamed)."""
     n, turns, stops, answered = 0, Counter(), Counter(), 0
     calls, errors, failures = Counter(), Counter(), Counter()
+    health: dict[str, Counter] = {}
     fmt, resp = 0, 0
     for r in records:
         n += 1
@@ -147,13 +164,33 @@ def tally(records: Iterable[dict]) -> dict:
         calls.update(r.get("tool_calls") or {})
         errors.update(r.get("tool_errors") or {})
         failures.update(r.get("tool_failures") or {})
+        for name, h in (r.get("tool_health") or {}).items():
+            health.setdefault(name, Counter()).update(h)
         fmt += int(r.get("format_errors") or 0)
         resp += int(r.get("response_tokens") or 0)
     return {"trajectories": n, "answered": answered, "stop": dict(sorted(stops.items())),
             "turns": {str(k): v for k, v in sorted(turns.items())},
             "tool_calls": dict(sorted(calls.items())), "tool_errors": dict(sorted(errors.items())),
-            "tool_failures": dict(sorted(failures.items())), "format_errors": fmt,
+            "tool_failures": dict(sorted(failures.items())),
+            "tool_failure_rates": {k: v["failure_rate"] for k, v in tool_rates(
+                calls, failures, health, BACKEND_FAILURES).items()},
+            "tool_health": {k: dict(sorted(v.items())) for k, v in sorted(health.items())},
+            "format_errors": fmt,
             "mean_response_tokens": round(resp / n, 1) if n else None}
+
+
+def _fail_if_tools_broken(stats: dict, output: str, max_rate: float) -> None:
+    """Exit 1 when a tool failed over `max_rate` of its calls in the output's records (the
+    module docstring), naming the tool and its rate."""
+    tools = tool_rates(stats["tool_calls"], stats["tool_failures"], stats["tool_health"],
+                       BACKEND_FAILURES)
+    if broken := tool_warnings(tools, max_rate):
+        kept = "" if output == "-" else \
+            f"; the {stats['trajectories']} records are kept in {output}"
+        raise RuntimeFailure(
+            f"{'; '.join(broken)}, over --max-tool-failure-rate {max_rate:.0%}{kept} — its "
+            "backend is failing: check it (marscli preflight), drop the trajectories whose "
+            "tools failed (jq -c 'select((.tool_failures // {}) == {})') and re-run")
 
 
 def _report(stats: dict, output: str) -> None:
