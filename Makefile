@@ -63,9 +63,11 @@ ask-demo: setup
 # The default recipe is the demo's (recipes/tiny-sees.mk: the committed tiny VLM that sees);
 # recipes/tiny.mk starts from the random tiny model (CI's iterations, the recipes' common part).
 RECIPE ?= recipes/tiny-sees.mk
-# $(call opt_value,--flag,WORDS): the word after --flag in WORDS, empty when it is absent (make
-# plan reads a recipe's UPDATE_OPTS and ROLLOUT_OPTS with it).
-opt_value = $(patsubst $(1)=%,%,$(filter $(1)=%,$(subst $(1) ,$(1)=,$(strip $(2)))))
+# $(call opt_value,--flag,WORDS): the value of --flag in WORDS (--flag V or --flag=V), empty
+# when it is absent (make plan reads a recipe's UPDATE_OPTS with it, preflight REWARD_OPTS).
+opt_value = $(firstword $(patsubst $(1)=%,%,$(filter $(1)=%,$(2))) $(call opt_next,$(1),$(2)))
+opt_next = $(if $(2),$(if $(filter $(1),$(firstword $(2))),$(word 2,$(2)),\
+  $(call opt_next,$(1),$(wordlist 2,$(words $(2)),$(2)))))
 include $(RECIPE)
 ITER ?= 0
 ITERS ?= 3
@@ -149,15 +151,21 @@ $(error COLOCATE=1 shares the servers' GPUs with the update: SLURM=0 (one node) 
 endif
 endif
 ifeq ($(SERVE),1)
-# The servers' URLs: rl-served.sh exports them; by hand, the files the servers wrote.
+# The servers' URLs: rl-served.sh exports them; by hand, the files the servers wrote. None is
+# an error in the stages (MARSCLI_SERVE=1, stages/_common.sh), never an engine of their own.
 SERVE_URLS ?= $(shell cat $(foreach i,$(shell seq 0 $$(( $(SERVERS) - 1 ))),$(RUN)/serve/$(i).url) 2>/dev/null)
 export SERVE_URLS
+export MARSCLI_SERVE := 1
+# The run's token (rl-served.sh makes it and exports this); by hand, the one the servers got.
+MARSCLI_SERVE_TOKEN_FILE ?= $(wildcard $(abspath $(RUN))/serve/token)
+export MARSCLI_SERVE_TOKEN_FILE
 else
-unexport SERVE_URLS
+unexport SERVE_URLS MARSCLI_SERVE
 endif
 # Every server asleep before the update, or the update does not start (a server that cannot
 # sleep would hold the GPU memory the colocated update needs); one asleep already is left so.
 SERVE_SLEEP_CMD = $(if $(and $(filter 1,$(SERVE)),$(filter 1 2,$(SERVE_SLEEP))),\
+  [ -n "$$SERVE_URLS" ] || { echo "SERVE=1 but no server to sleep (SERVE_URLS is empty) — make rl SERVE=1 starts them" >&2; exit 2; }; \
   pids=(); for url in $$SERVE_URLS; do \
     $(MARSCLI) serve-ctl $$url sleep --if-awake --level $(SERVE_SLEEP) --retries 2 & pids+=($$!); \
   done; for p in "$${pids[@]}"; do wait $$p || exit 1; done)
@@ -202,6 +210,17 @@ single = $(4) $(2) $(3)
 else
 $(error SLURM=$(SLURM): choose 0 (here), 1 (a job per stage) or steps (one allocation))
 endif
+
+# Before the first iteration, `make rl` checks that every search and judge endpoint the stages
+# use answers from where they run (marscli preflight: a one-task job under SLURM=1, a step
+# under SLURM=steps, here otherwise): SEARCH_OPTS' backends and REWARD_OPTS' --judge.
+# PREFLIGHT=0 skips it.
+PREFLIGHT ?= 1
+PREFLIGHT_JUDGE = $(call opt_value,--judge,$(REWARD_OPTS))
+.PHONY: preflight
+preflight: setup
+	$(if $(filter 1,$(PREFLIGHT)),$(call single,PREFLIGHT,stages/preflight.sh,$(SEARCH_OPTS) \
+	  $(if $(PREFLIGHT_JUDGE),--judge $(PREFLIGHT_JUDGE))),@echo "preflight: skipped (PREFLIGHT=0)")
 
 .PHONY: rl-iter rl rl-eval demo ablation
 
@@ -345,7 +364,7 @@ rl rl-eval: setup
 	  SERVE_ALLOW="$(SERVE_ALLOW)" \
 	  scripts/rl-served.sh $(RUN) $(SERVE_PORT) $(SLURM) $(SERVERS) $@ -- $(SERVE_OPTS)
 else
-rl: setup
+rl: setup preflight
 	for i in $$(seq 0 $$(( $(ITERS) - 1 ))); do $(MAKE) --no-print-directory rl-iter ITER=$$i || exit $$?; done
 	$(if $(STATE_DIR),$(MAKE) --no-print-directory state-settle ITER=$(ITERS))
 

@@ -21,12 +21,21 @@ SERVERS ?= $(SHARDS)
 export TP
 DEVICE ?= cuda
 ENGINE ?= vllm
+# The engine's own options, which whoever starts the engine takes: rollout and eval without
+# SERVE (STAGE_VLLM_OPTS, in the recipes' ROLLOUT_OPTS and EVAL_OPTS); with SERVE=1 the servers
+# (SERVE_OPTS), and rollout and eval, generating through --engine server:URL, get none of them
+# (the server engine refuses them). The context and the GPU share are `make plan`'s below.
+VLLM_OPTS ?= --tensor-parallel $(TP)
+STAGE_VLLM_OPTS = $(if $(filter 1,$(SERVE)),,$(VLLM_OPTS))
+SERVE_OPTS ?= --device $(DEVICE) $(VLLM_OPTS) --max-model-len $(MAX_MODEL_LEN) \
+  --gpu-memory-utilization $(GPU_MEMORY_UTILIZATION)
 
 # --- make plan (the memory plan per GPU, see the Makefile): what the recipes do not say -------
 # The model's config.json when BASE is not a local folder: Qwen3-VL-8B-Instruct's, shipped
 # (recipes/qwen3-vl-32b.config.json for mars-32b.mk; the README's "Memory plan" cites them).
 MODEL_CONFIG ?= recipes/qwen3-vl-8b.config.json
-# The vllm engine's defaults (engines/vllm.py): context length and GPU share. Sequences at
+# The vllm engine's defaults (engines/vllm.py): context length and GPU share (SERVE=1 gives
+# them to the servers). Sequences at
 # once: rollout's --batch-size (32 unless ROLLOUT_OPTS says), or with SERVE=1 the server's
 # --max-batch (256 unless SERVE_OPTS says). GPU_MEMORY: one GPU's memory.
 MAX_MODEL_LEN ?= 32768

@@ -101,7 +101,7 @@ N ?= 8
 MAX_TURNS ?= 10
 PRESENCE_PENALTY ?= 1.5  # the release's sampling, in training and evaluation  [release]
 MAX_PROMPT_TOKENS ?= 16384  # data.max_prompt_length                                  [release]
-ROLLOUT_OPTS ?= -n $(N) --engine $(ENGINE) --device $(DEVICE) --tensor-parallel $(TP) \
+ROLLOUT_OPTS ?= -n $(N) --engine $(ENGINE) --device $(DEVICE) $(STAGE_VLLM_OPTS) \
   --temperature 1.0 --top-p 1.0 --top-k 0 --presence-penalty $(PRESENCE_PENALTY) \
   --max-turns $(MAX_TURNS) \
   --max-response-tokens 16384 --max-turn-tokens 16384 --max-prompt-tokens $(MAX_PROMPT_TOKENS) \
@@ -119,7 +119,7 @@ UPDATE_OPTS ?= --loss $(LOSS) --agg token-mean --lr 1e-5 --lr-schedule constant 
 # Only with COLD_START=sft (the release has no SFT stage): mars-8b.mk's.
 SFT_OPTS ?= --epochs 3 --lr 1e-5 --freeze-vision --deepspeed recipes/ds_zero3.json \
   --save-every-epoch --device cuda
-EVAL_OPTS ?= --mode agent --engine $(ENGINE) --device $(DEVICE) --tensor-parallel $(TP) \
+EVAL_OPTS ?= --mode agent --engine $(ENGINE) --device $(DEVICE) $(STAGE_VLLM_OPTS) \
   --samples 1 --temperature 1.0 --top-p 1.0 --top-k 20 --max-turns $(MAX_TURNS) \
   --max-response-tokens 16384 --max-turn-tokens 16384 --judge $(EVAL_JUDGE) \
   --protocol release --judge-timeout 300 --judge-concurrency 2 $(AGENT_OPTS)

@@ -73,7 +73,7 @@ N ?= 8
 MAX_TURNS ?= 10
 ROLLOUT_OPTS ?= -n $(N) --engine $(ENGINE) --device $(DEVICE) --temperature 1.0 \
   --max-turns $(MAX_TURNS) --max-response-tokens 16384 --max-turn-tokens 4096 \
-  --tensor-parallel $(TP) $(SEARCH_OPTS)
+  $(STAGE_VLLM_OPTS) $(SEARCH_OPTS)
 REWARD_OPTS ?= --judge $(JUDGE) --format-weight 0.5
 ESTIMATOR ?= bn-gspo
 ADV_OPTS ?= --estimator $(ESTIMATOR)
@@ -86,4 +86,4 @@ UPDATE_OPTS ?= --loss $(LOSS) --lr 1e-6 --kl 1e-4 --ref $(RUN)/ckpt-0 --clip-low
 SFT_OPTS ?= --epochs 3 --lr 1e-5 --freeze-vision --deepspeed recipes/ds_zero3.json \
   --save-every-epoch --device cuda
 EVAL_OPTS ?= --mode agent --engine $(ENGINE) --device $(DEVICE) --judge $(JUDGE) \
-  --tensor-parallel $(TP) $(SEARCH_OPTS)
+  $(STAGE_VLLM_OPTS) $(SEARCH_OPTS)

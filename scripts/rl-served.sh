@@ -13,6 +13,9 @@
 #   environment: PY (the venv's python), SBATCH_OPTS, SBATCH_SERVE, SRUN_SERVE, SERVE_ALLOW (the
 #   folders the servers may read); make's MAKEFLAGS carries the command line's variables to the
 #   inner make.
+# A token per run, RUN/serve/token (mode 600): the servers answer only requests that carry it
+# (under Slurm they listen on every interface); MARSCLI_SERVE_TOKEN_FILE names the file to the
+# servers (stages/serve.sh), the stages and serve-ctl. It is never on a command line or in a log.
 set -euo pipefail
 run=$1 port=$2 slurm=$3 servers=$4; shift 4
 targets=()
@@ -27,6 +30,10 @@ done
 url_dir=$run/serve
 mkdir -p "$run/logs"
 rm -rf "$url_dir"
+mkdir -p "$url_dir"
+(umask 077 && "${PY:-python3}" -c 'import secrets; print(secrets.token_hex(32))' > "$url_dir/token")
+MARSCLI_SERVE_TOKEN_FILE=$(realpath "$url_dir/token")
+export MARSCLI_SERVE_TOKEN_FILE
 alive=()
 case $slurm in
   1)

@@ -26,19 +26,25 @@ shard_args() {  # usage: shard_args OUT  → sets SHARD_OUT, SHARD_OPTS, SHARD_I
   SHARD_OPTS=(--shard "$SHARD_INDEX/$n")
 }
 
+# Under sbatch $0 is Slurm's copy of the script (slurm_script): name the job instead.
+STAGE_NAME=${SLURM_JOB_NAME:-${0##*/}}
+die() { echo "$STAGE_NAME: $*" >&2; exit 2; }
+
 # SERVE_URLS (`make rl SERVE=1`: the servers' URLs, space-separated): shard i generates through
-# server i mod their count; nothing when it is empty (the stage's own engine).
+# server i mod their count; when it is empty, the stage's own engine. MARSCLI_SERVE=1 (the
+# Makefile exports it under SERVE=1) makes an empty one an error: an engine of the stage's own
+# would start on the GPUs the servers hold.
 engine_args() {  # usage: engine_args  → sets ENGINE_OPTS (after shard_args)
   ENGINE_OPTS=()
   local urls
   read -ra urls <<< "${SERVE_URLS:-}"
-  [ "${#urls[@]}" -gt 0 ] || return 0
+  if [ "${#urls[@]}" -eq 0 ]; then
+    [ "${MARSCLI_SERVE:-0}" != 1 ] || die "SERVE=1 but no server (SERVE_URLS is empty) —" \
+      "make rl SERVE=1 starts the servers, or set SERVE_URLS to the running servers' URLs"
+    return 0
+  fi
   ENGINE_OPTS=(--engine "server:${urls[$(( SHARD_INDEX % ${#urls[@]} ))]}")
 }
-
-# Under sbatch $0 is Slurm's copy of the script (slurm_script): name the job instead.
-STAGE_NAME=${SLURM_JOB_NAME:-${0##*/}}
-die() { echo "$STAGE_NAME: $*" >&2; exit 2; }
 
 # A node's address: Slurm's NodeAddr for it (the node name unless slurm.conf says otherwise;
 # the local test cluster names nodes n1, n2 at 127.0.0.1). The allocation's first node hosts

@@ -8,6 +8,9 @@
 # GPUs: server i takes the i-th group of TP GPUs on its node (the node-local task index) among
 # CUDA_VISIBLE_DEVICES, or among 0..GPUS_PER_NODE-1 without one; when it sees TP GPUs or fewer
 # (a job of its own), those.
+# The run's token: MARSCLI_SERVE_TOKEN_FILE (scripts/rl-served.sh makes it) goes to marscli serve
+# as --api-key-file, so every request but GET /health must carry it. Under Slurm the server
+# listens on every interface, which it refuses to do without one.
 # usage: stages/serve.sh POLICY PORT URL_DIR [marscli serve options...]
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh" 2>/dev/null || source stages/_common.sh
 policy=$1 port=$2 url_dir=$3; shift 3
@@ -27,8 +30,17 @@ fi
 
 if [ -n "${SLURM_JOB_NODELIST:-}" ]; then host=$(node_addr "${SLURMD_NODENAME:-$(hostname -s)}") bind=0.0.0.0
 else host=127.0.0.1 bind=127.0.0.1; fi
+token=()
+if [ -n "${MARSCLI_SERVE_TOKEN_FILE:-}" ]; then
+  token=(--api-key-file "$MARSCLI_SERVE_TOKEN_FILE")
+elif [ "$bind" = 0.0.0.0 ]; then
+  die "server $i: listening on every interface (Slurm) needs a token — set" \
+    "MARSCLI_SERVE_TOKEN_FILE to a file of mode 600 holding one (make rl SERVE=1 makes" \
+    "RUN/serve/token)"
+fi
 port=$(( port + i ))
 mkdir -p "$url_dir"
 echo "http://$host:$port" > "$url_dir/$i.url.tmp-$$" && mv "$url_dir/$i.url.tmp-$$" "$url_dir/$i.url"
 echo "$STAGE_NAME: server $i on $host:$port${CUDA_VISIBLE_DEVICES:+, GPUs $CUDA_VISIBLE_DEVICES}" >&2
-exec "${SERVE_MARSCLI:-$MARSCLI}" serve "$policy" --host "$bind" --port "$port" "$@"
+exec "${SERVE_MARSCLI:-$MARSCLI}" serve "$policy" --host "$bind" --port "$port" "${token[@]}" \
+  "$@"

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shlex
+import socket
 import subprocess
 from functools import cache
 
@@ -337,6 +338,143 @@ def test_servers_per_gpu_group_colocated_and_in_one_allocation(tmp_path):
     (start,) = [x for x in gpu if "scripts/rl-served.sh" in x]
     assert 'SRUN_SERVE="--nodes=1 --ntasks-per-node=$(( 8 / 2 )) --gres=gpu:8' in start, start
     assert re.search(r"rl-served.sh \S+ 8471 steps 4 rl --", start), start
+
+
+@pytest.mark.parametrize(("recipe", "tp"), [("mars-8b", 1), ("mars-8b-release", 2),
+                                          ("mars-32b", 4)])
+def test_serve_gives_the_engine_options_to_the_servers_not_the_stages(recipe, tp, tmp_path):
+    """SERVE=1: the servers own the engines, so the recipe's tensor parallelism, context and
+    GPU share go to `marscli serve` (rl-served.sh's options after --), every one an option it
+    takes; rollout and eval, generating through --engine server:URL (which refuses them), get
+    none. Without SERVE the stages' own engines take them, as before."""
+    inner = ("SERVE=1", "SERVING=1")  # the make that rl-served.sh runs beside the servers
+    urls = {"SERVE_URLS": "http://a:1"}
+    served = rl_iter(recipe, tmp_path, *inner, env=urls) + evaluation(recipe, tmp_path, *inner,
+                                                                      env=urls)
+    for stage in ("rollout", "eval"):
+        assert stage_lines(served, stage)
+        assert not any("--tensor-parallel" in x for x in stage_lines(served, stage)), stage
+    (start,) = [x for x in dry_run("rl", f"RECIPE=recipes/{recipe}.mk", f"RUN={tmp_path}/run",
+                                   "SERVE=1", "SERVE_MARSCLI=/bin/true")
+                if "scripts/rl-served.sh" in x]
+    opts = shlex.split(start.split(" -- ", 1)[1])
+    assert opts == ["--device", "cuda", "--tensor-parallel", str(tp), "--max-model-len", "32768",
+                    "--gpu-memory-utilization", "0.85"], start
+    known = set(re.findall(r"--[a-z][a-z0-9-]*", stage_help("serve")))
+    assert not {a for a in opts if a.startswith("--")} - known
+    plain = rl_iter(recipe, tmp_path) + evaluation(recipe, tmp_path)
+    for stage in ("rollout", "eval"):
+        assert all(f"--tensor-parallel {tp} " in x for x in stage_lines(plain, stage)), stage
+
+
+def test_a_missing_server_is_an_error_not_an_engine_of_the_stages_own(tmp_path):
+    """SERVE=1 exports MARSCLI_SERVE=1: a rollout or eval shard with no server URL stops in
+    one line naming the fix (exit 2), nothing written, instead of starting its own engine on
+    the GPUs the servers hold. With a URL, the server engine."""
+    stub = tmp_path / "marscli"
+    stub.write_text('#!/bin/sh\necho "$*" > "$0.ran"\n')
+    stub.chmod(0o755)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MARSCLI"))}
+    for stage in ("rollout", "eval"):
+        out = tmp_path / f"{stage}.jsonl"
+        for urls in ("", "  "):
+            r = subprocess.run([f"stages/{stage}.sh", "IN", "CKPT", str(out)], cwd=ROOT,
+                               capture_output=True, text=True, timeout=30,
+                               env={**clean, "MARSCLI": str(stub), "MARSCLI_SERVE": "1",
+                                    "SERVE_URLS": urls})
+            assert r.returncode == 2 and r.stdout == "", r.stderr
+            assert r.stderr.count("\n") == 1 and "SERVE_URLS is empty" in r.stderr
+            assert "make rl SERVE=1" in r.stderr
+            assert not out.exists() and not (tmp_path / "marscli.ran").exists()
+        r = subprocess.run([f"stages/{stage}.sh", "IN", "CKPT", str(out)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=30,
+                           env={**clean, "MARSCLI": str(stub), "MARSCLI_SERVE": "1",
+                                "SERVE_URLS": "http://a:1"})
+        assert r.returncode == 0, r.stderr
+        assert (tmp_path / "marscli.ran").read_text().endswith("--engine server:http://a:1\n")
+        (tmp_path / "marscli.ran").unlink()
+
+    def marker(*args: str) -> str:
+        r = subprocess.run(["make", "--no-print-directory", "--eval",
+                            'show-serve: ; @echo "[$$MARSCLI_SERVE]"', "show-serve",
+                            "RECIPE=recipes/tiny.mk", f"RUN={tmp_path}/run", *args], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60,
+                           env={**clean, "MARSCLI_SERVE": "1"})
+        return r.stdout.strip()
+
+    assert (marker("SERVE=1"), marker("COLOCATE=1"), marker()) == ("[1]", "[1]", "[]")
+
+
+STUB_SERVER = """#!{py}
+import http.server, json, os, sys
+args = sys.argv[1:]
+with open(os.environ["STUB_LOG"], "a") as f:
+    f.write(json.dumps(args) + "\\n")
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b'{{"policy": "p"}}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(args[args.index("--port") + 1])), H).serve_forever()
+"""
+
+
+def test_each_run_makes_a_token_for_its_servers_and_shows_it_nowhere(tmp_path):
+    """scripts/rl-served.sh: a new token per run in RUN/serve/token, mode 600; the servers get
+    the file (--api-key-file), the stages and serve-ctl its name (MARSCLI_SERVE_TOKEN_FILE);
+    the token itself is on no command line, in no log and no output. Under Slurm a server
+    refuses to listen on every interface without one."""
+    import sys
+
+    server = tmp_path / "serve-stub"
+    server.write_text(STUB_SERVER.format(py=sys.executable))
+    server.chmod(0o755)
+    ctl = tmp_path / "marscli-stub"
+    ctl.write_text('#!/bin/sh\necho "$MARSCLI_SERVE $MARSCLI_SERVE_TOKEN_FILE $*" >> "$0.log"\n'
+                   'echo "{}"\n')
+    ctl.chmod(0o755)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run = tmp_path / "run"
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("SLURM", "MARSCLI", "SERVE")) and k not in CLEAN}
+    tokens = []
+    for _ in range(2):
+        r = subprocess.run(["scripts/rl-served.sh", str(run), str(port), "0", "1", "serve-sleep",
+                            f"MARSCLI={ctl}", "SERVE=1", "SERVE_SLEEP=1", f"RUN={run}",
+                            "RECIPE=recipes/tiny.mk"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120,
+                           env={**clean, "SERVE_MARSCLI": str(server), "PY": sys.executable,
+                                "STUB_LOG": str(tmp_path / "servers.log")})
+        assert r.returncode == 0, r.stderr
+        token_path = run / "serve" / "token"
+        assert token_path.stat().st_mode & 0o777 == 0o600
+        token = token_path.read_text().strip()
+        assert re.fullmatch(r"[0-9a-f]{64}", token)
+        tokens.append(token)
+        (args,) = [json.loads(x) for x in (tmp_path / "servers.log").read_text().splitlines()
+                   [-1:]]
+        assert args[args.index("--api-key-file") + 1] == str(token_path.resolve())
+        (call,) = (tmp_path / "marscli-stub.log").read_text().splitlines()[-1:]
+        assert call.startswith(f"1 {token_path.resolve()} serve-ctl http://127.0.0.1:{port} ")
+        seen = r.stdout + r.stderr + "".join(
+            f.read_text(errors="replace") for f in [*(run / "logs").rglob("*"),
+                                                    tmp_path / "servers.log",
+                                                    tmp_path / "marscli-stub.log"]
+            if f.is_file())
+        assert token not in seen
+    assert tokens[0] != tokens[1]
+    r = subprocess.run(["stages/serve.sh", "CKPT", "9000", str(tmp_path / "urls")], cwd=ROOT,
+                       capture_output=True, text=True, timeout=30,
+                       env={**clean, "SERVE_MARSCLI": str(ctl), "SLURM_JOB_NODELIST": "n1",
+                            "SLURMD_NODENAME": "n1", "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "needs a token" in r.stderr and "MARSCLI_SERVE_TOKEN_FILE" in r.stderr
 
 
 def sft_args(sft: list[str], flag: str) -> list[str]:

@@ -270,13 +270,15 @@ class FakeEngine:
 
 
 @contextmanager
-def serving(policy, sleep_mode: bool) -> Iterator[tuple[str, list[str], PolicyServer]]:
-    """A PolicyServer on a fake engine behind the real HTTP handler: (URL, call log, server)."""
+def serving(policy, sleep_mode: bool, token: str | None = None
+            ) -> Iterator[tuple[str, list[str], PolicyServer]]:
+    """A PolicyServer on a fake engine behind the real HTTP handler: (URL, call log, server);
+    with `token`, as `marscli serve --api-key-file` serves."""
     log: list[str] = []
     server = PolicyServer(None if policy is None else str(policy),
                           start=lambda path: FakeEngine(path, log, sleep_mode),
                           folders=Folders([tempfile.gettempdir()], None))
-    http = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(server))
+    http = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(server, token))
     http.daemon_threads = True
     threading.Thread(target=http.serve_forever, args=(0.05,), daemon=True).start()
     try:
@@ -403,3 +405,84 @@ def test_bad_sleeps_and_wakes_are_refused_and_change_nothing(checkpoints):
         assert log == [f"start {checkpoints.tiny.name}", "sleep 2"]
         assert post(url, "/wake").status_code == 200
         assert gen(url).json()["tokens"] == [len(checkpoints.tiny.name)]
+
+
+# ------------------------------------------------------------------------ the run's token
+
+TOKEN = "0123456789abcdef" * 4
+
+
+def token_file(folder: Path, token: str = TOKEN, mode: int = 0o600) -> Path:
+    f = folder / "token"
+    f.write_text(token + "\n")
+    f.chmod(mode)
+    return f
+
+
+def test_a_server_with_a_token_answers_only_requests_that_carry_it(checkpoints):
+    """As vLLM's --api-key: GET /health is public; every other request, an unknown path
+    included, gets 401 (and WWW-Authenticate: Bearer) without `Authorization: Bearer TOKEN`,
+    before anything happens: a /reload without it loads nothing."""
+    with serving(checkpoints.tiny, sleep_mode=True, token=TOKEN) as (url, log, server):
+        assert requests.get(url + "/health", timeout=30).status_code == 200
+        for auth in (None, "Bearer wrong", f"Basic {TOKEN}", TOKEN, f"Bearer {TOKEN}x"):
+            headers = {"Authorization": auth} if auth else {}
+            for path in ("/generate", "/reload", "/sleep", "/wake", "/nope"):
+                r = requests.post(url + path, json={"policy": str(checkpoints.other),
+                                                    "tokens": [1]}, headers=headers, timeout=30)
+                assert r.status_code == 401, (auth, path, r.text)
+                assert r.headers["WWW-Authenticate"] == "Bearer"
+                assert "Unauthorized" in r.json()["error"] and TOKEN not in r.text
+            assert requests.get(url + "/nope", headers=headers, timeout=30).status_code == 401
+        assert server.policy == str(checkpoints.tiny) and log == ["start model"]
+        ok = {"Authorization": f"bearer {TOKEN}"}  # the scheme in any case, as vLLM
+        r = requests.post(url + "/generate", json={"tokens": [1, 2, 3], "max_new_tokens": 2},
+                          headers=ok, timeout=30)
+        assert r.status_code == 200, r.text
+        r = requests.post(url + "/reload", json={"policy": str(checkpoints.other)},
+                          headers=ok, timeout=30)
+        assert r.status_code == 200 and server.policy == str(checkpoints.other), r.text
+
+
+def test_the_client_sends_the_runs_token_and_never_shows_it(checkpoints, tmp_path,
+                                                            monkeypatch):
+    """MARSCLI_SERVE_TOKEN_FILE: the server engine and serve-ctl send its token with every
+    call; it is in no sidecar config and no error. No token, or another run's: the stage fails
+    in one line naming the variable (401 on every request, not one engine error each)."""
+    with serving(checkpoints.tiny, sleep_mode=True, token=TOKEN) as (url, _, server):
+        monkeypatch.setenv("MARSCLI_SERVE_TOKEN_FILE", str(token_file(tmp_path)))
+        eng = make_engine("server", str(checkpoints.other), base_url=url)
+        assert server.policy == str(checkpoints.other)
+        assert eng.generate([REQ], SamplingParams())[0].finish == "length"
+        assert TOKEN not in orjson.dumps([eng.config(), eng.stats()]).decode()
+        code, out, err = invoke(["serve-ctl", url, "sleep", "--level", "2"])
+        assert code == 0 and orjson.loads(out)["asleep"] and TOKEN not in out + err
+        other_run = "f" * 64
+        monkeypatch.setenv("MARSCLI_SERVE_TOKEN_FILE", str(token_file(tmp_path, other_run)))
+        code, out, err = invoke(["serve-ctl", url, "wake"])
+        assert code == 1 and out == "" and err.count("\n") == 1, err
+        assert "HTTP 401" in err and "MARSCLI_SERVE_TOKEN_FILE" in err
+        assert other_run not in err and TOKEN not in err
+        monkeypatch.delenv("MARSCLI_SERVE_TOKEN_FILE")
+        with pytest.raises(RuntimeFailure, match=r"HTTP 401.*MARSCLI_SERVE_TOKEN_FILE"):
+            make_engine("server", str(checkpoints.tiny), base_url=url)
+    with FakeServer({"/health": always(200, health(checkpoints.tiny)),
+                     "/generate": always(401, {"error": "Unauthorized"})}) as srv:
+        eng = make_engine("server", None, base_url=srv.url, retries=0)
+        with pytest.raises(RuntimeFailure, match="HTTP 401"):
+            eng.generate([REQ], SamplingParams())
+
+
+@pytest.mark.parametrize(("content", "mode", "why"), [
+    (TOKEN, 0o644, "others may read this secret (mode 644) — chmod 600"),
+    ("", 0o600, "empty"),
+])
+def test_a_token_file_others_can_read_or_an_empty_one_is_refused(tmp_path, monkeypatch,
+                                                                 content, mode, why):
+    f = token_file(tmp_path, content, mode)
+    code, _, err = invoke(["serve", "--api-key-file", str(f), "--port", "0"])
+    assert code == 2 and err.count("\n") == 1 and f"--api-key-file: {f}: {why}" in err, err
+    assert content not in err or not content
+    monkeypatch.setenv("MARSCLI_SERVE_TOKEN_FILE", str(f))
+    code, _, err = invoke(["serve-ctl", "http://127.0.0.1:9", "health"])
+    assert code == 2 and f"MARSCLI_SERVE_TOKEN_FILE: {f}: {why}" in err, err

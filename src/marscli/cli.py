@@ -290,6 +290,9 @@ def serve(
     max_batch: Annotated[int, typer.Option(help="Sequences vLLM batches at once.")] = 256,
     max_model_len: Annotated[int | None, typer.Option(
         help="Context length (default: the model's, at most 32,768).")] = None,
+    gpu_memory_utilization: Annotated[float, typer.Option(
+        help="The share of each GPU's memory vLLM takes for weights and KV cache (GPUs only; "
+             "--kv-cache-gib sets the cache instead).")] = 0.85,
     kv_cache_gib: Annotated[float | None, typer.Option(
         help="KV cache size in GiB (default on CPU: 1; on GPUs: a share of the memory).")] = None,
     sleep_mode: Annotated[bool, typer.Option(
@@ -306,6 +309,10 @@ def serve(
     max_inflight_pixels: Annotated[int, typer.Option(
         help="Pixels being decoded at once, all requests (503 + Retry-After beyond).")
     ] = 200_000_000,
+    api_key_file: Annotated[str | None, typer.Option(
+        metavar="FILE", help="A file (mode 600) holding a token: every request but GET /health "
+                             "must send Authorization: Bearer <token> (401 otherwise); clients "
+                             "read it from MARSCLI_SERVE_TOKEN_FILE.")] = None,
 ) -> None:
     """Keep a vLLM engine up and serve generation over HTTP, reloading weights in place
     (`POST /reload`) and sleeping between rollouts (`POST /sleep`, `/wake`); rollout and eval
@@ -316,9 +323,10 @@ def serve(
         run_server(policy, host=host, port=port, device=device,
                    tensor_parallel=tensor_parallel or 1, max_batch=max_batch,
                    max_model_len=max_model_len, kv_cache_gib=kv_cache_gib,
+                   gpu_memory_utilization=gpu_memory_utilization,
                    sleep_mode=sleep_mode, allow_dir=allow_dir,
                    max_request_pixels=max_request_pixels,
-                   max_inflight_pixels=max_inflight_pixels)
+                   max_inflight_pixels=max_inflight_pixels, api_key_file=api_key_file)
 
 
 @app.command("serve-ctl")
@@ -420,6 +428,7 @@ def rollout(
     media_dir: Annotated[str | None, typer.Option(
         metavar="DIR", help="Where crops and thumbnails go (default: OUT.media/, or "
                             "./rollout.media/ with -o -).")] = None,
+    max_tool_failure_rate: opt.MaxToolFailureRate = opt.MAX_TOOL_FAILURE_RATE,
     force: opt.Force = False,
     track: opt.Track = None,
 ) -> None:
@@ -429,7 +438,27 @@ def rollout(
         from marscli.agent.runner import parse_shard
         from marscli.stages.rollout import run_rollout
         run_rollout(prompts, output, gen, n=n, shard=parse_shard(shard), image_dir=image_dir,
-                    force=force, media=media_dir, track=track)
+                    force=force, media=media_dir, track=track,
+                    max_tool_failure_rate=max_tool_failure_rate)
+
+
+@app.command()
+def preflight(
+    text_search: opt.TextSearch = None,
+    image_search: opt.ImageSearch = None,
+    judge: Annotated[str | None, typer.Option(
+        metavar="SPEC", help="The judge reward uses: exact, or openai:MODEL@URL (asked for one "
+                             "token).")] = None,
+    search_timeout: opt.SearchTimeout = opt.GEN.search_timeout,
+    search_retries: opt.SearchRetries = 0,
+    judge_timeout: opt.JudgeTimeout = opt.JUDGE_TIMEOUT,
+) -> None:
+    """Check that each search and judge endpoint answers from here (one request each); make rl
+    runs it first, where the stages run. Exit 1 naming those that failed."""
+    with guard():
+        from marscli.stages.preflight import run_preflight
+        run_preflight(text_search, image_search, judge, timeout=search_timeout,
+                      retries=search_retries, judge_timeout=judge_timeout)
 
 
 @app.command("toy-world")

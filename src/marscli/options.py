@@ -111,10 +111,11 @@ Judge = Annotated[str, typer.Option(
          "chat API; key from OPENAI_API_KEY or JUDGE_API_KEY); the release judges with GPT-4o.")]
 MaxUnscored = Annotated[float, typer.Option(
     help="Exit 1 when more than this fraction of rows is unscored (judge or engine failures).")]
-MAX_TOOL_FAILURE_RATE = 0.05  # marscli.stages.eval_health.MAX_TOOL_FAILURE_RATE
+MAX_TOOL_FAILURE_RATE = 0.05  # marscli.agent.tool_health.MAX_TOOL_FAILURE_RATE (light here)
 MaxToolFailureRate = Annotated[float, typer.Option(
-    help="Mark a benchmark 'broken backend' and warn when a search tool's, the page fetches' "
-         "or the judge's failure rate exceeds this fraction.")]
+    help="A search tool's failure rate over this fraction means a broken backend: eval marks "
+         "the benchmark and warns (also for the page fetches' or the judge's rate); rollout "
+         "exits 1, keeping its records.")]
 JudgeTimeout = Annotated[float, typer.Option(help="Seconds per judge request.")]
 JudgeRetries = Annotated[int, typer.Option(
     help="Retries after a failed judge request (0: one attempt).")]

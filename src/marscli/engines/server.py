@@ -27,6 +27,12 @@ server's `Retry-After` (5 s) until `--retries` run out (8: 40 s), then the stage
 server gone, naming the sleep. `ServeClient` holds the calls besides generation
 (`marscli serve-ctl`).
 
+The run's token: a server started with `--api-key-file` answers only requests that carry its
+token. The client reads it from the file MARSCLI_SERVE_TOKEN_FILE names (`make rl SERVE=1`
+sets it: RUN/serve/token, mode 0600) and sends `Authorization: Bearer <token>` with every call;
+the token is never in a sidecar, a record or an error (marscli.http scrubs what it sends).
+A 401 (no token, or another run's) fails the stage in one line: every request would get it.
+
 Asynchronous: `agenerate` sends one request from a thread pool of `concurrency` (a trajectory's
 turn), so the agent's asyncio loop keeps every trajectory moving while the server batches
 their requests continuously.
@@ -35,6 +41,7 @@ their requests continuously.
 from __future__ import annotations
 
 import asyncio
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -48,6 +55,34 @@ from marscli.records.provenance import weights_fingerprint
 from marscli.secrets import redact
 
 ASLEEP = "asleep (level"  # how a sleeping server's 503 starts its reason (stages/serve.py)
+TOKEN_ENV = "MARSCLI_SERVE_TOKEN_FILE"  # names the file holding the servers' token
+AUTH_HINT = (f"the server wants the run's token: set {TOKEN_ENV} to the file it was started "
+             "with (--api-key-file; make rl SERVE=1: RUN/serve/token)")
+
+
+def read_token(path: str, flag: str) -> str:
+    """The token in `path` (its first line), BadInput naming `flag` when the file cannot be
+    read, is empty, or others than its owner may read it (a secret: chmod 600, as ssh asks
+    of a key). Never echoed."""
+    try:
+        mode = os.stat(path).st_mode
+        with open(path, encoding="utf-8") as f:
+            token = f.readline().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        why = getattr(e, "strerror", None) or type(e).__name__
+        raise BadInput(f"{flag}: {path}: cannot read the token ({why})") from None
+    if mode & 0o077:
+        raise BadInput(f"{flag}: {path}: others may read this secret (mode {mode & 0o777:o}) — "
+                       f"chmod 600 {path}")
+    if not token:
+        raise BadInput(f"{flag}: {path}: empty — write the token on its first line")
+    return token
+
+
+def token_headers() -> dict[str, str]:
+    """`Authorization: Bearer <token>` when TOKEN_ENV names a token file, else nothing."""
+    path = os.environ.get(TOKEN_ENV)
+    return {"Authorization": f"Bearer {read_token(path, TOKEN_ENV)}"} if path else {}
 
 
 def same_policy(a: str | None, b: str | None) -> bool:
@@ -66,7 +101,8 @@ class ServeClient:
                  backoff: float = 2.0, concurrency: int = 1) -> None:
         self.url = base_url.rstrip("/")
         self.http = HttpClient(timeout=timeout, attempts=retries + 1, backoff=backoff,
-                               backoff_floor=0.5, concurrency=concurrency)
+                               backoff_floor=0.5, concurrency=concurrency,
+                               headers=token_headers(), auth_hint=AUTH_HINT)
 
     def health(self) -> dict:
         return self._call("GET", "/health")
@@ -183,6 +219,9 @@ class ServerEngine(ServeClient):
             reply = self.http.post_json(f"{self.url}/generate",
                                         orjson.dumps(self.body(r, params)), validate=_check_reply)
         except HttpError as e:
+            if e.reason.startswith("HTTP 401"):  # every request would get it: not one record's
+                raise RuntimeFailure(f"marscli serve at {redact(self.url)}: {e.reason}") \
+                    from None
             if e.transient:  # the attempts ran out: the server is gone or asleep
                 todo = ("wake it (marscli serve-ctl URL wake)" if ASLEEP in e.reason
                         else "start it again")

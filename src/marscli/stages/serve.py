@@ -51,6 +51,14 @@ Endpoints (JSON in and out; errors as `{"error": reason}`):
 - `GET /health` → `{"ok", "policy", "fingerprint", "asleep", "level", "sleep_mode" ("vllm" |
   "rebuild"), "inflight", "requests", "reloads", "sleeps", "wakes", "vllm", "max_model_len"}`.
 
+With `--api-key-file FILE` (a secret: read once, never logged; `make rl SERVE=1` makes one per
+run, scripts/rl-served.sh) every request but `GET /health` must carry `Authorization: Bearer
+<token>`, else it gets 401 before its body is read, as vLLM's `--api-key` answers (its
+AuthenticationMiddleware: /health public, every other path guarded, unknown ones included; the
+token compared as a SHA-256 digest in constant time). Under Slurm the servers listen on every
+interface, so without it anyone on the cluster could generate with the run's GPUs or make
+them load a checkpoint.
+
 `marscli serve` without a policy starts asleep (level 2, no engine, no memory) until a wake or
 reload names one. `marscli serve-ctl URL sleep|wake|health` is the command-line client.
 
@@ -71,6 +79,8 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
+import hashlib
+import hmac
 import os
 import select
 import socket
@@ -87,7 +97,7 @@ from typing import Any
 import orjson
 
 from marscli.engines import Generation, GenRequest, SamplingParams
-from marscli.engines.server import ASLEEP
+from marscli.engines.server import ASLEEP, TOKEN_ENV, read_token
 from marscli.errors import BadInput, MarsError, check_range
 from marscli.records.provenance import weights_fingerprint
 from marscli.stages.serve_guard import (
@@ -537,7 +547,31 @@ def _repack_lm_head(worker: Any) -> None:
 # ----------------------------------------------------------------------------- HTTP
 
 
-def make_handler(server: PolicyServer) -> type[BaseHTTPRequestHandler]:
+UNAUTHORIZED = ("Unauthorized — send Authorization: Bearer <token>, the token in the file "
+                f"the server got with --api-key-file (clients: {TOKEN_ENV}=FILE)")
+
+
+def token_check(token: str | None) -> Callable[[str | None], bool]:
+    """Whether an Authorization header carries `token` (always, without one): as vLLM checks
+    its --api-key, the scheme `Bearer` in any case and the SHA-256 digests compared in
+    constant time, so neither the length nor a prefix of the token leaks through timing."""
+    if token is None:
+        return lambda header: True
+    want = hashlib.sha256(token.encode()).digest()
+
+    def check(header: str | None) -> bool:
+        scheme, _, sent = (header or "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(
+            hashlib.sha256(sent.strip().encode()).digest(), want)
+
+    return check
+
+
+def make_handler(server: PolicyServer, token: str | None = None
+                 ) -> type[BaseHTTPRequestHandler]:
+    """The HTTP handler over `server`; with `token`, every request but GET /health needs it."""
+    authorized = token_check(token)
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         timeout = IDLE_S  # an idle connection is closed, and its thread freed
@@ -545,12 +579,22 @@ def make_handler(server: PolicyServer) -> type[BaseHTTPRequestHandler]:
         def log_message(self, fmt: str, *args: Any) -> None:  # no line per request
             pass
 
+        def _refused(self) -> bool:
+            """401 (its body unread) unless the request carries the token."""
+            if authorized(self.headers.get("Authorization")):
+                return False
+            self._send(401, {"error": UNAUTHORIZED}, {"WWW-Authenticate": "Bearer"})
+            return True
+
         def do_GET(self) -> None:
-            if self.path != "/health":
-                return self._send(404, {"error": f"no such endpoint: GET {self.path}"})
-            self._send(200, server.health())
+            if self.path == "/health":  # public, as vLLM's: what serve-wait and probes ask
+                return self._send(200, server.health())
+            if not self._refused():
+                self._send(404, {"error": f"no such endpoint: GET {self.path}"})
 
         def do_POST(self) -> None:
+            if self._refused():
+                return
             try:
                 if self.path == "/generate" and server.level is not None:
                     raise server.asleep_failure()  # before the body: nothing to read for it
@@ -608,7 +652,7 @@ def make_handler(server: PolicyServer) -> type[BaseHTTPRequestHandler]:
 
         def _send(self, code: int, payload: dict, headers: dict[str, str] | None = None) -> None:
             data = orjson.dumps(payload)
-            if code == 503:  # its body may be unread: this connection cannot carry another
+            if code in (401, 503):  # its body may be unread: this connection cannot carry another
                 self.close_connection = True
                 headers = {**(headers or {}), "Connection": "close"}
             try:
@@ -633,11 +677,13 @@ def _field(body: Any, key: str, default: Any = None) -> Any:
 
 def serve(policy: str | None, host: str = "127.0.0.1", port: int = 8471,
           allow_dir: list[str] | None = None, max_request_pixels: int = MAX_REQUEST_PIXELS,
-          max_inflight_pixels: int = MAX_INFLIGHT_PIXELS, **engine_opts: Any) -> None:
+          max_inflight_pixels: int = MAX_INFLIGHT_PIXELS, api_key_file: str | None = None,
+          **engine_opts: Any) -> None:
     """Load the policy into vLLM and serve until interrupted; without one, start asleep with
     no engine until a wake or reload names one. The options and the checkpoint are checked,
     then the port is bound, so a port in use fails before a minute of model loading (clients
-    that connect meanwhile wait in the listen queue until the engine is up)."""
+    that connect meanwhile wait in the listen queue until the engine is up). `api_key_file`:
+    the token every request but GET /health must carry."""
     from marscli.errors import RuntimeFailure
     from marscli.qwen.policy import check_checkpoint
 
@@ -645,6 +691,9 @@ def serve(policy: str | None, host: str = "127.0.0.1", port: int = 8471,
     check_range("--max-batch", engine_opts.get("max_batch"), 1, MAX_BATCH)
     check_range("--max-request-pixels", max_request_pixels, 1, 1 << 40)
     check_range("--max-inflight-pixels", max_inflight_pixels, max_request_pixels, 1 << 40)
+    check_range("--gpu-memory-utilization", engine_opts.get("gpu_memory_utilization"), 0, 1,
+                lo_open=True)
+    token = None if api_key_file is None else read_token(api_key_file, "--api-key-file")
     for d in allow_dir or []:
         if not Path(d).is_dir():
             raise BadInput(f"--allow-dir: {d}: not a folder")
@@ -659,10 +708,11 @@ def serve(policy: str | None, host: str = "127.0.0.1", port: int = 8471,
     server = PolicyServer(policy, folders=folders,
                           budget=PixelBudget(max_request_pixels, max_inflight_pixels),
                           **engine_opts)
-    http.RequestHandlerClass = make_handler(server)
+    http.RequestHandlerClass = make_handler(server, token)
     held = server.policy or "no policy (asleep until POST /wake {\"policy\": CKPT})"
+    guard = "; every request but GET /health needs the token" if token else ""
     print(f"serve: {held} on http://{host}:{http.server_address[1]}; images and checkpoints "
-          f"under {', '.join(map(str, folders.dirs))}", file=sys.stderr, flush=True)
+          f"under {', '.join(map(str, folders.dirs))}{guard}", file=sys.stderr, flush=True)
     try:
         http.serve_forever(poll_interval=0.5)
     except KeyboardInterrupt:
