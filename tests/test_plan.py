@@ -619,7 +619,10 @@ def test_make_plan_passes_the_recipe_values():
     assert "--freeze-vision" in release and "--ref" not in release and release[
         release.index("--tp") + 1] == "2"
     served = _make_plan("RECIPE=recipes/mars-8b.mk", "SERVE=1", "NNODES=2", "GPU_MEMORY=141GB")
-    assert served[-1] == "--colocate" and served[served.index("--max-num-seqs") + 1] == "256"
+    # one node, SERVE=1: the servers share the update's GPUs, so they sleep (SERVE_SLEEP=2)
+    assert served[-3:] == ["--colocate", "--sleep-level", "2"]
+    assert served[served.index("--max-num-seqs") + 1] == "256"
+    assert _make_plan("RECIPE=recipes/mars-8b.mk", "SERVE=1", "SERVE_SLEEP=0")[-1] == "--colocate"
     assert served[served.index("--nodes") + 1] == "2" and "141GB" in served
     slept = _make_plan("RECIPE=recipes/mars-8b.mk", "SERVE=1", "SERVE_SLEEP=2")
     assert slept[-3:] == ["--colocate", "--sleep-level", "2"]

@@ -961,15 +961,18 @@ def plan_cmd(
              "(vLLM's sleep mode) during the update.")] = 0,
     json_out: Annotated[bool, typer.Option(
         "--json", help="Print the plan as JSON (bytes).")] = False,
+    check: Annotated[bool, typer.Option(
+        "--check", help="Exit 2 with the reason in one line when it does not fit (make rl's "
+        "check before a launch).")] = False,
 ) -> None:
     """Memory per GPU of an RL iteration (update's trainer, the vLLM engine) from a
-    config.json, and whether it fits: a table, or --json."""
+    config.json, and whether it fits: a table, or --json; --check: exit 2 when it does not."""
     params = locals()
     with guard():
         from marscli.stages.plan import run_plan
 
         run_plan(policy, params, zero=zero, deepspeed=deepspeed, gpu_memory=gpu_memory,
-                 as_json=json_out)
+                 as_json=json_out, check=check)
 
 
 if __name__ == "__main__":

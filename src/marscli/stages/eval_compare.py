@@ -43,6 +43,7 @@ from marscli.stages.eval_health import (
 
 Z = 1.96  # the normal quantile of a two-sided 95% interval
 _STEP = re.compile(r"ckpt-(\d+)")
+_SHARD = re.compile(r"\.shard-\d+\.summary\.json$")  # a sharded eval's parts
 
 
 def wilson(p: float, n: int, z: float = Z) -> tuple[float, float]:
@@ -80,7 +81,9 @@ def find_summaries(paths: list[str]) -> list[Path]:
         p = Path(raw)
         if p.is_dir():
             for pattern in ("eval/ckpt-*.summary.json", "ckpt-*.summary.json", "*.summary.json"):
-                hits = sorted(p.glob(pattern))
+                # a sharded eval's per-shard summaries (OUT.shard-i.summary.json) are parts
+                # of the merged one beside them, not checkpoints
+                hits = sorted(h for h in p.glob(pattern) if not _SHARD.search(h.name))
                 if hits:
                     found += hits
                     break

@@ -196,11 +196,29 @@ def check_options(o: Options) -> None:
                        "colocated engine runs on the trainer's GPUs")
 
 
+def why_not(p: dict) -> str | None:
+    """Why the plan does not fit, in a phrase (None when it fits): what `plan --check` and
+    make's refusal of a launch say."""
+    if p["fits"]:
+        return None
+    i, t = p["inputs"], p["trainer"]
+    why = []
+    if not p["trainer_fits"]:
+        why.append(f"the trainer's peak ({t['peak_phase']}) is {t['total'] / GiB:.1f} GiB a GPU, "
+                   f"over its budget of {p['trainer_budget'] / GiB:.1f} GiB")
+    if not p["engine_fits"]:
+        why.append(f"the engine (tensor parallel {i['tp']}, gpu_memory_utilization "
+                   f"{i['gpu_memory_utilization']}) cannot hold one sequence of "
+                   f"{i['max_model_len']:,} tokens")
+    return "; ".join(why) or "the trainer and the engine do not fit together"
+
+
 def run_plan(policy: str, params: Mapping[str, Any], *, zero: int | None = None,
              deepspeed: str | None = None, gpu_memory: str = "80GiB",
-             as_json: bool = False) -> dict:
+             as_json: bool = False, check: bool = False) -> dict:
     """Read the model, resolve the options (`params`: a command's parameters, those named as
-    memory.Options' fields taken), print the plan on stdout (a table, or JSON); returns it."""
+    memory.Options' fields taken), print the plan on stdout (a table, or JSON); returns it.
+    check: a plan that does not fit is BadInput (exit 2), its reason in one line."""
     from dataclasses import replace
 
     if zero is not None and deepspeed is not None:
@@ -219,6 +237,9 @@ def run_plan(policy: str, params: Mapping[str, Any], *, zero: int | None = None,
         sys.stdout.write(json.dumps(p, indent=1) + "\n")
     else:
         sys.stdout.write(render(p))
+    if check and (why := why_not(p)):
+        raise BadInput(f"does not fit: {why} — the table above (without --check) shows each "
+                       "part; change the launch shape or the options")
     return p
 
 
