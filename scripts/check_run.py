@@ -1,5 +1,6 @@
 """Check that one RL iteration's artifacts exist and validate (CI runs it after a Slurm
-`make rl-iter`). usage: python scripts/check_run.py RUN ITER"""
+`make rl-iter`). usage: python scripts/check_run.py RUN ITER [WORLD] (the toy world whose images
+the prompts name; default RUN/world)"""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from marscli.records.jsonl import get_field, read_rows
 from marscli.records.schema import load_prompts, parse_segments
 
 
-def check(run: Path, k: int) -> list[str]:
+def check(run: Path, k: int, world: Path | None = None) -> list[str]:
     it = run / f"iter-{k}"
     done: list[str] = []
-    prompts = load_prompts(str(it / "prompts.jsonl"), image_dir=run / "world")
+    prompts = load_prompts(str(it / "prompts.jsonl"), image_dir=world or run / "world")
     done.append(f"prompts.jsonl: {len(prompts)} prompts")
     for name in ("rollouts", "scored", "advantages"):
         path = str(it / f"{name}.jsonl")
@@ -50,5 +51,6 @@ def check(run: Path, k: int) -> list[str]:
 
 
 if __name__ == "__main__":
-    for line in check(Path(sys.argv[1]), int(sys.argv[2])):
+    world = Path(sys.argv[3]) if len(sys.argv) > 3 else None
+    for line in check(Path(sys.argv[1]), int(sys.argv[2]), world):
         print(f"ok  {line}")
