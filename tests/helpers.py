@@ -642,3 +642,21 @@ def held(out: Path, env: dict | None = None) -> Iterator[subprocess.Popen]:
     finally:
         proc.stdin.close()
         proc.wait(timeout=30)
+
+
+# ----------------------------------------------------------------------------- make -n
+
+# Variables a developer's shell may hold that would change what the recipes expand to.
+MAKE_CLEAN = ("NPROC", "NNODES", "GPUS_PER_NODE", "MASTER_PORT", "SLURM", "SHARDS", "TP",
+              "BN_GSPO", "DEEPSPEED", "KEEP_OPTIMIZER", "COLD_START", "RUN", "NAME", "BASE",
+              "MAKEFLAGS")
+
+
+def dry_run(*args: str, env: dict | None = None) -> list[str]:
+    """`make -n ARGS` in the repository: the commands make would run, one logical line each."""
+    e = {k: v for k, v in os.environ.items()
+         if k not in MAKE_CLEAN and not k.startswith("SBATCH_")}
+    r = subprocess.run(["make", "--no-print-directory", "-n", *args], cwd=ROOT, text=True,
+                       capture_output=True, env={**e, **(env or {})}, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.replace("\\\n", " ").splitlines()

@@ -17,26 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from helpers import MARSCLI, ROOT
+from helpers import MAKE_CLEAN as CLEAN
+from helpers import MARSCLI, ROOT, dry_run
 
 STAGES = ("rollout", "reward", "advantages", "update", "sft", "eval")
 RECIPES = ("tiny", "mars-8b", "mars-8b-release", "mars-32b")
 GPU_RECIPES = ("mars-8b", "mars-8b-release", "mars-32b")
 GPU_MARSCLI = ROOT / ".venv-gpu" / "bin" / "marscli"  # make vllm-gpu's (recipes/_gpu.mk)
-# Variables a developer's shell may hold that would change what the recipes expand to.
-CLEAN = ("NPROC", "NNODES", "GPUS_PER_NODE", "MASTER_PORT", "SLURM", "SHARDS", "TP", "BN_GSPO",
-         "DEEPSPEED", "KEEP_OPTIMIZER", "COLD_START", "RUN", "NAME", "BASE", "MAKEFLAGS")
-
-
-def dry_run(*args: str, env: dict | None = None) -> list[str]:
-    """`make -n ARGS` in the repository: the commands make would run, one logical line each."""
-    e = {k: v for k, v in os.environ.items() if k not in CLEAN and not k.startswith("SBATCH_")}
-    r = subprocess.run(["make", "--no-print-directory", "-n", *args], cwd=ROOT, text=True,
-                       capture_output=True, env={**e, **(env or {})}, timeout=120, check=False)
-    assert r.returncode == 0, r.stderr
-    return r.stdout.replace("\\\n", " ").splitlines()
-
-
 def stage_lines(lines: list[str], stage: str) -> list[str]:
     return [x for x in lines if f"stages/{stage}.sh" in x]
 

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import socket
 
-from test_makefile import dry_run
-
 from fakes import always, chat_reply, retrieve_reply
-from helpers import invoke
+from helpers import dry_run, invoke
 
 
 def dead_url() -> str:
