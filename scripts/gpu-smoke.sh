@@ -40,7 +40,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-VLLM_SPEC=${VLLM_SPEC:-vllm}
+VLLM_SPEC=${VLLM_SPEC:-vllm==0.33.0}  # 0.34.0 pins a flashinfer that PyPI does not serve (scripts/vllm-gpu-venv.sh)
 BF16_TOL=${BF16_TOL:-0.1}  # bf16 engine vs fp32 forward, max abs log-prob diff
 FP32_TOL=${FP32_TOL:-1e-3}  # fp32 vLLM vs fp32 forward
 DEVICE=${DEVICE:-cuda}
