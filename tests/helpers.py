@@ -660,3 +660,42 @@ def dry_run(*args: str, env: dict | None = None) -> list[str]:
                        capture_output=True, env={**e, **(env or {})}, timeout=120, check=False)
     assert r.returncode == 0, r.stderr
     return r.stdout.replace("\\\n", " ").splitlines()
+
+
+# ----------------------------------------------------------------------------- ports, disk
+
+
+def free_ports(n: int) -> int:
+    """A port p with p..p+n-1 free now."""
+    import socket
+
+    def free(port: int) -> bool:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+        return True
+
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n < 65536 and all(free(base + i) for i in range(n)):
+            return base
+    raise AssertionError("no run of free ports")
+
+
+@contextlib.contextmanager
+def file_size_limit(n: int) -> Iterator[None]:
+    """Writes past `n` bytes in one file fail with EFBIG (a full disk, as a process sees it)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (n, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old)

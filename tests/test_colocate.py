@@ -18,7 +18,6 @@ import importlib.util
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from helpers import ROOT, idle_nodes
+from helpers import ROOT, free_ports, idle_nodes
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 pytestmark = [pytest.mark.vllm, pytest.mark.slow,
@@ -41,26 +40,6 @@ SMALL = ["RECIPE=recipes/tiny-sees.mk", f"WORLD_OPTS={WORLD}", "PROMPTS_PER_ITER
 CLEAN = ("MAKEFLAGS", "MAKELEVEL", "SLURM", "SHARDS", "SERVE", "SERVERS", "SERVE_URLS", "NPROC",
          "NNODES", "GPUS_PER_NODE", "TP", "RUN", "COLOCATE", "SERVE_SLEEP", "VIRTUAL_ENV")
 ENV = {k: v for k, v in os.environ.items() if k not in CLEAN and not k.startswith("SBATCH_")}
-
-
-def free_ports(n: int) -> int:
-    """A port p with p..p+n-1 free now."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n < 65536 and all(_free(base + i) for i in range(n)):
-            return base
-    raise AssertionError("no run of free ports")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def make(*args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:

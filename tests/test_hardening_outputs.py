@@ -11,15 +11,12 @@ folder, so its mode then holds)."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import os
-import resource
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -35,6 +32,7 @@ from marscli.train.checkpoint import check_out
 from helpers import (
     ENV,
     MARSCLI,
+    file_size_limit,
     held,
     invoke,
     invoke_read_only,
@@ -380,19 +378,6 @@ def test_save_errors_of_torch_and_safetensors_become_one_line(tmp_path, monkeypa
     monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=1000))
     assert "no space left" in str(save_error(torch_err, tmp_path / "x" / "optimizer.pt"))
     assert save_error(RuntimeError("shape mismatch"), tmp_path) is None
-
-
-@contextlib.contextmanager
-def file_size_limit(n: int) -> Iterator[None]:
-    """Writes past `n` bytes in one file fail with EFBIG (a full disk, as a process sees it)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (n, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-        signal.signal(signal.SIGXFSZ, old)
 
 
 def _full(args: list[str], limit: int) -> tuple[int, str]:

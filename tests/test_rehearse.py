@@ -19,14 +19,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import socket
 import subprocess
 from pathlib import Path
 
 import orjson
 import pytest
 
-from helpers import ROOT, idle_nodes
+from helpers import ROOT, free_ports, idle_nodes
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 RECIPES = ("mars-8b", "mars-8b-release", "mars-32b")
@@ -42,25 +41,6 @@ def make(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     if check:
         assert r.returncode == 0, (r.stdout[-4000:], r.stderr[-4000:])
     return r
-
-
-def free_port(n: int = 4) -> int:
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n < 65536 and all(_free(base + i) for i in range(n)):
-            return base
-    raise AssertionError("no run of free ports")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def needs_cluster() -> None:
@@ -94,7 +74,7 @@ def test_the_swap_leaves_no_gpu_option_and_the_recipes_own_lines(recipe, mode):
 
 def rehearse(tmp: Path, recipe: str, mode: str, *more: str) -> Path:
     make("rehearse", f"RECIPE=recipes/{recipe}.mk", f"MODE={mode}", f"REHEARSE_DIR={tmp}",
-         f"SERVE_PORT={free_port()}", *more)
+         f"SERVE_PORT={free_ports(4)}", *more)
     run = tmp / f"{recipe}-{mode}"
     for k in (0, 1):
         assert (run / "eval" / f"ckpt-{k}.summary.json").is_file()

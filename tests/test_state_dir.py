@@ -11,16 +11,13 @@ work; a full disk mid-save or mid-copy is exit 1 with the last durable copy inta
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
-import resource
 import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,7 +25,7 @@ import pytest
 from marscli.train import persist
 from marscli.train.persist import DURABLE, LINK
 
-from helpers import invoke, trajectory, write_jsonl
+from helpers import file_size_limit, invoke, trajectory, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 # One intra-op thread: on 2 shared cores OpenMP's spinning threads slow a contended run, and
@@ -52,19 +49,6 @@ def one_line(err: str) -> str:
     lines = [x for x in err.strip().splitlines() if x.startswith("error:")]
     assert len(lines) == 1 and "Traceback" not in err and err.rstrip().endswith(lines[0]), err
     return lines[0]
-
-
-@contextlib.contextmanager
-def file_size_limit(n: int) -> Iterator[None]:
-    """Writes past `n` bytes in one file fail with EFBIG (a full disk, as a process sees it)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (n, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-        signal.signal(signal.SIGXFSZ, old)
 
 
 def wait_persists(state: Path) -> None:
