@@ -59,24 +59,33 @@ PLAN_CHECK ?= 1
 # yours. CPUs: CPUS_PER_GPU per GPU for the GPU stages (marscli's choice: image decoding and the
 # tools run on the CPU); the judge's requests wait on the network.
 CPUS_PER_GPU ?= 8
+# Host memory: a cluster's default per CPU is often a few GB, less than a stage holds — update
+# loads its model share on the CPU (`make plan`'s host memory line), a server asleep at level 1
+# keeps its weights there (16 GB at 8B), images decode there. MEM_PER_GPU for the GPU stages
+# and servers, MEM_CPU for the CPU-only ones (reward, advantages, a served rollout); whole
+# nodes (rl-job) take all of theirs (--mem=0). Empty: the cluster's default.
+MEM_PER_GPU ?= 64G
+MEM_CPU ?= 32G
+SBATCH_MEM_GPU = $(if $(MEM_PER_GPU),--mem-per-gpu=$(MEM_PER_GPU))
+SBATCH_MEM_CPU = $(if $(MEM_CPU),--mem=$(MEM_CPU))
 # With SERVE=1 rollout and eval generate through the servers: CPUs only (the tools, images).
-SBATCH_ROLLOUT ?= $(if $(filter 1,$(SERVE)),--cpus-per-task=$(CPUS_PER_GPU),--gres=gpu:$(TP) \
-  --cpus-per-gpu=$(CPUS_PER_GPU))
+SBATCH_ROLLOUT ?= $(if $(filter 1,$(SERVE)),--cpus-per-task=$(CPUS_PER_GPU) $(SBATCH_MEM_CPU),\
+  --gres=gpu:$(TP) --cpus-per-gpu=$(CPUS_PER_GPU) $(SBATCH_MEM_GPU))
 SBATCH_EVAL ?= $(SBATCH_ROLLOUT)
-SBATCH_REWARD ?= --cpus-per-task=4
-SBATCH_ADVANTAGES ?= --cpus-per-task=1
+SBATCH_REWARD ?= --cpus-per-task=4 $(SBATCH_MEM_CPU)
+SBATCH_ADVANTAGES ?= --cpus-per-task=1 $(SBATCH_MEM_CPU)
 SBATCH_UPDATE ?= --nodes=$(NNODES) --ntasks-per-node=1 --gres=gpu:$(GPUS_PER_NODE) \
-  --cpus-per-gpu=$(CPUS_PER_GPU)
+  --cpus-per-gpu=$(CPUS_PER_GPU) $(SBATCH_MEM_GPU)
 # SFT asks for what update asks for (so SBATCH_UPDATE=... sets both, unless SBATCH_SFT is set).
 SBATCH_SFT ?= $(SBATCH_UPDATE)
 # The servers (SERVE=1): SLURM=1, an array job of TP GPUs a task; SLURM=steps, one step of a
 # task per GPU group on every node, holding the nodes' GPUs (each task takes its group).
 # (SLURM=steps needs COLOCATE=1 with SERVE=1: the update step overlaps these GPUs.)
-SBATCH_SERVE ?= --gres=gpu:$(TP) --cpus-per-gpu=$(CPUS_PER_GPU)
+SBATCH_SERVE ?= --gres=gpu:$(TP) --cpus-per-gpu=$(CPUS_PER_GPU) $(SBATCH_MEM_GPU)
 SRUN_SERVE ?= --nodes=$(NNODES) --ntasks-per-node=$$(( $(GPUS_PER_NODE) / $(TP) )) \
-  --gres=gpu:$(GPUS_PER_NODE) --cpus-per-gpu=$(CPUS_PER_GPU)
+  --gres=gpu:$(GPUS_PER_NODE) --cpus-per-gpu=$(CPUS_PER_GPU) $(SBATCH_MEM_GPU)
 # SLURM=steps (make rl-job): the allocation, whole nodes with their GPUs.
-SBATCH_JOB ?= --nodes=$(NNODES) --exclusive --gres=gpu:$(GPUS_PER_NODE)
+SBATCH_JOB ?= --nodes=$(NNODES) --exclusive --gres=gpu:$(GPUS_PER_NODE) --mem=0
 
 # --- Disk: the HF exports. Each is ~17 GB at 8B, ~67 GB at 32B (`make plan`'s disk table):
 # all 300 of a run are ~5 TB and ~20 TB. Keep the last 3 (what the next update and a state redo

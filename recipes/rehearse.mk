@@ -69,6 +69,9 @@ NPROC = $(GPUS_PER_NODE)
 NNODES = $(REHEARSE_NNODES)
 CPUS_PER_GPU = 1
 SBATCH_REWARD = --cpus-per-task=1
+# the stand-in nodes declare no memory to request (scripts/slurm-local.sh): the cluster's default
+MEM_PER_GPU =
+MEM_CPU =
 PROMPTS_PER_ITER = 2
 N = 2
 MAX_TURNS = 2

@@ -60,10 +60,10 @@ def test_mars_8b_counts_reach_every_stage_through_slurm(tmp_path):
         assert "--nodes=1 --ntasks-per-node=1 --gres=gpu:8 --cpus-per-gpu=8" in line
         assert "--deepspeed recipes/ds_zero3.json" in line and "--device cuda" in line
     rollout = only(lines, "rollout")
-    assert "--gres=gpu:1 --cpus-per-gpu=8 --array=0-$(( 8 - 1 ))" in rollout
+    assert "--gres=gpu:1 --cpus-per-gpu=8 --mem-per-gpu=64G --array=0-$(( 8 - 1 ))" in rollout
     assert "--tensor-parallel 1" in rollout
     ev = only(evaluation("mars-8b", tmp_path, "SLURM=1"), "eval")
-    assert "--gres=gpu:1 --cpus-per-gpu=8 --array=0-$(( 8 - 1 ))" in ev
+    assert "--gres=gpu:1 --cpus-per-gpu=8 --mem-per-gpu=64G --array=0-$(( 8 - 1 ))" in ev
     assert "--cpus-per-task=4" in only(lines, "reward")
     assert "--cpus-per-task=1" in only(lines, "advantages")
 
@@ -86,6 +86,22 @@ def test_mars_32b_trains_on_four_nodes(tmp_path):
     assert f"NPROC=8 NNODES=4 MARSCLI={GPU_MARSCLI} sbatch" in update and "--nodes=4" in update
     assert "Qwen3-VL-32B" in only(lines, "sft")
     assert "--tensor-parallel 4" in only(lines, "rollout")
+
+
+@pytest.mark.parametrize("recipe", ["mars-8b", "mars-8b-release", "mars-32b"])
+def test_every_gpu_job_asks_for_host_memory(tmp_path, recipe):
+    """A cluster's default memory per CPU is often less than a stage holds (issue 52): every
+    job of a GPU recipe asks for memory, a GPU stage by the GPU; MEM_PER_GPU= leaves it to the
+    cluster."""
+    lines = [x for x in rl_iter(recipe, tmp_path, "SLURM=1") + evaluation(
+        recipe, tmp_path, "SLURM=1") if "sbatch " in x]
+    assert len(lines) >= 5  # rollout, reward, advantages, update, eval (and the cold start)
+    for x in lines:
+        assert ("--mem-per-gpu=64G" if "--gres=gpu" in x else "--mem=32G") in x, x
+    lines = rl_iter(recipe, tmp_path, "SLURM=1", "MEM_PER_GPU=", "MEM_CPU=")
+    assert not any("--mem" in x for x in lines if "sbatch " in x)
+    job = dry_run("rl-job", f"RECIPE=recipes/{recipe}.mk", f"RUN={tmp_path}/run", "PLAN_CHECK=0")
+    assert any("--exclusive" in x and "--mem=0" in x for x in job), job
 
 
 def test_sbatch_options_from_the_environment(tmp_path):
@@ -325,7 +341,7 @@ def test_servers_per_gpu_group_colocated_and_in_one_allocation(tmp_path):
         assert r.returncode != 0 and why in r.stderr, (bad, r.stderr)
     (job,) = dry_run("rl-job", "RECIPE=recipes/mars-8b.mk", f"RUN={run}", "NNODES=2")[-1:]
     assert re.search(r"^RL_JOB_REQUEUES=10 sbatch +-o \S+/logs/rl-job-%j.out --open-mode=append "
-                     r"--requeue +--signal=B:USR1@600 +--nodes=2 --exclusive --gres=gpu:8 "
+                     r"--requeue +--signal=B:USR1@600 +--nodes=2 --exclusive --gres=gpu:8 --mem=0 "
                      r"stages/rl-job.sh rl-eval$", job), job
     gpu = dry_run("rl", "RECIPE=recipes/mars-8b.mk", f"RUN={run}", "COLOCATE=1", "TP=2",
                   "SLURM=steps", "SERVE_MARSCLI=/bin/true", env={"SLURM_JOB_ID": "7"})
