@@ -901,9 +901,9 @@ def state_cmd(
     """The RL loop's training state on node-local storage (make rl STATE_DIR=...): check it,
     copy it durably into the run folder, redo what a lost copy held, prune it."""
     with guard():
-        from marscli.train.persist import main as state_main
+        from marscli.stages.state import run_state
 
-        state_main(action, run, k, state_dir, keep, background, lock_fd)
+        run_state(action, run, k, state_dir, keep, background, lock_fd)
 
 
 @app.command("plan")

@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from marscli.errors import BadInput, MarsError, RuntimeFailure, os_error, unknown_name
+from marscli.errors import BadInput, MarsError, RuntimeFailure, os_error
 from marscli.records.outputs import AtomicDir, remove_stale_tmp, tmp_path
 
 LINK = "train_state"  # trainstate.STATE_DIR: a folder, or a link to the working copy
@@ -320,23 +320,6 @@ def prune(run: str, upto: int, keep: int, state: str | None) -> None:
                 shutil.rmtree(d, ignore_errors=True)
             if name.isdigit():
                 remove_stale_tmp(d)
-
-
-def main(action: str, run: str, k: int, state: str | None = None, keep: int = 1,
-         background: bool = False, lock_fd: int | None = None) -> None:
-    """`marscli state ACTION RUN K`: what make's loop runs (docs/rl-loop.md)."""
-    if action == "persist" and lock_fd is not None:
-        persist_child(run, k, lock_fd)
-        return
-    actions = {"check": lambda: check(run, k, state),
-               "redo-from": lambda: print(redo_from(run, k, state)),
-               "persist": lambda: persist(run, k, state, background),
-               "settle": lambda: settle(run, k, state),
-               "adopt": lambda: adopt(run, k, state),
-               "prune": lambda: prune(run, k, keep, state)}
-    if action not in actions:
-        raise unknown_name("state action", action, list(actions))
-    actions[action]()
 
 
 # ------------------------------------------------------------------------------ helpers
