@@ -46,7 +46,7 @@ from marscli.train.distributed import (
     log,
     seed_everything,
 )
-from marscli.train.logprobs import default_chunk
+from marscli.train.logprobs import chunk_size
 from marscli.train.optim import OptimConfig
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ class TrainOptions:
     def chunk(self, micro_batch_tokens: int, vocab: int) -> int:
         """--logp-chunk, or its default: logprobs.default_chunk(vocab), at most the
         micro-batch."""
-        return self.logp_chunk or min(default_chunk(vocab), micro_batch_tokens)
+        return chunk_size(self.logp_chunk, vocab, micro_batch_tokens)
 
     def check_common(self, optim: OptimConfig, schedule_option: str) -> None:
         """The shared options out of range → BadInput naming the option."""

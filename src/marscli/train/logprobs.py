@@ -45,6 +45,12 @@ def default_chunk(vocab: int) -> int:
     return 1 << (c.bit_length() - 1)
 
 
+def chunk_size(logp_chunk: int | None, vocab: int, micro_batch_tokens: int) -> int:
+    """The chunk update and sft run (and plan counts): --logp-chunk, or default_chunk(vocab)
+    at most the micro-batch."""
+    return logp_chunk or min(default_chunk(vocab), micro_batch_tokens)
+
+
 def token_logprobs(hidden: Any, weight: Any, targets: Any, chunk: int | None) -> Any:
     """log p(targets[i] | hidden[i]) under the head `weight` [V, H]: float32 [N].
 

@@ -102,7 +102,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from marscli.train.logprobs import default_chunk  # no torch at its import
+from marscli.train.logprobs import chunk_size  # no torch at its import
 
 GiB = 1 << 30
 CUDA_CONTEXT = 1 * GiB  # a process's non-torch memory: CUDA context, cuBLAS and NCCL workspaces
@@ -238,8 +238,8 @@ class Options:
 
     def chunk(self, vocab: int) -> int:
         """Loss positions a chunk (train/logprobs.py): --logp-chunk, or update's default for
-        the vocabulary, at most --micro-batch-tokens (train/job.py's rule)."""
-        return self.logp_chunk or min(default_chunk(vocab), self.micro_batch_tokens)
+        the vocabulary, at most --micro-batch-tokens."""
+        return chunk_size(self.logp_chunk, vocab, self.micro_batch_tokens)
 
 
 def _cdiv(a: int, b: int) -> int:
