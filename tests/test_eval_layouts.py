@@ -7,6 +7,8 @@ small images: found by `--format auto`, read by `--format NAME`, checked by `eva
 from __future__ import annotations
 
 import base64
+import csv
+import io
 import json
 from pathlib import Path
 
@@ -288,6 +290,125 @@ def test_mme_realworld_options_never_evaluated(tmp_path, pa):
     with pytest.raises(BadInput, match=r"mme\.parquet: row 1: multi-choice options: not a list "
                                        r"literal"):
         load(f, tmp_path, fmt="mme-realworld")
+
+
+# VLMEvalKit's own MME-RealWorld files, written here as its code writes them:
+# `MMERealWorld.load_data.generate_tsv` (pandas `to_csv(sep="\t", index=False)`: quoted only
+# where a cell holds a tab, a quote or a newline) from the release's JSON items, and
+# `vlmeval.tools.LOCALIZE` (`localize_df` then `dump`: every cell quoted, `image` dropped and
+# an absolute `image_path` appended, the images decoded to `LMUData/images/NAME/INDEX.jpg`).
+MME_ITEMS = [
+    {"index": 7, "question": "How many cars are in the lot?",
+     "multi-choice options": ["(A) 1", "(B) 2", "(C) 3", "(D) 4",
+                              "(E) The image doesn't show \"cars\""],
+     "answer": "E", "category": "Perception/Monitoring", "l2-category": "counting"},
+    {"index": 8, "question": "What colour is the roof?\nLook at the left building.",
+     "multi-choice options": ["(A) red", "(B) blue", "(C) green", "(D) grey", "(E) white"],
+     "answer": "B", "category": "Reasoning/Remote Sensing", "l2-category": "color"},
+]
+
+
+def vlmevalkit_rows(items: list[dict], choice_prompt: str = "The choices are listed "
+                    "below:\n") -> list[dict]:
+    """generate_tsv's rows: the text column, and A-E as each option's `[4:]`."""
+    return [{"index": it["index"], "image": b64((it["index"], 0, 0)),
+             "question": it["question"],
+             "multi-choice options": choice_prompt + "\n".join(it["multi-choice options"]),
+             **{c: it["multi-choice options"][i][4:] for i, c in enumerate("ABCDE")},
+             "answer": it["answer"], "category": it["category"],
+             "l2-category": it["l2-category"]} for it in items]
+
+
+def write_vlmevalkit_tsv(path: Path, rows: list[dict], quote_all: bool = False) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8", newline="") as fh:
+        w = csv.DictWriter(fh, list(rows[0]), delimiter="\t", lineterminator="\n",
+                           quoting=csv.QUOTE_ALL if quote_all else csv.QUOTE_MINIMAL)
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def localize(rows: list[dict], root: Path) -> list[dict]:
+    """LOCALIZE: each image decoded to ROOT/INDEX.jpg, `image` replaced by `image_path`."""
+    from PIL import Image
+
+    root.mkdir(parents=True, exist_ok=True)
+    out = []
+    for r in rows:
+        p = root / f"{r['index']}.jpg"
+        Image.open(io.BytesIO(base64.b64decode(r["image"]))).convert("RGB").save(p)
+        out.append({**{k: v for k, v in r.items() if k != "image"}, "image_path": str(p)})
+    return out
+
+
+def test_mme_realworld_vlmevalkit_generate_tsv_reads_the_lettered_columns(tmp_path, pa):
+    f = write_vlmevalkit_tsv(tmp_path / "MME-RealWorld.tsv", vlmevalkit_rows(MME_ITEMS))
+    assert detect_format(f) == "mme-realworld"
+    code, rows, err = check(f)
+    assert code == 0, err
+    assert rows[0]["choices"] == ["1", "2", "3", "4", "The image doesn't show \"cars\""]
+    assert [r["answer"] for r in rows] == [["E"], ["B"]]
+    assert rows[1]["category"] == "Reasoning/Remote Sensing"
+    # the same items in the Hugging Face lite file's list-literal form: the same prompts
+    hf = write_parquet(tmp_path / "lite" / "mme_realworld_lite.parquet", [
+        {**{k: v for k, v in it.items() if k != "multi-choice options"},
+         "multi-choice options": repr(it["multi-choice options"]),
+         "bytes": b64((it["index"], 0, 0))} for it in MME_ITEMS])
+    code, hf_rows, err = check(hf)
+    assert code == 0, err
+    for a, b in zip(rows, hf_rows):
+        assert (a["question"], a["choices"], a["answer"]) == (b["question"], b["choices"],
+                                                              b["answer"])
+    got = load(f, tmp_path)
+    assert got.prompts[0][1].extra["l2-category"] == "counting"
+
+
+def test_mme_realworld_cn_text_column_without_letter_columns(tmp_path):
+    rows = [{k: v for k, v in r.items() if k not in "ABCDE"}
+            for r in vlmevalkit_rows(MME_ITEMS, "选项如下所示:\n")]
+    f = write_vlmevalkit_tsv(tmp_path / "MME-RealWorld-CN.tsv", rows)
+    got = load(f, tmp_path)
+    p = got.prompts[1][1]
+    assert p.choices == ["red", "blue", "green", "grey", "white"] and p.answer == ["B"]
+
+
+def test_mme_realworld_localize_image_path_absolute_and_relative(tmp_path):
+    images = tmp_path / "LMUData" / "images" / "MME-RealWorld"
+    rows = localize(vlmevalkit_rows(MME_ITEMS), images)
+    rows[1]["image_path"] = "images/8.jpg"  # a relative path: against the TSV's folder
+    (tmp_path / "data" / "images").mkdir(parents=True)
+    (images / "8.jpg").rename(tmp_path / "data" / "images" / "8.jpg")
+    f = write_vlmevalkit_tsv(tmp_path / "data" / "MME-RealWorld_local.tsv", rows,
+                             quote_all=True)
+    assert detect_format(f) == "mme-realworld"
+    code, got, err = check(f)
+    assert code == 0, err
+    assert got[0]["image"] == str(images / "7.jpg")
+    assert got[1]["image"] == str(tmp_path / "data" / "images" / "8.jpg")
+    assert got[0]["choices"][4] == "The image doesn't show \"cars\""
+    (images / "7.jpg").unlink()
+    line = one_line_error(*invoke(["eval", str(f), "--check"]))
+    assert "MME-RealWorld_local.tsv:2: image_path: no such file" in line, line
+    with pytest.raises(BadInput, match="no such file " + str(images / "7.jpg")):
+        load(f, tmp_path)  # the path as the row gives it, not where it was last looked for
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"C": ""}, "C"),  # a gap: D and E would be relabelled C and D
+    ({"multi-choice options": "The choices are listed below:\n(A) 1\n(B) 2"},
+     "multi-choice options"),  # the text lists 2 options, the columns 5
+    ({"A": "", "B": "", "C": "", "D": "", "E": "", "multi-choice options": "Pick one"},
+     "multi-choice options"),
+    ({"answer": "F"}, "answer"),
+])
+def test_mme_realworld_vlmevalkit_bad_row_is_one_line(tmp_path, change, field):
+    rows = vlmevalkit_rows(MME_ITEMS)
+    rows[1].update(change)
+    f = write_vlmevalkit_tsv(tmp_path / "MME-RealWorld.tsv", rows)
+    line = one_line_error(*invoke(["eval", str(f), "--check"]))
+    # row 1 spans lines 2-7 (its text column holds five newlines): row 2 starts on line 8
+    assert f"MME-RealWorld.tsv:{2 + 6}: {field}:" in line, line
 
 
 # ----------------------------------------------------------------------- InfoSeek / OVEN

@@ -117,7 +117,9 @@ def columns_of(file: Path) -> list[str]:
         return parquet_columns(file)
     if suffix in (".tsv", ".csv"):
         with file.open(encoding="utf-8", errors="replace") as fh:
-            return fh.readline(1 << 16).rstrip("\r\n").split("\t")
+            head = fh.readline(1 << 16).rstrip("\r\n")
+        # unquoted as the rows are: VLMEvalKit's `dump` (LOCALIZE) quotes every header name
+        return next(csv.reader([head], delimiter="\t"), [])
     for _, row in iter_file(file):
         return list(row)
     raise BadInput(f"{file}: empty file — expected at least one row")

@@ -12,17 +12,25 @@ Columns:
   official protocol averages the per-rotation accuracies (lmms-eval's
   `hrbench_aggregate_results` does the same). The benchmark is hrbench-4k / hrbench-8k from
   the file name.
-- mme-realworld: VLMEvalKit's `MME-RealWorld.tsv` (`A`..`E` columns), or the Hugging Face
-  files lmms-eval reads (yifanzhang114/MME-RealWorld-Lmms-eval and -lite-lmms-eval): no
-  letter columns, the options in `multi-choice options` — a list, or a Python list literal
-  in a text cell (read with `ast.literal_eval`, never evaluated) — of "(A) text" strings;
-  the image in `bytes` (base64). `category` ("Perception/Monitoring", ...) and
-  `l2-category` as lmms-eval reads them.
+- mme-realworld: VLMEvalKit's `MME-RealWorld.tsv` / `-CN.tsv` as `MMERealWorld.load_data`
+  writes them: `A`..`E` (each option without its "(A) ") beside `multi-choice options`
+  holding the text its prompt shows ("The choices are listed below:\n(A) ...\n(B) ...",
+  or the Chinese heading), and its LOCALIZE form (`*_local.tsv`: every cell quoted, `image`
+  replaced by an absolute `image_path`). Or the Hugging Face files lmms-eval reads
+  (yifanzhang114/MME-RealWorld-Lmms-eval and -lite-lmms-eval): no letter columns, the
+  options in `multi-choice options` — a list, or a Python list literal in a text cell (read
+  with `ast.literal_eval`, never evaluated) — of "(A) text" strings; the image in `bytes`
+  (base64). The `A`..`E` cells are the choices where a row fills them (the text column must
+  then list as many); the question is rendered as every multiple-choice one is
+  (`common.mcq_question`), so each layout of an item gives the same prompt. `category`
+  ("Perception/Monitoring", ...) and `l2-category` as lmms-eval reads them.
 The image cell is base64 image bytes, an Image struct, or, as VLMEvalKit writes repeated
 images, a short value (at most 64 characters) naming the `index` of the row that holds the
-bytes. An `image_path` column (paths relative to the file or `--image-dir`) may replace it.
-Options left empty are dropped (a question with options A-C has three choices). Decoded
-images go to the cache folder as `SHA256.EXT`, written once however many rows use them.
+bytes. An `image_path` column (absolute, or relative to `--image-dir` or the file's folder)
+may replace it; a path that names no file is refused at load.
+Options left empty at the end are dropped (a question with options A-C has three choices);
+one left empty before a filled one is refused (the later ones would take the wrong letters).
+Decoded images go to the cache folder as `SHA256.EXT`, written once however many rows use them.
 """
 
 from __future__ import annotations
@@ -53,9 +61,10 @@ OPTIONS_COL = "multi-choice options"
 IMAGE_COLS = ("image", "bytes", "image_path")
 EXPECTED = {"hrbench": "index, question, A, B, C, D, answer, category, image, cycle_category",
             "mme-realworld": "index, question, A..E (or multi-choice options), answer, "
-                             "category, image (or bytes)"}
+                             "category, image (or bytes, image_path)"}
 MAX_REF = 64  # VLMEvalKit: an image cell this short is another row's index
 _LABEL = re.compile(r"^\s*\(?([A-Ea-e])[).:]\s*")
+_TEXT_LABEL = re.compile(r"(?:^|\n)\(([A-E])\) ?")  # VLMEvalKit's "(A) text" lines
 
 
 def _check_header(file: Path, cols: list[str], fmt: str) -> None:
@@ -106,24 +115,72 @@ def _text(v: Any) -> str:
 
 
 def _options(row: dict, at: str) -> list[str]:
-    """The option texts, without their labels: A..E columns, or `multi-choice options`."""
-    if OPTIONS_COL in row and not is_missing(row[OPTIONS_COL]):
-        raw = row[OPTIONS_COL]
-        if isinstance(raw, str):
-            try:
-                raw = ast.literal_eval(raw.strip())
-            except (ValueError, SyntaxError):
-                raise BadInput(f"{at}: {OPTIONS_COL}: not a list literal "
-                               f"({clip(raw)!r})") from None
-        if not isinstance(raw, (list, tuple)) or not all(isinstance(o, str) for o in raw):
-            raise BadInput(f"{at}: {OPTIONS_COL}: expected a list of strings")
-        return [_LABEL.sub("", o, count=1).strip() for o in raw if o.strip()]
-    choices = []
-    for col in LETTERS:
-        if is_missing(row.get(col)) or not _text(row.get(col)):
-            break
-        choices.append(_text(row[col]))
-    return choices
+    """The option texts, without their labels: the A..E columns where a row fills them (the
+    choices, as VLMEvalKit scores them), else `multi-choice options`. Where both are given,
+    the text column (what the official prompt shows) must list as many options."""
+    lettered = _lettered(row, at)
+    raw = row.get(OPTIONS_COL)
+    if is_missing(raw):
+        return lettered
+    listed = _listed(raw, at)
+    if lettered and len(listed) != len(lettered):
+        raise BadInput(f"{at}: {OPTIONS_COL}: lists {len(listed)} options, columns "
+                       f"A..{LETTERS[len(lettered) - 1]} hold {len(lettered)} — the row's "
+                       "options disagree; fix one or the other")
+    return lettered or listed
+
+
+def _lettered(row: dict, at: str) -> list[str]:
+    """The A..E cells up to the last filled one; an empty one before a filled one is refused
+    (the options after it would be relabelled, and the gold letter point elsewhere)."""
+    cells = [_text(row.get(col)) for col in LETTERS]
+    n = max((i + 1 for i, c in enumerate(cells) if c), default=0)
+    gap = next((i for i in range(n) if not cells[i]), None)
+    if gap is not None:
+        raise BadInput(f"{at}: {LETTERS[gap]}: empty while {LETTERS[n - 1]} is not — the "
+                       "options after it would take the wrong letters")
+    return cells[:n]
+
+
+def _listed(raw: Any, at: str) -> list[str]:
+    """`multi-choice options` as a list of "(A) text" strings: a list, a Python list literal
+    (the Hugging Face files; `ast.literal_eval`, never evaluated), or VLMEvalKit's text
+    ("The choices are listed below:\n(A) ...\n(B) ...")."""
+    if isinstance(raw, str) and not raw.strip().startswith("["):
+        return _from_text(raw, at)
+    if isinstance(raw, str):
+        try:
+            raw = ast.literal_eval(raw.strip())
+        except (ValueError, SyntaxError):
+            raise BadInput(f"{at}: {OPTIONS_COL}: not a list literal "
+                           f"({clip(raw)!r})") from None
+    if not isinstance(raw, (list, tuple)) or not all(isinstance(o, str) for o in raw):
+        raise BadInput(f"{at}: {OPTIONS_COL}: expected a list of strings")
+    return [_LABEL.sub("", o, count=1).strip() for o in raw if o.strip()]
+
+
+def _from_text(raw: str, at: str) -> list[str]:
+    """The options of VLMEvalKit's text column: a line "(A) ..." starts each, in letter order,
+    after a heading line (English or Chinese); an option may run over several lines."""
+    parts = _TEXT_LABEL.split(raw)  # [heading, "A", text, "B", text, ...]
+    letters, texts = parts[1::2], [t.strip() for t in parts[2::2]]
+    if len(letters) < 2 or letters != list(LETTERS[:len(letters)]):
+        raise BadInput(f"{at}: {OPTIONS_COL}: not a list literal nor \"(A) ...\" lines "
+                       f"({clip(raw, 40)!r}) — give the options as either")
+    return texts
+
+
+def _local_images(cell: Any, ctx: LoadContext, dirs: list[Path], at: str) -> list[str]:
+    """An `image_path` cell (VLMEvalKit's LOCALIZE writes absolute paths; a relative one is
+    looked up in `--image-dir`, then the file's folder) → existing files. A missing one is
+    named as the row gives it, not as the last place it was looked for."""
+    paths = image_files(cell, ctx, dirs, f"{at}: image_path")
+    for given, found in zip(cell if isinstance(cell, (list, tuple)) else [cell], paths):
+        if not Path(found).is_file():
+            name, where = Path(str(given).strip()).name, ", ".join(str(d) for d in dirs)
+            raise BadInput(f"{at}: image_path: no such file {str(given).strip()} (nor "
+                           f"{clip(name, 30)} in {where}) — pass --image-dir")
+    return paths
 
 
 def _row(row: dict, at: str, ctx: LoadContext, dirs: list[Path], name: str,
@@ -148,10 +205,11 @@ def _row(row: dict, at: str, ctx: LoadContext, dirs: list[Path], name: str,
         raise BadInput(f"{at}: image: empty")
     if key != "image_path" and isinstance(cell, str) and len(cell.strip()) <= MAX_REF:
         ref = cell.strip()
-    elif ctx.keep(rid) or key != "image_path":
+    elif key == "image_path":
+        paths = _local_images(cell, ctx, dirs, at) if ctx.keep(rid) else []
+    else:
         paths = image_files(cell, ctx, dirs, f"{at}: {key}")
-        if key != "image_path":
-            images[rid] = paths[0]
+        images[rid] = paths[0]
     used = {"index", "question", "answer", OPTIONS_COL, "category", *IMAGE_COLS, *LETTERS}
     extra = {k: v for k, v in row.items()
              if k not in used and v != "" and k is not None and jsonable(v)}
