@@ -524,6 +524,44 @@ def test_refusals_name_the_file_and_field(tmp_path):
     _refused([str(CFG_8B), "--deepspeed", str(fp32)], str(fp32), "bf16")
 
 
+def test_tensor_parallel_sizes_vllm_refuses(tmp_path):
+    """vLLM refuses a --tp that does not divide the attention heads, the KV heads (or, when
+    fewer, that they do not divide) or the vision tower's heads: so does plan."""
+    _refused([str(CFG_8B), "--tp", "3"], "--tp 3", "num_attention_heads 32")
+    _refused([str(CFG_8B), "--tp", "32"], "--tp 32", "vision_config.num_heads 16")
+    cfg = json.loads(CFG_8B.read_text())
+    cfg["text_config"].update(num_attention_heads=24, num_key_value_heads=3)
+    bad = tmp_path / "config.json"
+    bad.write_text(json.dumps(cfg))
+    _refused([str(bad), "--tp", "2"], "num_key_value_heads 3")
+    code, _, err = invoke(["plan", str(CFG_8B), "--tp", "16"])  # 8 KV heads replicated twice
+    assert code == 0, err
+
+
+def test_config_sizes_transformers_would_refuse(tmp_path):
+    """Heads that KV heads do not divide, sizes past any Qwen3 model: one line naming the
+    file and field. A config without head_dim counts transformers' default (128)."""
+    bad = tmp_path / "config.json"
+    for field, value, words in [("num_attention_heads", 7, "num_key_value_heads: 8"),
+                                ("vocab_size", 10**30, "text_config.vocab_size"),
+                                ("num_hidden_layers", 10**9, "text_config.num_hidden_layers")]:
+        cfg = json.loads(CFG_8B.read_text())
+        cfg["text_config"][field] = value
+        bad.write_text(json.dumps(cfg))
+        _refused([str(bad)], str(bad), words)
+    cfg = json.loads(CFG_8B.read_text())
+    cfg["vision_config"]["num_heads"] = 17
+    bad.write_text(json.dumps(cfg))
+    _refused([str(bad)], str(bad), "vision_config.num_heads")
+    text = {k: v for k, v in SMALL.items() if k != "head_dim"}
+    bad.write_text(json.dumps(text))
+    assert load_shape(str(bad))[0].head_dim == 128  # not hidden / heads = 4
+    bad.write_text(json.dumps({k: v for k, v in text.items() if k != "num_key_value_heads"}))
+    _refused([str(bad)], "num_key_value_heads: 32 (absent")  # transformers' default, too many
+    bad.write_text(json.dumps({**text, "num_key_value_heads": None}))
+    assert load_shape(str(bad))[0].kv_heads == 2  # null: one a head, as transformers reads it
+
+
 def test_disk_per_iteration():
     """Rank 0's node writes the bf16 export and its ranks' shares of the fp32 masters and
     (--keep-optimizer) the moments; the next update reads them back with the input export and

@@ -72,13 +72,64 @@ def config_file(path: str) -> Path:
     return p
 
 
+# The most a config's size may say (the default: _MAX): well above any Qwen3 / Qwen3-VL model
+# (8B: hidden 4,096, vocabulary 151,936), low enough that a typo (a vocabulary of 1e30)
+# is refused instead of counted into a 25-digit parameter count.
+_MAX = 1 << 20
+_MAX_OF = {"hidden_size": 1 << 16, "out_hidden_size": 1 << 16, "num_hidden_layers": 1024,
+           "depth": 1024, "num_attention_heads": 1024, "num_key_value_heads": 1024,
+           "num_heads": 1024, "head_dim": 1024, "vocab_size": 1 << 22, "patch_size": 1024,
+           "temporal_patch_size": 64, "in_channels": 64, "spatial_merge_size": 64}
+
+
 def _int(cfg: dict, key: str, f: Path, prefix: str, default: int | None = None) -> int:
     v = cfg.get(key, default)
     if v is None:
         raise BadInput(f"{f}: {prefix}{key}: missing — plan reads Qwen3 / Qwen3-VL configs")
     if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
         raise BadInput(f"{f}: {prefix}{key}: expected a positive integer, got {v!r}")
+    if v > (hi := _MAX_OF.get(key, _MAX)):
+        raise BadInput(f"{f}: {prefix}{key}: {v:,} is over {hi:,}, more than any Qwen3 / "
+                       "Qwen3-VL model has — check the config")
     return v
+
+
+def _kv_heads(text: dict, heads: int, f: Path, prefix: str) -> int:
+    """num_key_value_heads as transformers reads it: absent is its class default (32), null
+    is one a head (no GQA); a Qwen3 layer repeats each KV head heads / kv_heads times, so
+    they must divide (transformers' num_key_value_groups)."""
+    absent = "num_key_value_heads" not in text
+    if text.get("num_key_value_heads", 0) is None:
+        text = {**text, "num_key_value_heads": heads}
+    kv = _int(text, "num_key_value_heads", f, prefix, 32)
+    if heads % kv:
+        raise BadInput(f"{f}: {prefix}num_key_value_heads: {kv}"
+                       f"{' (absent: transformers default)' if absent else ''} does not divide "
+                       f"num_attention_heads {heads} — grouped-query attention shares each KV "
+                       "head among a whole number of query heads")
+    return kv
+
+
+def check_tp(s: Shape, tp: int, f: Path) -> None:
+    """vLLM's own checks of a tensor-parallel size (ModelConfig.verify_with_parallel_config,
+    the attention layers, the vision tower it shards too): refused here, not at engine start."""
+    why = None
+    if s.heads % tp:
+        why = f"num_attention_heads {s.heads}"
+    elif s.kv_heads % tp if s.kv_heads >= tp else tp % s.kv_heads:
+        why = (f"num_key_value_heads {s.kv_heads} (vLLM splits KV heads evenly, or "
+               "replicates them when fewer than --tp, a whole number of times)")
+    elif s.vision and s.vision.heads % tp:
+        why = f"vision_config.num_heads {s.vision.heads}"
+    if why:
+        raise BadInput(f"--tp {tp}: does not divide {f}'s {why} — vLLM refuses it; use a "
+                       "--tp that does")
+
+
+def _check_vision(v: Vision, f: Path) -> None:
+    if v.hidden % v.heads:  # the vision attention's head width (transformers', vLLM's)
+        raise BadInput(f"{f}: vision_config.num_heads: {v.heads} does not divide "
+                       f"vision_config.hidden_size {v.hidden}")
 
 
 def load_shape(path: str) -> tuple[Shape, Path]:
@@ -117,10 +168,12 @@ def load_shape(path: str) -> tuple[Shape, Path]:
             positions=_int(v, "num_position_embeddings", f, vp),
             deepstack=len(ds), max_pixels=max_pixels(f.parent) if f.name == "config.json"
             else QWEN3_VL_MAX_PIXELS)
+        _check_vision(vision, f)
     shape = Shape(
         hidden=hidden, layers=_int(text, "num_hidden_layers", f, tp), heads=heads,
-        kv_heads=_int(text, "num_key_value_heads", f, tp, heads),
-        head_dim=_int(text, "head_dim", f, tp, hidden // heads),
+        kv_heads=_kv_heads(text, heads, f, tp),
+        # transformers' Qwen3 / Qwen3-VL default, not hidden / heads (Qwen3-8B: 4096 / 32)
+        head_dim=_int(text, "head_dim", f, tp, 128),
         intermediate=_int(text, "intermediate_size", f, tp),
         vocab=_int(text, "vocab_size", f, tp), tied=bool(tied),
         attention_bias=bool(text.get("attention_bias", False)), vision=vision)
@@ -231,6 +284,7 @@ def run_plan(policy: str, params: Mapping[str, Any], *, zero: int | None = None,
     if deepspeed is not None:
         o = replace(o, **zero_from_deepspeed(deepspeed, shape.hidden))
     check_options(o)
+    check_tp(shape, o.tp, f)
     p = plan(shape, o)
     p["inputs"] = {"config": str(f), "deepspeed": deepspeed, **p["inputs"]}
     if as_json:
