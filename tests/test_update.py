@@ -468,3 +468,108 @@ def test_zero3_bf16_keeps_fp32_masters_and_adam_across_updates(tmp_path, tiny_mo
             "--keep-optimizer")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "1 rank(s), ZeRO-3 on cpu, carried optimiser" in r.stderr
+
+
+# ----------------------------------------------------------------------------- divergence
+
+
+def test_a_diverged_update_exits_1_and_leaves_out_as_it_was(tmp_path, tiny_model, pair):
+    """--lr 1e30 gives finite weights of 1e30 whose forward is nan: exit 1, one line, no
+    checkpoint, and an earlier OUT under --force untouched."""
+    prev = tmp_path / "prev"
+    prev.mkdir()
+    (prev / "keep.txt").write_text("earlier")
+    res = cli(str(pair), "--policy", str(tiny_model), "--out", str(prev), "--force",
+              "--lr", "1e30")
+    assert res.returncode == 1, res.stderr
+    assert "diverged" in res.stderr and "Traceback" not in res.stderr
+    assert [p.name for p in prev.iterdir()] == ["keep.txt"]
+    assert not any(p.name.startswith("prev.") for p in tmp_path.iterdir())
+
+
+def test_every_step_skipped_exits_1_without_a_checkpoint(tmp_path, tiny_model, pair, monkeypatch):
+    from marscli.errors import RuntimeFailure
+    from marscli.stages.update import run_update
+    from marscli.train import trainer
+
+    monkeypatch.setattr(trainer, "clip_grad_norm", lambda *a: float("nan"))
+    with pytest.raises(RuntimeFailure, match=r"all 1 optimiser step\(s\) were skipped"):
+        run_update(str(pair), str(tiny_model), str(tmp_path / "o"), lr=1e-3)
+    assert not (tmp_path / "o").exists()
+
+
+# ----------------------------------------------------------------------------- whose state
+
+
+@pytest.fixture(scope="module")
+def kept(tmp_path_factory, tiny_model, pair) -> Path:
+    """An update's output with AdamW's state (plain torch: optimizer.pt)."""
+    from marscli.stages.update import run_update
+
+    out = tmp_path_factory.mktemp("kept") / "ckpt1"
+    run_update(str(pair), str(tiny_model), str(out), lr=1e-3, keep_optimizer=True)
+    return out
+
+
+def _beside(tmp_path: Path, tiny_model: Path, kept: Path, change) -> Path:
+    """A copy of the tiny model, its weights changed by `change`, with `kept`'s train_state/."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    other = tmp_path / "other"
+    shutil.copytree(tiny_model, other)
+    w = load_file(other / "model.safetensors")
+    save_file(change(w), other / "model.safetensors", metadata={"format": "pt"})
+    shutil.copytree(kept / "train_state", other / "train_state")
+    return other
+
+
+@pytest.mark.parametrize("change,what", [
+    (lambda w: {k: v * 1.01 for k, v in w.items()}, "other weights"),  # same shapes
+    (lambda w: {k: v[:1] if k.endswith("norm.weight") else v for k, v in w.items()},
+     "another model")])
+def test_a_train_state_of_another_model_is_refused(tmp_path, tiny_model, kept, pair, change,
+                                                   what):
+    other = _beside(tmp_path, tiny_model, kept, change)
+    for keep in (["--keep-optimizer"], []):  # the masters are not loaded either
+        res = cli(str(pair), "--policy", str(other), "--out", str(tmp_path / "o"), *keep)
+        assert res.returncode == 2, res.stderr
+        assert f"fingerprint: saved with {what}" in res.stderr, res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
+
+
+def test_keep_optimizer_refuses_a_missing_optimiser_file(tmp_path, kept, pair):
+    import shutil
+
+    from marscli.stages.update import run_update
+
+    ckpt = tmp_path / "ckpt1"
+    shutil.copytree(kept, ckpt)
+    (ckpt / OPT).unlink()
+    with pytest.raises(BadInput, match=r"optimizer\.pt: missing — .*drop --keep-optimizer"):
+        run_update(str(pair), str(ckpt), str(tmp_path / "o"), lr=1e-3, keep_optimizer=True)
+    assert not (tmp_path / "o").exists()
+
+
+def test_moments_of_another_shape_are_refused_without_a_fingerprint(tmp_path, kept, pair):
+    """A state of an earlier version (no fingerprint) whose AdamW moments have other shapes:
+    one line naming optimizer.pt, not a size-mismatch traceback in the first step."""
+    import shutil
+
+    import torch
+
+    from marscli.stages.update import run_update
+
+    ckpt = tmp_path / "ckpt1"
+    shutil.copytree(kept, ckpt)
+    st = orjson.loads((ckpt / "train_state" / "state.json").read_bytes())
+    del st["fingerprint"]
+    (ckpt / "train_state" / "state.json").write_bytes(orjson.dumps(st))
+    opt = torch.load(ckpt / OPT)
+    first = opt["state"][0]
+    first["exp_avg"] = first["exp_avg"].flatten()[:3]
+    torch.save(opt, ckpt / OPT)
+    with pytest.raises(BadInput, match=r"optimizer\.pt: AdamW's moments of shape \[3\]"):
+        run_update(str(pair), str(ckpt), str(tmp_path / "o"), lr=1e-3, keep_optimizer=True)
+    assert not (tmp_path / "o").exists()

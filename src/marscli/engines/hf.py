@@ -54,6 +54,7 @@ class HFEngine:
     def __init__(self, policy: str, device: str = "auto", dtype: str | None = None,
                  max_batch: int = 32, **_: Any) -> None:
         path = check_checkpoint(policy)
+        self.policy = path
         self.processor = load_processor(path)
         self.device = resolve_device(device)
         self.model = load_model(path, device=self.device, dtype=dtype)
@@ -115,8 +116,9 @@ class HFEngine:
         max_new = max(r.max_new_tokens or params.max_new_tokens for r in requests)
         caps = [r.max_new_tokens or params.max_new_tokens for r in requests]
         seeds = self._seeds(requests, params)
-        procs = ([] if params.temperature <= 0
-                 else [RowSampler(seeds, params, inputs["input_ids"].device)])
+        procs: list[Any] = [FiniteLogits(self.policy)]  # first: before any draw
+        if params.temperature > 0:
+            procs.append(RowSampler(seeds, params, inputs["input_ids"].device))
         streamer = None if on_tokens is None else RowStreamer(on_tokens, caps, self.ids.im_end)
         with torch.no_grad():
             res = self.model.generate(
@@ -142,6 +144,24 @@ class HFEngine:
 def _offset(f: Callable[[int, list[int]], None], start: int) -> Callable[[int, list[int]], None]:
     """`f` for a slice of the requests that starts at `start`."""
     return lambda i, ids: f(start + i, ids)
+
+
+class FiniteLogits:
+    """A logits processor that refuses logits of nan or +inf (a diverged checkpoint) in one
+    line (RuntimeFailure, exit 1) naming the checkpoint, before the sampler's multinomial or
+    greedy's argmax meets them. -inf is allowed: the suppressed placeholders hold it."""
+
+    def __init__(self, policy: str) -> None:
+        self.policy = policy
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        if bool((scores.isnan() | scores.isposinf()).any()):
+            from marscli.errors import RuntimeFailure
+
+            raise RuntimeFailure(f"--policy: {self.policy}: the model's logits are not finite "
+                                 "(nan or inf) — its weights diverged (an update at too high "
+                                 "--lr?); sample from an earlier checkpoint")
+        return scores
 
 
 class RowSampler:

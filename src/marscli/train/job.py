@@ -136,6 +136,8 @@ class Job:
         self.pid = os.getpid()  # rank 0's pid once output() is open
         self.io = {"load_seconds": 0.0, "master_load_seconds": 0.0, "save_seconds": 0.0,
                    "master_save_seconds": 0.0, "bytes_written": 0}
+        self.steps_run = self.steps_skipped = 0  # optimiser steps `step` took / skipped
+        self.probe: tuple[Micro, Spec] | None = None  # the last step's first micro-batch
 
     def __enter__(self) -> Self:
         self.dist = init_distributed(deepspeed=self.ds_cfg is not None, device=self.opts.device)
@@ -250,12 +252,31 @@ class Job:
         from marscli.train.persist import local_path
         from marscli.train.trainstate import save_all
 
+        self.check_finite(model)
         at = local_path(self.opts.state_dir, self.out) if self.opts.state_dir else None
         io = save_all(model, self.folder, policy, processor, self.export_dtype(policy),
                       optimizer=optimizer, steps=steps, ds_cfg=self.ds_cfg, state_at=at,
                       pid=self.pid)
         for k in ("save_seconds", "master_save_seconds", "bytes_written"):
             self.io[k] += io[k]
+
+    def check_finite(self, model: Any) -> None:
+        """A diverged model is not saved (RuntimeFailure, exit 1; OUT is not written, an earlier
+        OUT stays): every step skipped for a non-finite gradient norm, a non-finite weight, or
+        non-finite log-probs of the last step's first micro-batch (weights of 1e30 are finite,
+        their forward is not). Collective: every rank runs the forward and the verdict is
+        all-reduced, so the ranks raise together."""
+        from marscli.errors import RuntimeFailure
+        from marscli.train.trainer import is_finite
+
+        fix = f"nothing written to {self.out}; lower --lr (was {self.opts.lr:g}), check the input"
+        if self.steps_run and self.steps_skipped == self.steps_run:
+            raise RuntimeFailure(f"{self.stage}: all {self.steps_run} optimiser step(s) were "
+                                 f"skipped: the loss or gradient norm was not finite — {fix}")
+        bad = 0.0 if is_finite(model, self.probe) else 1.0
+        if all_reduce([bad], self.dist, "max")[0]:
+            raise RuntimeFailure(f"{self.stage}: the training diverged: non-finite weights or "
+                                 f"log-probs after the last step — {fix}")
 
     def io_stats(self) -> dict:
         """Seconds loading and saving checkpoints, and of them the fp32 masters' part
@@ -296,6 +317,9 @@ class Job:
         with Timer() as tm:
             batches = (collate(m.examples, spec, m.weight, d.device, logps) for m in mb.micros)
             ms, grad_norm, tokens = train_minibatch(model, batches, len(mb.micros), loss_fn, lr)
+        self.steps_run += 1
+        self.steps_skipped += not math.isfinite(grad_norm)  # trainer.step skipped it
+        self.probe = (mb.micros[0], spec) if mb.micros else self.probe
         mine = Reduce(sum={k: sum(m[k] for m in ms) for k in sums},
                       min={k: min((m[k] for m in ms), default=math.inf) for k in mins},
                       max={k: max((m[k] for m in ms), default=-math.inf) for k in maxs})

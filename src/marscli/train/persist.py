@@ -290,6 +290,10 @@ def adopt(run: str, k: int, state: str | None) -> None:
             _note(f"{ckpt}: the redone update's weights differ from the run's (kernels that "
                   "are not bit-exact) — the loop goes on from the redone state")
     repair(ckpt, st)
+    if redo.is_dir() and not same:  # the redone state is now this checkpoint's (its export's)
+        from marscli.train.trainstate import restamp
+
+        restamp(ckpt)
     shutil.rmtree(st / REDO, ignore_errors=True)
 
 

@@ -234,6 +234,23 @@ class TrainModel:
         return p.data
 
 
+def is_finite(model: TrainModel, probe: tuple[Any, Any] | None) -> bool:
+    """Every weight this rank holds is finite (its partition under ZeRO-3), and so are the
+    log-probs of `probe` (a micro-batch and its Spec) under the model: one forward, run on
+    every rank whatever the weights (collective under ZeRO-3)."""
+    from marscli.train.batch import collate
+
+    with torch.no_grad():
+        ok = all(bool(torch.isfinite(getattr(p, "ds_tensor", p.data)).all())
+                 for p in model.module.parameters())
+    if probe is not None:
+        micro, spec = probe
+        model.train(False)
+        logp = model.logp(collate(micro.examples, spec, micro.weight, model.dist.device))
+        ok = bool(torch.isfinite(logp).all()) and ok
+    return ok
+
+
 def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> float:
     """Scale gradients to norm ≤ max_norm (0: never); returns the norm before clipping.
 

@@ -7,7 +7,9 @@ moments and step, kept beside the HF export that engines load.
       train_state/                 read by update and sft only (with --state-dir a link to
                                    its node-local copy, made durable by persist.py)
         state.json                 {"v": 2, "engine", "world", "zero_stage", "bf16", "steps",
-                                    "master", "optimizer", "adam_step"}
+                                    "master", "optimizer", "adam_step", "fingerprint": the
+                                    export's beside it (export_fingerprint): a state moved
+                                    beside another model's weights is refused, exit 2}
         shards.json                which rank file holds which slice of each parameter
         master-rank-00000-of-00002.safetensors   rank 0's fp32 masters: NAME → a flat slice;
         master-rank-00001-of-00002.safetensors   absent when the export is float32 (the export
@@ -40,7 +42,9 @@ Importing this module is cheap: torch loads inside the functions.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -56,6 +60,66 @@ LEGACY_MASTER = "master.safetensors"  # the masters gathered whole (earlier mars
 TORCH_OPTIMIZER = "optimizer/optimizer.pt"
 DS_DIR, DS_TAG = "optimizer", "state"  # DeepSpeed's own checkpoint (earlier marscli versions)
 LEGACY_OPTIMIZER = "optimizer.pt"  # POLICY/optimizer.pt of earlier marscli versions (plain torch)
+
+
+SAMPLES = 1024  # 16-byte windows read from each export file for the weights' fingerprint
+
+
+def export_fingerprint(ckpt: str | Path) -> dict | None:
+    """What a train_state/ belongs to, from the checkpoint's HF export beside it: "model", a
+    hash of every tensor's name, shape and dtype (the headers: nothing is read), and
+    "weights", a hash of SAMPLES evenly spaced 16-byte windows of each file's data (about 16
+    KiB a file: another seed or another checkpoint of the same shapes differs there). None
+    without safetensors files (a hub id)."""
+    from marscli.qwen.policy import safetensors_header
+
+    files = sorted(Path(ckpt).glob("*.safetensors"))
+    if not files:
+        return None
+    model, weights = hashlib.sha256(), hashlib.sha256()
+    for f in files:
+        header = safetensors_header(f)
+        model.update(json.dumps(sorted((n, h["dtype"], h["shape"]) for n, h in header.items()))
+                     .encode())
+        size = f.stat().st_size
+        with f.open("rb") as fh:
+            start = 8 + int.from_bytes(fh.read(8), "little")
+            span = max(size - start - 16, 0)
+            weights.update(f"{f.name} {size}".encode())
+            for i in range(SAMPLES):
+                fh.seek(start + span * i // (SAMPLES - 1))
+                weights.update(fh.read(16))
+    return {"model": model.hexdigest()[:16], "weights": weights.hexdigest()[:16]}
+
+
+def check_fingerprint(ckpt: str | Path, st: dict) -> None:
+    """A state.json that records the export it was saved with must sit beside that export:
+    a train_state/ copied from another model (or checkpoint) is refused (BadInput), not loaded
+    into this one (states of earlier versions carry none and are not checked)."""
+    saved = st.get("fingerprint")
+    here = export_fingerprint(ckpt) if saved else None
+    if not saved or here is None or here == saved:
+        return
+    what = ("another model (other tensor names or shapes)" if saved.get("model") != here["model"]
+            else "other weights (another checkpoint of the same shapes)")
+    where = Path(ckpt) / STATE_DIR / "state.json"
+    raise BadInput(f"{where}: fingerprint: saved with {what} than the export in {ckpt} — "
+                   f"this training state is not that checkpoint's; point --policy at the one "
+                   f"it was saved with, or delete {where.parent} to train from the HF weights "
+                   "with a fresh optimiser (without --keep-optimizer)")
+
+
+def restamp(ckpt: str | Path) -> None:
+    """Record CKPT's export as the one its train_state/ belongs to (persist.adopt: a redone
+    update's state taken for the run's checkpoint), written atomically."""
+    f = Path(ckpt) / STATE_DIR / "state.json"
+    st = read_state(ckpt)
+    if st is None or "fingerprint" not in st:
+        return
+    st["fingerprint"] = export_fingerprint(ckpt)
+    tmp = f.with_name(f"state.json.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(st, indent=2) + "\n")
+    os.replace(tmp, f)
 
 
 def read_state(ckpt: str | Path) -> dict | None:
@@ -164,6 +228,7 @@ def check_state(ckpt: str) -> None:
     check_present(ckpt)
     master_source(ckpt)
     st = read_state(ckpt) or {}
+    check_fingerprint(ckpt, st)
     if st.get("optimizer") == INDEX:
         read_index(Path(ckpt) / STATE_DIR)
 
@@ -187,6 +252,16 @@ def check_resumable(ckpt: str, ds_cfg: dict | None, world: int) -> None:
         raise BadInput(f"{where}: DeepSpeed's own optimiser checkpoint (an earlier marscli) "
                        f"saved by {_how(st, world=True)}, this run is {_how(here, world=True)} "
                        f"— launch it that way once (its output loads on any world size), {fix}")
+    _check_optimizer_there(where, st["optimizer"], fix)  # after: a state of another engine
+
+
+def _check_optimizer_there(where: Path, saved: str, fix: str) -> None:
+    """--keep-optimizer where state.json names AdamW's state and it is gone: refused, not a
+    fresh optimiser started silently (the moments files of INDEX: check_state)."""
+    path = where / saved
+    if saved != INDEX and not path.exists():
+        raise BadInput(f"{path}: missing — {where / 'state.json'} records AdamW's state there; "
+                       f"restore it, point --policy at the checkpoint that has it, {fix}")
 
 
 # ------------------------------------------------------------------------------ saving
@@ -249,6 +324,7 @@ def _save_all(model: Any, folder: Path, state: Path, policy: str, processor: Any
         if kinds:
             write_index(state, writers, kinds)
         info = {"v": 2, **engine_of(ds_cfg), "world": d.world, "steps": steps,
+                "fingerprint": export_fingerprint(folder),
                 "master": INDEX if "master" in kinds else None,
                 "optimizer": (INDEX if model.engine is not None else TORCH_OPTIMIZER)
                 if optimizer else None}
@@ -362,9 +438,23 @@ def load_optimizer(model: Any, ckpt: str | Path, *, betas: tuple[float, float], 
         except (ValueError, KeyError, RuntimeError, EOFError, pickle.UnpicklingError) as e:
             raise BadInput(f"{path}: does not fit the policy's trainable parameters ({e}) — "
                            "delete it to start a fresh optimiser") from None
+        _check_moment_shapes(model.optimizer, path)
     for g in model.optimizer.param_groups:
         g.update(betas=betas, eps=eps, weight_decay=weight_decay)
     return True
+
+
+def _check_moment_shapes(optimizer: Any, path: Path) -> None:
+    """torch's load_state_dict checks parameter counts only: moments of another shape (a
+    state of another model, of an earlier version without a fingerprint) would fail in the
+    first step with a long traceback."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            m = optimizer.state.get(p, {}).get("exp_avg")
+            if m is not None and m.shape != p.shape:
+                raise BadInput(f"{path}: AdamW's moments of shape {list(m.shape)} for a "
+                               f"parameter of shape {list(p.shape)} — the optimiser state is "
+                               "another model's; delete it to start a fresh optimiser")
 
 
 def load_moments(model: Any, state: Path, step: int) -> None:
