@@ -267,6 +267,9 @@ def test_run_minibatches_field_and_stats():
     (lambda r: r.pop("prompt_id"), r"s\.jsonl:2: prompt_id: missing"),
     (lambda r: r.update(id=5), r"s\.jsonl:2: id: expected str"),
     (lambda r: r.update(id="a#0"), r"s\.jsonl:2: id: duplicate id 'a#0' \(first at line 1\)"),
+    # (r - mean)^2 overflows float64: the group's advantages would be nan, written as null
+    (lambda r: r["reward"].update(total=1e308), r"s\.jsonl:2: reward\.total: 1e\+308 is beyond"),
+    (lambda r: r["reward"].update(total=-1e200), r"s\.jsonl:2: reward\.total: -1e\+200 is "),
 ])
 def test_run_bad_rows(mutate, match):
     rows = _rows(("a", 1), ("a", 0), ("b", 1))

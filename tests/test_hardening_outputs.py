@@ -362,6 +362,42 @@ def test_a_replace_killed_between_its_renames_is_finished_by_the_next_run(tmp_pa
     assert live.exists()
 
 
+def test_a_reader_finds_the_checkpoint_a_killed_replace_moved_aside(tmp_path, capsys):
+    """`--policy OUT` with only `OUT.old-PID` left: put back when PID is gone, otherwise a
+    one-line error naming where the checkpoint is (not "no such checkpoint folder")."""
+    from marscli.qwen.policy import check_checkpoint
+
+    out = tmp_path / "ckpt"
+    old = tmp_path / f"ckpt.old-{_dead_pid()}"
+    old.mkdir()
+    (old / "config.json").write_text("{}")
+    assert check_checkpoint(str(out)) == str(out)
+    assert files(tmp_path) == ["ckpt"] and "put back" in capsys.readouterr().err
+    live = tmp_path / f"ckpt.old-{os.getppid()}"
+    out.rename(live)
+    with pytest.raises(BadInput, match=f"the checkpoint is in {live} .*mv {live} {out}"):
+        check_checkpoint(str(out))
+
+
+def test_a_replace_whose_new_folder_fails_keeps_the_old(tmp_path, monkeypatch):
+    import marscli.records.outputs as outputs
+
+    out = tmp_path / "ckpt"
+    out.mkdir()
+    (out / "w").write_text("previous")
+    real = os.replace
+
+    def refuse_the_new(src, dst):
+        if ".tmp-" in str(src):
+            raise OSError(5, "Input/output error")
+        real(src, dst)
+
+    monkeypatch.setattr(outputs.os, "replace", refuse_the_new)
+    with pytest.raises(OSError), AtomicDir(out) as ad:
+        (ad.tmp / "w").write_text("new")
+    assert files(tmp_path) == ["ckpt"] and (out / "w").read_text() == "previous"
+
+
 # ----------------------------------------------------------------------------- 22.10: disk, ro
 
 

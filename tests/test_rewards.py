@@ -175,6 +175,8 @@ def test_multiple_choice_row_never_asks_the_judge():
     ({"final_answer": 3}, "final_answer"),
     ({"segments": "nope"}, "segments"),
     ({"segments": [{"role": "tool", "ok": "yes"}]}, "segments[0].ok"),
+    ({"id": 3}, "id"),
+    ({"id": ""}, "id"),
 ])
 def test_bad_fields_name_file_line_field(patch, field):
     rows = rows_of(traj(), {**traj(), **patch})
@@ -214,6 +216,17 @@ def test_cli_bad_field_exit_2_one_line_no_output(tmp_path):
     assert len(lines) == 1 and lines[0].startswith(f"error: {src}:2: answer_gt: "), p.stderr
     assert dst.read_text() == "previous\n"
     assert sorted(os.listdir(tmp_path)) == ["s.jsonl", "t.jsonl"]
+
+
+def test_cli_row_without_id_exit_2_one_line(tmp_path):
+    """The id keys a row's reward downstream (advantages, a re-run's partial file): a row
+    without one is refused, not scored."""
+    src = tmp_path / "t.jsonl"
+    write_jsonl(src, [traj(), {k: v for k, v in traj().items() if k != "id"}])
+    p = cli(str(src), "-o", str(tmp_path / "s.jsonl"), cwd=tmp_path)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.strip() == f"error: {src}:2: id: missing required field", p.stderr
+    assert sorted(os.listdir(tmp_path)) == ["t.jsonl"]
 
 
 def test_cli_stdout_and_bad_options(tmp_path):

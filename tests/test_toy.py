@@ -382,6 +382,28 @@ def test_cli_creates_the_folder_and_refuses_an_existing_one(tmp_path):
         assert not (tmp_path / "bad").exists()
 
 
+def test_a_seed_past_64_bits_and_a_force_on_the_folder_in_use_are_one_line(tmp_path):
+    """A seed world.json cannot hold, and --force on the current folder or one holding it
+    (the replace would fail half-way, or delete the shell's folder): exit 2, one line,
+    before anything is drawn; the world stays."""
+    args = ("--entities", "5", "--train", "1", "--test", "0", "--sft", "0", "--size", "256")
+    for seeds, named in (((("--seed", str(10**23)),), "--seed: 1000"),
+                         ((("--avoid-seeds", f"1,{-10**23}"),), "--avoid-seeds: -1000")):
+        r = _cli("toy-world", str(tmp_path / "bad"), *seeds[0], *args)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and named in r.stderr, r.stderr
+        assert not (tmp_path / "bad").exists()
+    out = tmp_path / "w"
+    assert _cli("toy-world", str(out), *args).returncode == 0
+    before = files(out)
+    for cwd, target in ((out, "."), (out / "images", ".."), (out / "images", str(out))):
+        r = subprocess.run([sys.executable, "-m", "marscli", "toy-world", target, *args,
+                            "--force"], capture_output=True, text=True, cwd=cwd, timeout=120,
+                           env={**os.environ, "NO_COLOR": "1"}, check=False)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert "current folder" in r.stderr and files(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w", "w.meta.json"]
+
+
 def test_zoom_cells_box_is_the_aligned_block_holding_the_logo(tmp_path):
     build_world(tmp_path / "w", entities=5, train=12, test=0, sft=4, grid=4, zoom_cells=2,
                 kinds=("perception",))

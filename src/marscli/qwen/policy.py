@@ -40,6 +40,10 @@ def check_checkpoint(path: str, option: str = "--policy") -> str:
     """Validate a local checkpoint folder (or accept a hub id); return what to load."""
     p = Path(path)
     if not p.exists():
+        from marscli.records.outputs import find_replaced
+
+        find_replaced(p, option)  # an `OUT.old-PID` a killed replace left: put it back
+    if not p.exists():
         if _HUB_ID.match(path) and not path.startswith("."):
             return path  # a hub id: transformers resolves (and, with a network, downloads) it
         raise BadInput(f"{option}: {path}: no such checkpoint folder")

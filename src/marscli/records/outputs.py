@@ -15,7 +15,8 @@
   `AtomicJsonl(path)` does so with records; for `-` it buffers and prints on success.
 - `AppendJsonl(path)` is for resumable stages: one complete record per `write()`, a torn last
   line (from kill -9) is cut off on open, a record that fails to write (a full disk) is cut off
-  at once, and `ids` lists what is already there.
+  at once, and `ids` lists what is already there (`on_row` sees each of those records: the
+  resume check of `agent/runner.py` reads what made them).
 - `AtomicDir(OUT)`: a folder built as `OUT.tmp-PID` and renamed onto OUT on success (an
   existing OUT goes only once the new one is complete), removed on error. Every stage that
   writes a folder uses it: `update`, `sft` (and its resumable `OUT.partial/`), `tiny-model`,
@@ -36,7 +37,7 @@ import glob
 import os
 import shutil
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Self
 
@@ -355,11 +356,13 @@ class AppendJsonl(_Output):
     own, and `ids` holds the ids already complete.
     """
 
-    def __init__(self, path: str, key: str = "id") -> None:
+    def __init__(self, path: str, key: str = "id",
+                 on_row: Callable[[int, dict], None] | None = None) -> None:
         if path == "-":
             raise BadInput("-o -: resumable stages need an output file, not stdout")
         self.path = Path(path)
         self.key = key
+        self.on_row = on_row  # sees each record already there (line, row) as it is scanned
         self.ids: set[str] = set()
         self.count = 0
 
@@ -385,11 +388,14 @@ class AppendJsonl(_Output):
         for n, line in enumerate(data[:keep].splitlines(), start=1):
             if line.strip():
                 try:
-                    self.ids.add(orjson.loads(line)[self.key])
+                    row = orjson.loads(line)
+                    self.ids.add(row[self.key])
                 except (orjson.JSONDecodeError, KeyError, TypeError):
                     raise BadInput(
                         f"{self.path}:{n}: {self.key}: existing output is not a "
                         "record of this stage — move it away or pick another -o") from None
+                if self.on_row is not None:
+                    self.on_row(n, row)
 
     def write(self, row: dict) -> None:
         data = memoryview(dumps(row))
@@ -415,6 +421,8 @@ class AtomicDir:
 
     def __init__(self, out: str | Path, active: bool = True, tmp: str | Path | None = None) -> None:
         self.out, self.active = Path(out), active
+        if active:
+            check_replaceable(self.out)
         self.tmp = Path(tmp) if tmp is not None else tmp_path(self.out)
 
     def __enter__(self) -> Self:
@@ -457,9 +465,32 @@ class AtomicDir:
         if self.out.exists():
             old = self.out.with_name(f"{self.out.name}.old-{os.getpid()}")
             os.replace(self.out, old)
-        os.replace(self.tmp, self.out)  # a kill before this line: recover_replaced
+        try:
+            os.replace(self.tmp, self.out)  # a kill before this line: recover_replaced
+        except BaseException:
+            if old is not None:  # the new one failed: the old stays where it was
+                os.replace(old, self.out)
+            raise
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def check_replaceable(out: Path) -> None:
+    """A folder output is renamed onto OUT whole, so OUT cannot be the current folder or one
+    holding it (`.`, `..`: the rename fails half-way, or the shell is left in a deleted
+    folder) nor a mount point (rename refuses it, EBUSY)."""
+    where = out.resolve()
+    try:
+        here = Path.cwd().resolve()
+    except OSError:  # the current folder was deleted: nothing to hold
+        here = None
+    if here is not None and (where == here or where in here.parents):
+        what = "the current folder" if where == here else "a folder holding the current folder"
+        raise BadInput(f"{out}: is {what} — a folder output replaces OUT whole; run from "
+                       "outside it or name another OUT")
+    if where.is_dir() and os.path.ismount(where):
+        raise BadInput(f"{out}: is a mount point, which cannot be replaced — name a folder "
+                       "inside it")
 
 
 def recover_replaced(out: str | Path) -> None:
@@ -476,6 +507,22 @@ def recover_replaced(out: str | Path) -> None:
             os.replace(old, out)
             print(f"{out}: put back from {old.name} (pid {pid} was killed while replacing it)",
                   file=sys.stderr)
+
+
+def find_replaced(path: Path, option: str = "--policy") -> None:
+    """A checkpoint folder that is missing because a replace moved it aside (`PATH.old-PID`,
+    AtomicDir's first rename) and never put the new one in: put it back when PID no longer
+    runs (the replace was killed or failed: the old folder is the last complete one), or say
+    where it is while PID runs."""
+    recover_replaced(path)
+    if path.exists():
+        return
+    for old in sorted(path.parent.glob(f"{glob.escape(path.name)}.old-*")):
+        pid = old.name[len(path.name) + len(".old-"):]
+        if pid.isdigit() and old.is_dir():
+            raise BadInput(f"{option}: {path}: missing — the checkpoint is in {old} (moved "
+                           f"aside by pid {pid}, still running, while it replaces "
+                           f"{path.name}); wait for it, or `mv {old} {path}`")
 
 
 def _umask() -> int:

@@ -63,6 +63,9 @@ TRUNCATED_STOPS = ("max_turns", "max_tokens")  # agent.py: the turn limit, the t
 PROMPT_TOO_LONG = "prompt_too_long"  # a row rollout refused: no tokens generated, left out
 MAX_MINIBATCHES = 1 << 20  # --minibatches
 EPS_GROUP, EPS_BATCH = 1e-6, 1e-9  # the group step's and the batch step's std epsilon
+# The largest |reward.total| taken: squared deviations (4e300) summed over any batch stay
+# finite in float64. marscli's rewards are 0 to 1.5; an external scorer's may be larger.
+MAX_REWARD = 1e150
 
 
 def group_stats(r: np.ndarray, g: np.ndarray, n: int) -> tuple[np.ndarray, ...]:
@@ -190,7 +193,8 @@ def _validate(rows: list[tuple[int, dict]], src: str,
         rid, pid, reward = row.get("id"), row.get("prompt_id"), row.get("reward")
         total = reward.get("total") if type(reward) is dict else None
         if (type(rid) is str and type(pid) is str and type(total) in (float, int)
-                and not stops and rid not in first):  # the common row, without get_field's walk
+                and -MAX_REWARD <= total <= MAX_REWARD and not stops
+                and rid not in first):  # the common row, without get_field's walk
             first[rid] = line
             pids.append(pid)
             rewards[i] = total
@@ -202,9 +206,19 @@ def _validate(rows: list[tuple[int, dict]], src: str,
                            f"— each trajectory must appear once")
         first[rid] = line
         pids.append(get_field(row, "prompt_id", str, src, line))
-        rewards[i] = get_field(row, "reward.total", (int, float), src, line)
+        rewards[i] = _reward(get_field(row, "reward.total", (int, float), src, line), src, line)
         stop.append(get_field(row, "stop", str, src, line) if stops else None)
     return pids, rewards, stop
+
+
+def _reward(total: float, src: str, line: int) -> float:
+    """A reward the group statistics can square: (r - mean)^2 of ±1e308 overflows float64
+    to inf, and every advantage of the group (and, through the batch step, of the batch)
+    would come out nan or 0."""
+    if not -MAX_REWARD <= total <= MAX_REWARD:
+        raise BadInput(f"{src}:{line}: reward.total: {total!r} is beyond ±{MAX_REWARD:g} — "
+                       "group statistics overflow; check the reward that wrote it")
+    return total
 
 
 def _canonical(rows: list[tuple[int, dict]], pids: list[str], r: np.ndarray,

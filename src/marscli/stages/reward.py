@@ -57,6 +57,9 @@ PROMPT_TOO_LONG = "prompt_too_long"  # a row rollout refused: nothing generated,
 
 def _validate(row: dict, src: str, line: int, judge: Judge) -> str | None:
     """Check the fields scoring needs; return the judge's image path (or None)."""
+    # the row's id keys its reward downstream (advantages, the partial file of a re-run)
+    if not get_field(row, "id", str, src, line):
+        raise BadInput(f"{src}:{line}: id: empty — each trajectory needs its id")
     gold = get_field(row, "answer_gt", list, src, line)
     if not gold or not all(isinstance(g, str) for g in gold):
         raise BadInput(f"{src}:{line}: answer_gt: expected a non-empty list of strings, "

@@ -59,12 +59,22 @@ def parse_kinds(kinds: str) -> tuple[str, ...]:
     return kind_list
 
 
+def check_seed(seed: int, option: str = "--seed") -> int:
+    """A seed world.json and the sidecar can hold: a signed 64-bit integer (JSON writers
+    refuse larger ones, after the whole world is drawn)."""
+    if not -(1 << 63) <= seed < 1 << 63:
+        raise BadInput(f"{option}: {seed} is out of range — a seed is a 64-bit integer, "
+                       "-2**63 to 2**63 - 1")
+    return seed
+
+
 def parse_seeds(seeds: str) -> tuple[int, ...]:
     """`--avoid-seeds 0,1,2` → (0, 1, 2); BadInput for a part that is not an integer."""
     try:
-        return tuple(sorted({int(x) for x in seeds.split(",") if x.strip()}))
+        found = {int(x) for x in seeds.split(",") if x.strip()}
     except ValueError:
         raise BadInput(f"--avoid-seeds {seeds!r}: integers, comma-separated") from None
+    return tuple(sorted(check_seed(x, "--avoid-seeds") for x in found))
 
 
 def check_options(entities: int, train: int, test: int, sft: int, size: int, grid: int,
@@ -224,6 +234,7 @@ def build_world(out: str | Path, entities: int = 24, seed: int = 0, train: int =
     one must not reuse, by (shape, colour) pair or whole logo (`avoid_by`, `world_entities`).
     """
     check_options(entities, train, test, sft, size, grid, zoom_cells, perceive, clutter, direct)
+    check_seed(seed)
     # checks avoid and avoid_by
     ents, cities, shops = world_entities(seed, entities, avoid, avoid_entities, avoid_by)
     out = Path(out)

@@ -2,6 +2,7 @@
 
 - `check_out` refuses an --out that exists (without --force) or is one of the input
   checkpoints; first it finishes a replace a kill interrupted (`outputs.recover_replaced`).
+  (`outputs.find_replaced` does so for a checkpoint read: `--policy`.)
   The folder itself is built by `records.outputs.AtomicDir`.
 - `save_errors(path)`: a full disk seen by torch.save (a RuntimeError from inline_container.cc)
   or safetensors (an "os error N" message) becomes the one-line error of errors.save_error.
