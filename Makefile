@@ -68,6 +68,28 @@ RECIPE ?= recipes/tiny-sees.mk
 opt_value = $(firstword $(patsubst $(1)=%,%,$(filter $(1)=%,$(2))) $(call opt_next,$(1),$(2)))
 opt_next = $(if $(2),$(if $(filter $(1),$(firstword $(2))),$(word 2,$(2)),\
   $(call opt_next,$(1),$(wordlist 2,$(words $(2)),$(2)))))
+# The loop's variables, checked here so that every target (rl, rl-iter, demo, rehearse...) and
+# even `make -n` refuse them: an empty RUN would put the run under / (`toy-world /world
+# --force`), and a space splits a path into two words in every command. Checked before the
+# recipe too (a space in a path given would define the recipe's rules twice) and after it.
+check_run = $(if $(strip $(RUN)),,$(error RUN is empty: the run would be written under / — name \
+  the run's folder, RUN=runs/NAME))$(if $(filter-out 1[],$(words $(RUN))[$(subst $(strip \
+  $(RUN)),,$(RUN))]),$(error RUN='$(RUN)' has a space: every command would split it — a folder \
+  name without spaces))$(if $(filter $(abspath $(RUN)),/ $(CURDIR) $(abspath $(CURDIR)/..)),\
+  $(error RUN=$(RUN) is /, the repository or its parent: the run needs a folder of its own, \
+  RUN=runs/NAME))
+# $(call is_count,V): 1 when V is a non-negative integer (digits only, no space), else empty
+digitless = $(subst 0,,$(subst 1,,$(subst 2,,$(subst 3,,$(subst 4,,$(subst 5,,$(subst 6,,$(subst \
+  7,,$(subst 8,,$(subst 9,,$(1)))))))))))
+is_count = $(and $(filter 1,$(words $(1))),$(if $(subst $(strip $(1)),,$(1)),,1),\
+  $(if $(call digitless,$(1)),,1))
+# $(check_loop): those of them defined so far (before the recipe: the ones given)
+check_loop = $(if $(filter undefined,$(origin RUN)),,$(check_run))$(foreach v,ITER ITERS SEED,\
+  $(if $(or $(filter undefined,$(origin $(v))),$(call is_count,$($(v)))),,$(error \
+  $(v)='$($(v))': expected a non-negative integer (0, 1, 2...))))$(foreach v,WORLD BASE PROMPTS \
+  TEST,$(if $(filter 0 1,$(words $($(v)))),,$(error $(v)='$($(v))' has a space: every command \
+  would split it — a path without spaces)))
+$(check_loop)
 include $(RECIPE)
 # REHEARSE=1: the recipe on CPUs, the tiny model and world (recipes/rehearse.mk; make rehearse).
 ifeq ($(REHEARSE),1)
@@ -78,6 +100,7 @@ ITERS ?= 3
 # SEED shifts every RL stage's seed (rollout sampling, minibatch order): iteration k of seed s
 # runs with seed 1000 s + k, so SEED=0 is the committed demo and other seeds measure variance.
 SEED ?= 0
+$(check_loop)
 RL_SEED := $(shell echo $$(( $(SEED) * 1000 + $(ITER) )))
 SLURM ?= 0
 SHARDS ?= 2

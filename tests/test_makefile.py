@@ -952,3 +952,29 @@ def test_vllm_gpu_venv_checks_the_driver(tmp_path, driver, rc):
 def test_vllm_gpu_venv_script_parses():
     assert subprocess.run(["bash", "-n", str(ROOT / "scripts" / "vllm-gpu-venv.sh")],
                           check=False).returncode == 0
+
+
+@pytest.mark.parametrize(("var", "why"), [
+    ("RUN=", "RUN is empty: the run would be written under /"),
+    ("RUN=/", "RUN=/ is /, the repository or its parent"),
+    ("RUN=.", "RUN=. is /, the repository or its parent"),
+    ("RUN=..", "RUN=.. is /, the repository or its parent"),
+    ("RUN=a b", "RUN='a b' has a space"),
+    ("ITER=-1", "ITER='-1': expected a non-negative integer"),
+    ("ITER=x", "ITER='x': expected a non-negative integer"),
+    ("ITERS=2.5", "ITERS='2.5': expected a non-negative integer"),
+    ("WORLD=my world", "WORLD='my world' has a space"),
+])
+@pytest.mark.parametrize("goal", ["rl-iter", "rl", "demo", "rehearse"])
+def test_the_loops_variables_are_checked_before_anything_runs(goal, var, why, tmp_path):
+    """RUN empty once planned `toy-world /world --force` (a run under /): every target that
+    takes RUN refuses a bad RUN or ITER with make's own $(error), so even `make -n` stops, in
+    one line, exit 2; a normal RUN still dry-runs."""
+    args = [var] if var.startswith("RUN=") else [f"RUN={tmp_path}/run", var]
+    r = make_status("-n", goal, "RECIPE=recipes/tiny.mk", *args)
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    (line,) = r.stderr.splitlines()
+    assert why in line, line
+    if goal == "rl-iter" and var == "RUN=":
+        assert any(f"toy-world {tmp_path}/run/world" in x
+                   for x in dry_run(goal, "RECIPE=recipes/tiny.mk", f"RUN={tmp_path}/run"))

@@ -166,6 +166,65 @@ def test_serve_ctl_sleeps_wakes_and_fails_in_one_line(tiny_model):
     assert code == 2 and "--level: only with sleep" in err
 
 
+def timed(args: list[str]) -> tuple[int, str, float]:
+    start = time.monotonic()
+    code, _, err = invoke(args)
+    return code, err, time.monotonic() - start
+
+
+def test_serve_ctl_bounds_itself_and_says_when_it_retries():
+    """serve-ctl to a closed port once retried silently for over 100 s, and to a peer that
+    accepts and never answers waited --timeout per attempt, 9 attempts: a refused connect
+    fails at once, --timeout bounds the whole command, and each retry says so on stderr."""
+    with socket.socket() as s:  # nobody listens: refused, nothing to wait for
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    code, err, took = timed(["serve-ctl", closed, "health"])
+    assert code == 1 and err.count("\n") == 1 and took < 5, (took, err)
+    assert "nothing listens at that port" in err
+    with socket.socket() as mute:  # accepts (the kernel's backlog) and never answers
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(8)
+        url = f"http://127.0.0.1:{mute.getsockname()[1]}"
+        code, err, took = timed(["serve-ctl", url, "health", "--timeout", "2"])
+    assert code == 1 and 1.5 < took < 4.5, (took, err)
+    assert "timed out" in err.splitlines()[-1] and "the 2 s allowed (--timeout)" in err
+    with FakeServer({"/health": always(500, {"error": "loading"})}) as srv:
+        code, err, took = timed(["serve-ctl", srv.url, "health", "--timeout", "3"])
+    *retries, last = err.splitlines()
+    assert code == 1 and took < 5.5 and retries, (took, err)
+    assert all(x.startswith(f"serve-ctl: {srv.url} not answering (HTTP 500") and
+               " s of 3 s) — retrying" in x for x in retries), retries
+    assert "HTTP 500" in last and "the 3 s allowed" in last, last
+    with FakeServer({"/health": sequence((500, {"error": "loading"}), {"policy": "p"})}) as srv:
+        code, out, err = invoke(["serve-ctl", srv.url, "health"])
+    assert code == 0 and orjson.loads(out) == {"policy": "p"}, err
+    assert err.startswith(f"serve-ctl: {srv.url} not answering (HTTP 500") and \
+        "attempt 1/9, 0 s of 600 s) — retrying" in err and err.count("\n") == 1, err
+
+
+def test_a_connect_is_short_and_a_generations_reply_may_take_its_timeout(monkeypatch):
+    """The server engine and serve-ctl: a connect waits seconds (a host that is down), the
+    reply to /generate up to --timeout (a long generation); /health's attempts share one
+    --timeout."""
+    from marscli.engines.server import CONNECT_TIMEOUT_S, ServeClient
+
+    seen = []
+
+    def down(self, method, url, **kw):
+        seen.append(kw["timeout"])
+        raise requests.ConnectionError("down")
+
+    monkeypatch.setattr(requests.Session, "request", down)
+    client = ServeClient("http://127.0.0.1:9", timeout=600.0, retries=0)
+    with pytest.raises(Exception, match="connection failed"):
+        client.http.post_json("http://127.0.0.1:9/generate", b"{}")
+    with pytest.raises(RuntimeFailure, match="gave up after 1 attempt"):
+        client.health()
+    (connect, read), (connect2, read2) = seen
+    assert connect == connect2 == CONNECT_TIMEOUT_S <= 10 and 599 < read <= 600 and read2 <= 600
+
+
 def test_the_loops_sleep_waits_for_every_server_and_fails_on_any(tmp_path):
     """`make serve-sleep` (the command the loop runs before each update): every server is asked
     at once; one asleep already is left so (its health only); one that cannot sleep fails the

@@ -7,7 +7,10 @@ It owns, so that no caller repeats them:
   read of the body the socket's timeout is set to what is left, so a server trickling one byte
   every half second is cut off at the deadline, not after `timeout` per byte); at most
   `concurrency` requests in flight (one Session per thread). Not bounded in total: a server
-  trickling its status line and headers (each read then waits at most `timeout`);
+  trickling its status line and headers (each read then waits at most `timeout`). Optional:
+  `connect_timeout`, a connect bounded apart (a host that is down is known in seconds while
+  a reply may take minutes), and `total`, a bound on a whole call, its retries and waits
+  included (no retry starts that its wait would push past it; each attempt gets what is left);
 - a byte cap on every reply body, `max_bytes` per client (default `MAX_JSON_BYTES`, 8 MiB: far
   above any chat completion or search reply) or per call (downloads): the body is streamed
   and the request fails past the cap (or at once when Content-Length says so), decompressed
@@ -20,7 +23,9 @@ It owns, so that no caller repeats them:
   would carry an API key header to another host) fail at once;
 - the wait before retry k: a 429/5xx's `Retry-After`, up to a minute, else
   min(30 s, backoff * 2^(k-1)) * (floor + U[0, 1)) — full jitter at floor 0 — drawn from a
-  private generator, so that no stage's seeded `random` is consumed;
+  private generator, so that no stage's seeded `random` is consumed; `on_retry(reason, k,
+  attempts, elapsed)` before it (a progress line); `retry_refused=False`: a refused connect
+  (nothing listens at that port) fails at once;
 - typed failures: the caller's `error` class (an `HttpError`), whose message is
   `METHOD URL: reason (after N attempts)`, with `reason`, `attempts`, `transient` (the
   attempts ran out, rather than a request that retrying cannot fix) and `timed_out` (the last
@@ -98,15 +103,21 @@ class HttpClient:
     def __init__(self, *, timeout: float = 30.0, attempts: int = 3, backoff: float = 0.5,
                  backoff_floor: float = 0.0, concurrency: int = 32,
                  headers: dict[str, str] | None = None, error: type[HttpError] = HttpError,
-                 auth_hint: str = "", max_bytes: int = MAX_JSON_BYTES) -> None:
+                 auth_hint: str = "", max_bytes: int = MAX_JSON_BYTES,
+                 connect_timeout: float | None = None, total: float | None = None,
+                 retry_refused: bool = True,
+                 on_retry: Callable[[str, int, int, float], None] | None = None) -> None:
         """`headers` go with every request; `auth_hint` is added to a 401/403's reason;
-        `timeout` is the total per attempt; `max_bytes` caps every reply body."""
+        `timeout` is the total per attempt, `total` per call (None: unbounded); `max_bytes`
+        caps every reply body."""
         if attempts < 1:
             raise ValueError("attempts must be >= 1")
         if max_bytes < 1:
             raise ValueError("max_bytes must be >= 1")
         self.timeout, self.max_attempts, self.max_bytes = timeout, attempts, max_bytes
         self.backoff, self.backoff_floor = backoff, backoff_floor
+        self.connect_timeout, self.total, self.retry_refused = connect_timeout, total, retry_refused
+        self.on_retry = on_retry
         self.headers, self.error, self.auth_hint = headers or {}, error, auth_hint
         self._sem = threading.BoundedSemaphore(concurrency)
         self._local = threading.local()  # one Session per thread: Session is not thread-safe
@@ -140,14 +151,22 @@ class HttpClient:
                  max_bytes: int | None = None, attempts: int | None = None) -> Any:
         headers = {**self.headers, **(headers or {})}
         failed = _Failed("no attempt made", False)
-        for i in range(attempts or self.max_attempts):
+        start, n = monotonic(), attempts or self.max_attempts
+        end = start + self.total if self.total is not None else None
+        for i in range(n):
             if i:
-                time.sleep(self._wait(i, failed.wait))
+                wait = self._wait(i, failed.wait)
+                if end is not None and monotonic() + wait >= end:
+                    i -= 1  # the call's time is spent: no attempt i + 1
+                    break
+                if self.on_retry:
+                    self.on_retry(self.scrub(str(failed), headers, url), i, n, monotonic() - start)
+                time.sleep(wait)
             self._count("attempts")
             self._local.last_attempts = i + 1
             try:
                 return self._attempt(method, url, payload, headers, validate,
-                                     max_bytes or self.max_bytes)
+                                     max_bytes or self.max_bytes, end)
             except _Failed as e:
                 failed = e
                 if not e.transient:
@@ -169,17 +188,21 @@ class HttpClient:
         return step * (self.backoff_floor + _JITTER.random())
 
     def _attempt(self, method: str, url: str, payload: Any, headers: dict[str, str],
-                 validate: Callable | None, max_bytes: int) -> Any:
+                 validate: Callable | None, max_bytes: int, end: float | None) -> Any:
         with self._sem:  # the deadline starts once a slot is ours: queueing is not the server's
-            deadline = monotonic() + self.timeout
+            began = monotonic()
+            deadline = min(began + self.timeout, end if end is not None else float("inf"))
             try:
                 r = self._send(method, url, payload, headers, deadline)
                 body = _read_body(r, max_bytes, deadline)
             except _TIMEOUTS as e:
-                raise self._timed_out(e) from None
+                raise self._timed_out(e, deadline - began) from None
             except _BROKEN as e:
                 if monotonic() >= deadline:  # the deadline cut a read short
-                    raise self._timed_out(e) from None
+                    raise self._timed_out(e, deadline - began) from None
+                if not self.retry_refused and _refused(e):
+                    raise _Failed("connection failed (refused: nothing listens at that port "
+                                  "— is the server running?)", False) from None
                 raise _Failed(f"connection failed ({type(e).__name__})", True) from None
             except requests.RequestException as e:
                 raise _Failed(f"{type(e).__name__}: {e}", False) from None
@@ -193,8 +216,8 @@ class HttpClient:
             return body
         return _parse(body, validate)
 
-    def _timed_out(self, e: BaseException) -> _Failed:
-        return _Failed(f"timed out after {self.timeout:g} s in all ({type(e).__name__})", True,
+    def _timed_out(self, e: BaseException, seconds: float) -> _Failed:
+        return _Failed(f"timed out after {round(seconds, 1):g} s in all ({type(e).__name__})", True,
                        timed_out=True)
 
     def _send(self, method: str, url: str, payload: Any, headers: dict[str, str],
@@ -204,10 +227,11 @@ class HttpClient:
         raw = isinstance(payload, bytes)
         for _ in range(MAX_REDIRECTS + 1):
             left = max(0.001, deadline - monotonic())
+            connect = min(left, self.connect_timeout) if self.connect_timeout else left
             plain, auth = split_userinfo(url)
             r = self._session().request(
                 method, plain, data=payload if raw else None, json=None if raw else payload,
-                headers=headers, auth=auth, timeout=(left, left), stream=True,
+                headers=headers, auth=auth, timeout=(connect, left), stream=True,
                 allow_redirects=False)
             if method != "GET" or not r.is_redirect:
                 return r
@@ -235,6 +259,18 @@ class _Session(requests.Session):
 
     def resolve_redirects(self, resp: Any, req: Any, **kwargs: Any) -> Any:
         yield None
+
+
+def _refused(e: BaseException | None) -> bool:
+    """Whether a connection error comes from a refused connect (ECONNREFUSED), however deep
+    requests and urllib3 wrap it."""
+    for _ in range(8):  # requests -> urllib3 MaxRetryError -> NewConnectionError -> OSError
+        if e is None or isinstance(e, ConnectionRefusedError):
+            return e is not None
+        reason = getattr(e, "reason", None)
+        e = reason if isinstance(reason, BaseException) else \
+            e.args[0] if e.args and isinstance(e.args[0], BaseException) else e.__cause__
+    return False
 
 
 def _sent_secrets(headers: dict[str, str], url: str) -> list[str]:

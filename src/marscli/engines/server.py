@@ -14,7 +14,10 @@ rollout, by another run) fails the stage loudly — never a trajectory mixing tw
 and the records already written stay, so a re-run resumes.
 
 Failures: connection errors, timeouts and 5xx are retried (marscli.http: bounded, exponential
-backoff with jitter; the defaults wait out a server restart, ~30-60 s for vLLM to load); when
+backoff with jitter; the defaults wait out a server restart, ~30-60 s for vLLM to load). A
+connect waits at most CONNECT_TIMEOUT_S (a host that is down is known in seconds; only the reply
+to a generation may take minutes), and a call besides generation (/health, /reload, /sleep,
+/wake) takes at most `timeout` in all, its retries included, never `timeout` per attempt; when
 the retries run out the server is gone, and the stage fails (RuntimeFailure, exit 1) rather
 than recording every remaining trajectory as an engine error: a re-run resumes after the
 server is back, with nothing lost or duplicated (records are written whole, per trajectory).
@@ -42,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -55,6 +59,7 @@ from marscli.records.provenance import weights_fingerprint
 from marscli.secrets import redact
 
 ASLEEP = "asleep (level"  # how a sleeping server's 503 starts its reason (stages/serve.py)
+CONNECT_TIMEOUT_S = 10.0  # a TCP connect to a live host takes milliseconds, even under load
 TOKEN_ENV = "MARSCLI_SERVE_TOKEN_FILE"  # names the file holding the servers' token
 AUTH_HINT = (f"the server wants the run's token: set {TOKEN_ENV} to the file it was started "
              "with (--api-key-file; make rl SERVE=1: RUN/serve/token)")
@@ -94,15 +99,26 @@ def same_policy(a: str | None, b: str | None) -> bool:
 
 class ServeClient:
     """The calls to a `marscli serve` besides generation: /health, /reload, /sleep, /wake
-    (`marscli serve-ctl`, and the server engine below). Connection errors and 5xx are retried
-    (bounded); a server gone for good, or one refusing the call (4xx), is a RuntimeFailure."""
+    (`marscli serve-ctl`, and the server engine below). Each takes at most `timeout` seconds in
+    all: connection errors, timeouts and 5xx are retried (at most `retries` times) while time
+    is left, each attempt given what is left; a server gone for good, or one refusing the call
+    (4xx), is a RuntimeFailure. `progress`: a line on stderr per retry, starting with it.
+    `refused_final`: a refused connection fails at once (serve-ctl: nothing to wait for)."""
 
     def __init__(self, base_url: str, *, timeout: float = 600.0, retries: int = 8,
-                 backoff: float = 2.0, concurrency: int = 1) -> None:
+                 backoff: float = 2.0, concurrency: int = 1, refused_final: bool = False,
+                 progress: str | None = None) -> None:
         self.url = base_url.rstrip("/")
-        self.http = HttpClient(timeout=timeout, attempts=retries + 1, backoff=backoff,
-                               backoff_floor=0.5, concurrency=concurrency,
-                               headers=token_headers(), auth_hint=AUTH_HINT)
+        common = {"backoff": backoff, "backoff_floor": 0.5, "headers": token_headers(),
+                  "auth_hint": AUTH_HINT, "connect_timeout": CONNECT_TIMEOUT_S,
+                  "attempts": retries + 1}
+        # generation: `timeout` per attempt (a long generation is no fault)
+        self.http = HttpClient(timeout=timeout, concurrency=concurrency, **common)
+        # the other calls: `timeout` in all
+        self.ctl = HttpClient(timeout=timeout, total=timeout, concurrency=1,
+                              retry_refused=not refused_final,
+                              on_retry=self._say if progress else None, **common)
+        self.timeout, self.progress = timeout, progress
 
     def health(self) -> dict:
         return self._call("GET", "/health")
@@ -123,17 +139,25 @@ class ServeClient:
     def _call(self, method: str, path: str, payload: dict | None = None) -> dict:
         try:
             if method == "GET":
-                reply = orjson.loads(self.http.get_bytes(self.url + path, max_bytes=1 << 20))
+                reply = orjson.loads(self.ctl.get_bytes(self.url + path, max_bytes=1 << 20))
             else:
-                reply = self.http.post_json(self.url + path, orjson.dumps(payload))
+                reply = self.ctl.post_json(self.url + path, orjson.dumps(payload))
         except HttpError as e:
-            raise RuntimeFailure(f"marscli serve at {redact(self.url)}: {e.reason}") from None
+            spent = (f" — gave up after {e.attempts} attempt{'s' if e.attempts > 1 else ''}, "
+                     f"of the {self.timeout:g} s allowed (--timeout)" if e.transient else "")
+            raise RuntimeFailure(f"marscli serve at {redact(self.url)}: {e.reason}{spent}") \
+                from None
         except orjson.JSONDecodeError:
             reply = None
         if not isinstance(reply, dict) or not isinstance(reply.get("policy", 0), str | None):
             raise RuntimeFailure(f"{redact(self.url)}{path}: not a marscli serve reply — is "
                                  "that URL a `marscli serve`?")
         return reply
+
+    def _say(self, reason: str, k: int, attempts: int, elapsed: float) -> None:
+        print(f"{self.progress}: {redact(self.url)} not answering ({reason}; attempt "
+              f"{k}/{attempts}, {elapsed:.0f} s of {self.timeout:g} s) — retrying",
+              file=sys.stderr, flush=True)
 
 
 @ENGINES.register("server")
@@ -189,7 +213,8 @@ class ServerEngine(ServeClient):
         return dict(self._config)
 
     def stats(self) -> dict:
-        return {"requests": self.http.attempts, "failed_requests": self.http.failures}
+        return {"requests": self.http.attempts + self.ctl.attempts,
+                "failed_requests": self.http.failures + self.ctl.failures}
 
     # ------------------------------------------------------------------ generation
 

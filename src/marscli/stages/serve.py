@@ -727,8 +727,10 @@ CTL_ACTIONS = ("sleep", "wake", "health")
 def serve_ctl(url: str, action: str, policy: str | None = None, level: int | None = None,
               timeout: float = 600.0, retries: int = 8, if_awake: bool = False) -> dict:
     """`marscli serve-ctl URL sleep|wake|health`: the server's reply, also printed as one JSON
-    line on stdout (for scripts: `make rl`'s loop); a server gone for good (after the retries)
-    or refusing (4xx: asleep already, another architecture) is a RuntimeFailure, exit 1.
+    line on stdout (for scripts: `make rl`'s loop); a server gone for good or refusing (4xx:
+    asleep already, another architecture) is a RuntimeFailure, exit 1. Bounded: `timeout` is
+    the total, retries included (a line on stderr per retry); a connect waits at most 10 s, and
+    a refused one (nothing listens at that port) fails at once.
     `if_awake` (sleep): a server asleep already answers with its health instead, so that the
     loop's sleep before an update may run twice."""
     from marscli.engines.server import ServeClient
@@ -746,7 +748,8 @@ def serve_ctl(url: str, action: str, policy: str | None = None, level: int | Non
         raise BadInput("--if-awake: only with sleep")
     check_range("--timeout", timeout, 0, lo_open=True)
     check_range("--retries", retries, 0)
-    client = ServeClient(url, timeout=timeout, retries=retries)
+    client = ServeClient(url, timeout=timeout, retries=retries, refused_final=True,
+                         progress="serve-ctl")
     if action == "wake":
         reply = client.wake(policy)
     elif action == "health":
