@@ -88,7 +88,7 @@ $(REHEARSE_WORLD)/train.jsonl $(REHEARSE_WORLD)/test.jsonl $(REHEARSE_WORLD)/sft
   | $(REHEARSE_WORLD).meta.json ;
 
 $(REHEARSE_WORLD)/text.sqlite.meta.json: $(REHEARSE_WORLD).meta.json
-	$(MARSCLI) index text $(REHEARSE_WORLD)/corpus.jsonl -o $(REHEARSE_WORLD)/text.sqlite
+	$(MARSCLI) index text $(REHEARSE_WORLD)/corpus.jsonl -o $(REHEARSE_WORLD)/text.sqlite --force
 
 # COLD_START=sft: the world's expert rows, replayed through the agent, are the SFT data.
 $(SFT_DATA).meta.json: $(REHEARSE_WORLD)/text.sqlite.meta.json

@@ -516,7 +516,7 @@ $(WORLD).meta.json:
 $(WORLD)/train.jsonl $(WORLD)/test.jsonl $(WORLD)/sft.jsonl: | $(WORLD).meta.json ;
 
 $(WORLD)/text.sqlite.meta.json: $(WORLD).meta.json
-	$(MARSCLI) index text $(WORLD)/corpus.jsonl -o $(WORLD)/text.sqlite
+	$(MARSCLI) index text $(WORLD)/corpus.jsonl -o $(WORLD)/text.sqlite --force
 
 # VLM=FOLDER (recipes/tiny-sees.mk): BASE is a link to a model that already sees instead.
 ifeq ($(VLM),)
@@ -652,7 +652,7 @@ endef
 # 4. The agent's format: the expert's trajectories of the demo's world, as many reading rows.
 define VLM_AGENT_PHASE
 	$(MARSCLI) toy-world $(VA) $(VLM_AGENT_OPTS) --force
-	$(MARSCLI) index text $(VA)/corpus.jsonl -o $(VA)/text.sqlite
+	$(MARSCLI) index text $(VA)/corpus.jsonl -o $(VA)/text.sqlite --force
 	$(PY) scripts/perception_probe.py $(VA) $(VLM_RUN)-3
 	$(MARSCLI) rollout $(VA)/sft.jsonl --policy $(VLM_RUN)-3 -o $(VA)/trajectories.jsonl --force \
 	  --engine replay -n 1 --system-prompt recipes/toy-system.txt
@@ -673,7 +673,7 @@ VA = $(VLM_RUN)-agent
 SEARCH_TOOLS = --system-prompt recipes/toy-system.txt --image-search data
 define EXPERT_WORLD
 	$(MARSCLI) toy-world $(1)/$(2) $(3) --seed $(2) --force
-	$(MARSCLI) index text $(1)/$(2)/corpus.jsonl -o $(1)/$(2)/text.sqlite
+	$(MARSCLI) index text $(1)/$(2)/corpus.jsonl -o $(1)/$(2)/text.sqlite --force
 endef
 # The worlds of seeds $(2) (options $(3), --sft rows among them) in folder $(1), each expert
 # replayed by policy $(4) through the three tools into $(1)/SEED.jsonl, all joined into

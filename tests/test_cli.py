@@ -174,6 +174,19 @@ def test_ask_decompression_bomb_refused_before_decoding(tmp_path, tiny_model):
     assert res.returncode == 2 and "decompression bomb" in res.stderr
 
 
+@pytest.mark.parametrize("image, message", [
+    ("https://example.com/cat.jpg", "URLs are not supported: download the image first"),
+    ("HTTP://example.com/cat.jpg", "URLs are not supported: download the image first"),
+    ("wide.png", "aspect ratio of 5000:1"),  # the processor takes 200:1 at most
+])
+def test_ask_url_and_extreme_aspect_are_one_line(tmp_path, tiny_model, image, message):
+    Image.new("RGB", (50_000, 10), (10, 120, 200)).save(tmp_path / "wide.png")
+    res = run("ask", image, "q", "--policy", str(tiny_model), cwd=tmp_path)
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert len(lines) == 1 and message in lines[0], res.stderr
+
+
 @pytest.mark.slow  # measured: over 9 s on 2 cores
 def test_ask_trace_shows_what_the_trajectory_did(photo, tiny_model, tmp_path):
     """The live trace of a greedy run against the record of the same run (`--json`): one

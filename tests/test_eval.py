@@ -11,6 +11,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from PIL import Image
 
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.stages.eval import run_eval, run_summarize, summarize, summary_path
@@ -27,6 +28,7 @@ from helpers import (
     read_jsonl,
     strip_ms,
     write_bench,
+    write_jsonl,
     write_parquet,
     write_tsv,
 )
@@ -210,6 +212,44 @@ def test_finished_eval_loads_no_model(tiny_model, tmp_path, monkeypatch):
     monkeypatch.setattr("marscli.agent.runner.make_engine", no_engine)
     again = run_eval(str(bench), str(out), **replay(tiny_model))
     assert out.read_bytes() == before and again["trajectories"] == 2
+
+
+@pytest.mark.parametrize("change, part", [
+    ({"question": "What shape?"}, "question"),
+    ({"answer": ["blue"]}, "answer"),
+    ({"image": "blue.png"}, "image"),
+])
+def test_an_item_changed_under_its_id_is_refused_on_resume(tiny_model, tmp_path, change, part):
+    """A benchmark item that kept its id but changed its question, image or gold: before, its
+    old scored records were kept as done; now exit 2 naming the item, and --force redoes."""
+    from PIL import Image
+
+    bench = write_bench(tmp_path / "b.jsonl", MIXED[:2])
+    Image.new("RGB", (64, 48), (30, 30, 200)).save(tmp_path / "blue.png")
+    out = tmp_path / "r.jsonl"
+    args = ["eval", str(bench), "-o", str(out), "--policy", str(tiny_model), "--engine",
+            "replay", "--max-turns", "4"]
+    assert invoke(args)[0] == 0
+    before = out.read_bytes()
+    write_bench(bench, [MIXED[0], {**MIXED[1], **change}, MIXED[2]])  # o3 appended
+    code, _, err = invoke(args)
+    err = err.splitlines()[-1]  # after the line saying what was loaded
+    assert code == 2 and err.startswith(f"error: {out}:2: "), err
+    assert f"{part}: prompt 'o2' changed since its records" in err and "--force" in err, err
+    assert out.read_bytes() == before
+    code, _, err = invoke([*args, "--force"])
+    assert code == 0, err
+    assert [r["id"] for r in read_jsonl(out)] == ["o1#0", "o2#0", "o3#0"]
+
+
+def test_an_appended_item_resumes(tiny_model, tmp_path):
+    bench = write_bench(tmp_path / "b.jsonl", MIXED[:2])
+    out = tmp_path / "r.jsonl"
+    run_eval(str(bench), str(out), **replay(tiny_model))
+    write_bench(bench, MIXED[:3])
+    s = run_eval(str(bench), str(out), **replay(tiny_model))
+    assert s["trajectories"] == 3
+    assert [r["id"] for r in read_jsonl(out)] == ["o1#0", "o2#0", "o3#0"]
 
 
 # ----------------------------------------------------------------------- shards
@@ -425,6 +465,70 @@ def test_missing_image_fails_before_generation(tiny_model, tmp_path):
     with pytest.raises(BadInput, match=r"b\.jsonl:2: image: .*missing\.png"):
         run_eval(str(bench), str(out), **replay(tiny_model))
     assert not out.exists()
+
+
+@pytest.mark.parametrize("args", [["--check"], ["-o", "out/r.jsonl", "--engine", "replay"]])
+def test_an_item_without_gold_is_refused_by_check_and_eval(tiny_model, tmp_path, args):
+    """Never scored 0 and counted: the row is named, nothing is written."""
+    bench = write_bench(tmp_path / "b.jsonl", MIXED[:1] + [
+        {"id": "nogold", "benchmark": "fvqa", "question": "q", "answer": []}])
+    code, out, err = invoke(["eval", bench.name, "--policy", str(tiny_model), *args],
+                            cwd=tmp_path)
+    assert code == 2 and out == "", err
+    assert err.startswith("error: b.jsonl:2: answer: missing gold answer"), err
+    assert err.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+def test_check_names_a_file_in_the_working_folder(tiny_model, tmp_path):
+    """A file given by its bare name is named by its folder, as any other path is (not "")."""
+    bench = write_bench(tmp_path / "b.jsonl", MIXED[:1])
+    code, _, err = invoke(["eval", bench.name, "--check"], cwd=tmp_path)
+    assert code == 0, err
+    assert f"check: {tmp_path.name} (mars format" in err, err
+
+
+@pytest.mark.parametrize("args", [["--check"], ["-o", "out/r.jsonl", "--engine", "replay"]])
+def test_an_image_the_processor_refuses_is_named_before_generation(tiny_model, tmp_path, args):
+    """50000 x 10 is over the 200:1 aspect ratio Qwen-VL's processor takes: one line naming
+    the row, exit 2, before any model loads (not a traceback mid-run that writes nothing)."""
+    write_bench(tmp_path / "b.jsonl", [])
+    Image.new("RGB", (50_000, 10), (200, 30, 30)).save(tmp_path / "wide.png")
+    bench = write_jsonl(tmp_path / "b.jsonl", [{"v": 1, "image": "red.png", **MIXED[0]},
+                                               {"v": 1, **MIXED[1], "image": "wide.png"}])
+    code, out, err = invoke(["eval", bench.name, "--policy", str(tiny_model), *args],
+                            cwd=tmp_path)
+    assert code == 2 and out == "", err
+    assert err.startswith("error: b.jsonl:2: image: ") and "aspect ratio of 5000:1" in err
+    assert err.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args", [["--check"], ["-o", "out/r.jsonl", "--engine", "replay"]])
+def test_split_on_a_single_file_exits_2(tiny_model, tmp_path, args):
+    bench = write_bench(tmp_path / "b.jsonl", MIXED[:1])
+    code, _, err = invoke(["eval", str(bench), "--split", "test", "--policy", str(tiny_model),
+                           *args], cwd=tmp_path)
+    assert code == 2 and err.startswith(f"error: --split test: {bench} is one file"), err
+    assert err.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+def test_summary_names_its_policy_and_refuses_two(mixed_runs, tmp_path, tiny_model):
+    tmp, s, _ = mixed_runs
+    recs = read_jsonl(tmp / "agent" / "r.jsonl")
+    assert s["policy"] == str(tiny_model) and s["weights"] and recs[0]["weights"] == s["weights"]
+    code, _, err = invoke(["eval", "summarize", str(tmp / "agent" / "r.jsonl")])
+    assert code == 0 and f"policy {tiny_model}" in " ".join(err.split()), err
+    # the records of another checkpoint appended (a second eval into the same file, a merge)
+    other = [{**r, "id": r["id"] + "-b", "policy": "ckpt/iter-2", "weights": "f" * 64}
+             for r in recs[:2]]
+    mixed = write_jsonl(tmp_path / "mixed.jsonl", recs + other)
+    with pytest.raises(BadInput, match=rf"mixed\.jsonl:7: policy: records of two policies, "
+                                       rf"'{tiny_model}' \(line 1\) and 'ckpt/iter-2'"):
+        run_summarize(str(mixed))
+    assert not summary_path(mixed).exists()
+    # the same weights under another name (a checkpoint moved before a resume): one policy
+    moved = [{**r, "id": r["id"] + "-b", "policy": "elsewhere"} for r in recs[:2]]
+    assert summarize(str(write_jsonl(tmp_path / "moved.jsonl", recs + moved)))["policy"] == \
+        str(tiny_model)
 
 
 # ----------------------------------------------------------------------- other formats end to end

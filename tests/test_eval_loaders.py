@@ -72,6 +72,29 @@ def test_marscli_rows_carry_their_benchmark_and_fields(tmp_path):
     assert ps["q2"].extra["benchmark"] == "mine" and ps["q1"].category == "c1"
 
 
+@pytest.mark.parametrize("gold", [{}, {"answer": []}, {"answer": ""}, {"answer": ["  "]},
+                                  {"prompt": [{"role": "user", "content": "<image>Q?"}],
+                                   "reward_model": {"ground_truth": ""}}])
+def test_a_row_without_gold_is_refused_at_load(tmp_path, gold):
+    """No gold answer is never an item scored 0: the loader refuses it, naming the row."""
+    save_png(tmp_path / "x.png")
+    row = {"id": "q2", "image": "x.png", **({} if "prompt" in gold else {"question": "Q?"}),
+           **gold}
+    f = write_jsonl(tmp_path / "mixed.jsonl", [
+        {"id": "q1", "image": "x.png", "question": "Q?", "answer": ["a1"]}, row])
+    with pytest.raises(BadInput, match=r"mixed\.jsonl:2: answer: missing gold answer"):
+        load(f, tmp_path, benchmark="fvqa")
+
+
+def test_split_on_a_single_file_is_refused(tmp_path):
+    """--split chooses among a folder's files; on one file it would be silently ignored."""
+    save_png(tmp_path / "x.png")
+    f = write_jsonl(tmp_path / "b.jsonl", [
+        {"id": "q1", "image": "x.png", "question": "Q?", "answer": ["a1"]}])
+    with pytest.raises(BadInput, match=r"--split dev: .*b\.jsonl is one file"):
+        load(f, tmp_path, split="dev")
+
+
 # ----------------------------------------------------------------------- parquet
 
 

@@ -19,10 +19,12 @@ from fakes import FakeServer, retrieve_reply
 from helpers import (
     REPLIES,
     ZOOM_THEN_ANSWER,
+    invoke,
     kill_9_after_first_record,
     marscli,
     messages_of,
     read_jsonl,
+    scene,
     strip_ms,
     write_prompts,
 )
@@ -110,6 +112,28 @@ def test_hf_rollout_is_seeded(tiny_model, tmp_path):
     assert [strip_ms(r) for r in read_jsonl(out_c)] != [strip_ms(r) for r in recs]
 
 
+@pytest.mark.parametrize("temperature", ["1", "0"])  # the sampler, and greedy decoding
+def test_hf_refuses_non_finite_logits_naming_the_checkpoint(tiny_model, tmp_path, temperature):
+    """A diverged checkpoint (nan weights): one line naming it, exit 1, not torch's
+    multinomial traceback (nor, greedy, an argmax over nan)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    bad = tmp_path / "diverged"
+    shutil.copytree(tiny_model, bad)
+    w = load_file(bad / "model.safetensors")
+    save_file({k: v * float("nan") if k.endswith("norm.weight") and "visual" not in k else v
+               for k, v in w.items()}, bad / "model.safetensors", metadata={"format": "pt"})
+    prompts = write_prompts(tmp_path / "p.jsonl", ["a"])
+    res = marscli("rollout", str(prompts), "-o", str(tmp_path / "r" / "t.jsonl"), "--policy",
+                  str(bad), "-n", "1", "--max-turns", "1", "--max-turn-tokens", "4",
+                  "--temperature", temperature)
+    assert res.returncode == 1, res.stderr
+    assert f"{bad}: the model's logits are not finite" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
 # ----------------------------------------------------------------------- resumption
 
 
@@ -161,6 +185,63 @@ def test_finished_run_is_not_redone(tiny_model, tmp_path, monkeypatch):
     assert out.read_bytes() == before
     assert first["new"] == 3 and again["new"] == 0 and again["skipped"] == 3
     assert again["trajectories"] == 3 and again["stop"] == {"answer": 3}
+
+
+def _rewrite(prompts: Path, pid: str, **change) -> None:
+    rows = [{**r, **change} if r["id"] == pid else r for r in read_jsonl(prompts)]
+    prompts.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+
+
+@pytest.mark.parametrize("change, part", [
+    ({"question": "What shape?"}, "question"),
+    ({"answer": ["blue"]}, "answer"),
+    ({"image": "other.png"}, "image"),  # the row points at another picture
+    (None, "image"),  # the same path, its picture replaced
+])
+def test_a_row_changed_under_its_id_is_refused_on_resume(tiny_model, tmp_path, change, part):
+    """A re-run over a prompt file whose row kept its id but changed its question, image or
+    gold: before, its old records were kept as done (and the sidecar hashed the new file);
+    now exit 2, one line naming the id and what changed, nothing appended; --force redoes."""
+    prompts = write_prompts(tmp_path / "p.jsonl", ["a", "b"], replies=[ZOOM_THEN_ANSWER[1]])
+    out = tmp_path / "t.jsonl"
+    args = ["rollout", str(prompts), "-o", str(out), "--policy", str(tiny_model), "--engine",
+            "replay", "-n", "2"]
+    assert invoke(args)[0] == 0
+    before = out.read_bytes()
+    scene(tmp_path / "other.png", (320, 240))
+    if change is None:
+        scene(tmp_path / "scene.png", (320, 240))  # both rows show it: "a" is the first
+    else:
+        _rewrite(prompts, "b", **change)
+    code, _, err = invoke(args)
+    pid = "a" if change is None else "b"
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"{part}: prompt {pid!r} changed since its records" in err and "--force" in err, err
+    assert out.read_bytes() == before
+    code, _, err = invoke([*args, "--force"])
+    assert code == 0, err
+    assert {r["id"] for r in read_jsonl(out)} == {"a#0", "a#1", "b#0", "b#1"}
+
+
+def test_appended_rows_resume_and_old_records_without_input_hash_stay_readable(tiny_model,
+                                                                                tmp_path):
+    prompts = write_prompts(tmp_path / "p.jsonl", ["a"], replies=[ZOOM_THEN_ANSWER[1]])
+    out = tmp_path / "t.jsonl"
+    kw = {"policy": str(tiny_model), "engine": "replay", "n": 2, "progress": False}
+    run_rollout(str(prompts), str(out), **kw)
+    write_prompts(prompts, ["a", "b"], replies=[ZOOM_THEN_ANSWER[1]])  # a row appended
+    stats = run_rollout(str(prompts), str(out), **kw)
+    assert stats["new"] == 2 and stats["skipped"] == 2
+    recs = read_jsonl(out)
+    # the same content under another id: the same hashes (of the row's content, not its id)
+    assert recs[0]["input_hash"] == recs[3]["input_hash"]
+    assert sorted(recs[0]["input_hash"]) == ["answer", "image", "image_search", "question"]
+    # records written before the field: read and resumed as they were (nothing to compare)
+    out.write_bytes(b"".join(orjson.dumps({k: v for k, v in r.items() if k != "input_hash"})
+                             + b"\n" for r in recs))
+    write_prompts(prompts, ["a", "b", "c"], replies=[ZOOM_THEN_ANSWER[1]], question="Shape?")
+    stats = run_rollout(str(prompts), str(out), **kw)
+    assert stats["new"] == 2 and stats["skipped"] == 4
 
 
 # ----------------------------------------------------------------------- shards

@@ -213,6 +213,7 @@ def ask(
 
 
 IndexOutput = Annotated[str, typer.Option("-o", "--output", help="Index file to write (SQLite).")]
+IndexForce = Annotated[bool, typer.Option("--force", help="Replace an existing index file.")]
 
 
 @index_app.command("text")
@@ -220,12 +221,13 @@ def index_text(
     corpus: Annotated[str, typer.Argument(
         metavar="CORPUS.jsonl", help="Rows {id, title, text} (or Search-R1's {id, contents}).")],
     output: IndexOutput,
+    force: IndexForce = False,
 ) -> None:
     """Build a SQLite FTS5 (BM25) index for `--text-search local:INDEX`."""
     with guard():
         from marscli.stages import index
 
-        index.text(corpus, output)
+        index.text(corpus, output, force=force)
 
 
 @index_app.command("images")
@@ -233,12 +235,13 @@ def index_images(
     source: Annotated[str, typer.Argument(
         metavar="FOLDER_OR_JSONL", help="A folder of images, or JSONL rows {path, title}.")],
     output: IndexOutput,
+    force: IndexForce = False,
 ) -> None:
     """Build a perceptual-hash index for `--image-search local:INDEX`."""
     with guard():
         from marscli.stages import index
 
-        index.images(source, output)
+        index.images(source, output, force=force)
 
 
 @app.command()
@@ -338,9 +341,10 @@ def serve_ctl(
         help="wake: the checkpoint to wake with (default: the one the server holds).")] = None,
     level: Annotated[int | None, typer.Option(
         help="sleep: 1 keeps the weights in host memory, 2 drops them (default 1).")] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds per request.")] = 600.0,
+    timeout: Annotated[float, typer.Option(
+        help="Seconds in all, retries included (a connect waits at most 10 s).")] = 600.0,
     retries: Annotated[int, typer.Option(
-        help="Retries while the server cannot be reached.")] = 8,
+        help="Retries while the server does not answer (a refused connect is not retried).")] = 8,
     if_awake: Annotated[bool, typer.Option(
         "--if-awake", help="sleep: a server asleep already is left as it is (its health "
                            "printed, exit 0) instead of refused.")] = False,
@@ -814,12 +818,15 @@ def merge(
     shards: Annotated[list[str], typer.Argument(help="Shard files, in order.")],
     allow_partial: Annotated[bool, typer.Option(
         "--allow-partial", help="Also merge shards without their sidecar (a killed or failed "
-                                "job), dropping a torn last record; listed in the sidecar.")
+                                "job), dropping a torn last record, and a job with shards "
+                                "missing; listed in the sidecar.")
     ] = False,
 ) -> None:
     """Join the finished shards of a rollout or eval array job; a shard still being written or
-    without its sidecar is refused, duplicate ids are refused, sidecars (*.meta.json,
-    *.settings.json, *.summary.json) and media folders a glob matches skipped."""
+    without its sidecar is refused, duplicate ids are refused, and so are shards of another
+    job (stage, policy, seed, settings, input, shard count) or a job with a shard missing;
+    sidecars (*.meta.json, *.settings.json, *.summary.json) and media folders a glob matches
+    skipped."""
     with guard():
         from marscli.stages.merge import main as merge_main
 

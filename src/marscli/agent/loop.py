@@ -75,7 +75,7 @@ from marscli.engines import Engine, Generation, GenRequest, SamplingParams
 from marscli.qwen.chat_template import TemplateTurns
 from marscli.qwen.images import MAX_SOURCE_PIXELS, open_image
 from marscli.qwen.tokens import ImageFeatures, StreamDecoder, image_features, special_ids
-from marscli.records.provenance import sha256_file
+from marscli.records.provenance import current_inputs, sha256_file
 from marscli.records.schema import Prompt, Segment, new_record
 from marscli.tools import ConvImage, NewImage, Tool, ToolContext, ToolResult
 
@@ -163,6 +163,8 @@ class Agent:
         self.ids = special_ids(self.tok) if self.tok is not None else None
         self.context: int | None = getattr(engine, "max_context", None)  # tokens, if known
         self.media_dir, self.rel_to = Path(media_dir), Path(rel_to)
+        # the stage's inputs, taken here: the asyncio loop runs in a thread that cannot see them
+        self.inputs = current_inputs()
         self.policy_name = policy_name
         self.on_event = on_event or (lambda kind, traj, data: None)
         # Stream replies as "text" events: someone listens (and has not said
@@ -457,6 +459,7 @@ class Agent:
         its image-token count, None without a processor."""
         idx = len(t.images)
         path = self.media_dir / f"{safe_name(t.id)}-{idx}.png"
+        self.inputs.check_not_input(path)  # a crop named as an input picture (--crops-dir)
         path.parent.mkdir(parents=True, exist_ok=True)
         img.image.save(path)
         root = img.root if img.root is not None else idx

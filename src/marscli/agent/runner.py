@@ -24,6 +24,9 @@
   `OUT.settings.json` before the first record; adding to records made with other settings is
   refused (`check_settings`: BadInput naming the setting, old → new). `start_over` is
   `--force`.
+- Inputs: each record carries `input_hash` (`InputHashes`: its prompt row's question, image
+  bytes, gold and image-search results); resuming over records whose row has changed under its
+  id is refused (`check_inputs`: BadInput naming the id and what changed).
 - Output `-` (`StdoutSink`): every job runs (no resume) and each record goes to stdout as one
   flushed line, its image paths absolute.
 - Counts have upper bounds (`MAX_SAMPLES`, `MAX_BATCH`, ...), checked with the options.
@@ -38,7 +41,7 @@ import re
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 from marscli.configs import from_names
 from marscli.engines import ENGINES, SamplingParams, check_engine, make_engine, split_engine
 from marscli.errors import BadInput, check_range
-from marscli.records.provenance import weights_fingerprint
+from marscli.records.provenance import note_inputs, weights_fingerprint
 
 if TYPE_CHECKING:  # the CLI imports this module for the defaults: the rest loads when used
     from marscli.agent.loop import AgentConfig, Event
@@ -103,7 +106,8 @@ class GenerationOptions:
             self.engine_opts["base_url"] = url
 
     def check(self) -> None:
-        """BadInput naming the option, before anything is read or loaded."""
+        """BadInput naming the option, before anything is read or loaded; then the files
+        the stage will read besides its data (`read_paths`) are noted as its inputs."""
         check_range("--temperature", self.temperature, 0)
         check_range("--top-p", self.top_p, 0, 1, lo_open=True)
         check_range("--top-k", self.top_k, 0)
@@ -124,6 +128,8 @@ class GenerationOptions:
         check_range("--search-retries", self.search_retries, 0, MAX_RETRIES)
         check_engine(self.engine, self.policy, self.engine_opts)
         self.tool_schemas()  # a bad --tools-config fails before anything is loaded
+        # read as text, by transformers or by SQLite: the stage's outputs may not be them
+        note_inputs(*self.read_paths(), files_in_folders=True)
 
     def tool_schemas(self) -> list[dict] | None:
         """The schemas of `--tools-config` (tools_config.load_tool_schemas), None without one."""
@@ -231,12 +237,13 @@ def check_images(src: str, rows: list[tuple[int, Prompt]], unit: str = "line",
             if path in checked:
                 continue
             try:
-                open_image(path, max_pixels=CHECK_PIXELS)
+                open_image(path, max_pixels=CHECK_PIXELS, for_model=True)
             except BadInput as e:
                 at = (where or {}).get(p.id) or (f"{src}:{line}" if unit == "line"
                                                  else f"{src}: {unit} {line}")
                 raise BadInput(f"{at}: image: {e}") from None
             checked.add(path)
+            note_inputs(path)  # no output of the stage may be written onto it
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -275,14 +282,15 @@ def generate(jobs: list[tuple[Prompt, int]], gen: GenerationOptions, tools: list
     from marscli.agent.progress import progress_bar
     from marscli.records.outputs import AppendJsonl, OutputLock
 
+    hashes = InputHashes(p for p, _ in jobs) if output else None
+    for p, _ in jobs:  # no crop (`Agent._keep_image`) may be written onto a prompt's picture
+        note_inputs(*p.image_paths())
     with contextlib.ExitStack() as stack:
         out: AppendJsonl | StdoutSink | None = None
         if output == "-":
             out = StdoutSink(rel_to or Path.cwd())
-        elif output and Path(output).exists():  # opened (locked) before its settings are read
-            out = stack.enter_context(AppendJsonl(output))
-            if settings is not None:
-                check_settings(output, settings, out.ids)
+        elif output and Path(output).exists():
+            out = _resume(stack, output, settings, hashes)
         elif output:  # a new output: locked now, created once the engine has loaded
             _make_parent(output)
             stack.enter_context(OutputLock(output))
@@ -306,7 +314,7 @@ def generate(jobs: list[tuple[Prompt, int]], gen: GenerationOptions, tools: list
                               media_dir=media or media_dir(output), rel_to=base,
                               policy_name=getattr(eng, "policy_name", None) or gen.policy_name,
                               on_event=on_event or advance)
-                _append(agent.run(pending), out, on_record, run)
+                _append(agent.run(pending), out, on_record, run, hashes)
     wall = time.perf_counter() - t0
     run["generate_s"] = round(wall, 3)
     run["trajectories_per_s"] = round(run["new"] / wall, 3) if run["new"] else None
@@ -325,10 +333,35 @@ def _make_parent(output: str) -> None:
         raise BadInput(f"{output}: cannot write here ({e.strerror or e})") from None
 
 
+def _resume(stack: contextlib.ExitStack, output: str, settings: dict | None,
+            hashes: InputHashes | None) -> AppendJsonl:
+    """An existing output, opened (locked) before its settings and inputs are checked: it
+    must have been made with `settings` (`check_settings`) from the rows it is resumed with
+    (`check_inputs`)."""
+    from marscli.records.outputs import AppendJsonl
+
+    recorded: dict[str, tuple[int, Any]] = {}  # prompt id → (line, input_hash) of its first
+
+    def note(line: int, rec: dict) -> None:
+        if isinstance(rec, dict):
+            recorded.setdefault(str(rec.get("prompt_id")), (line, rec.get("input_hash")))
+
+    out = stack.enter_context(AppendJsonl(output, on_row=note))
+    if settings is not None:
+        check_settings(output, settings, out.ids)
+    if hashes is not None:
+        check_inputs(output, recorded, hashes)
+    return out
+
+
 def _append(records: Iterator[dict], out: AppendJsonl | StdoutSink | None,
-            on_record: Callable[[dict], None] | None, run: dict) -> None:
-    """Each record through `on_record`, then appended, and counted in `run`."""
+            on_record: Callable[[dict], None] | None, run: dict,
+            hashes: InputHashes | None = None) -> None:
+    """Each record (with its prompt's `input_hash`) through `on_record`, then appended, and
+    counted in `run`."""
     for rec in records:
+        if hashes is not None:
+            rec["input_hash"] = hashes.of(rec["prompt_id"])
         if on_record is not None:
             on_record(rec)
         if out is not None:
@@ -432,6 +465,73 @@ def check_settings(output: str, settings: dict, ids: set[str] | frozenset[str]) 
                        "resume, or add --force to start over")
 
 
+# ----------------------------------------------------------------------------- input rows
+# A row may change under its id between a run and its resume (a fixed question, another
+# picture, a corrected gold). Each record carries `input_hash`, short sha256s of what its
+# prompt row gave, and a resume compares them with the rows it is given: the records of a
+# changed row were made from another input, so the resume is refused (appended rows, new ids,
+# resume as ever). Records written before the field have nothing to compare and resume as they
+# did. The image part hashes each picture's bytes (as the records' `images[].sha256` do), not
+# its path: a data folder may move, and a picture replaced in place is caught.
+
+INPUT_PARTS = ("question", "image", "answer", "image_search")
+
+
+class InputHashes:
+    """The `input_hash` of each prompt of a run, computed when first asked (each image file
+    hashed once per run)."""
+
+    def __init__(self, prompts: Iterable[Prompt]) -> None:
+        self.prompts = {p.id: p for p in prompts}  # in input order: the first change is named
+        self._files: dict[Path, str] = {}
+        self._hashes: dict[str, dict[str, str]] = {}
+
+    def of(self, prompt_id: str) -> dict[str, str]:
+        if prompt_id not in self._hashes:
+            p = self.prompts[prompt_id]
+            images = [self._file(path) for path in p.image_paths()]
+            parts = {"question": [p.question, p.choices, p.extra.get("prompt")],
+                     "image": images, "answer": p.answer, "image_search": p.image_search}
+            self._hashes[prompt_id] = {k: _short_hash(parts[k]) for k in INPUT_PARTS}
+        return dict(self._hashes[prompt_id])
+
+    def _file(self, path: Path) -> str:
+        from marscli.records.provenance import sha256_file
+
+        if path not in self._files:
+            try:
+                self._files[path] = sha256_file(path)
+            except OSError as e:
+                raise BadInput(f"{path}: image: cannot be read ({e.strerror or e})") from None
+        return self._files[path]
+
+
+def _short_hash(value: Any) -> str:
+    import orjson
+
+    data = orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS, default=str)
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def check_inputs(output: str, recorded: dict[str, tuple[int, Any]],
+                 hashes: InputHashes) -> None:
+    """Refuse to resume over records whose prompt row has changed since (the block above):
+    BadInput naming the output line of the first changed row's first record, what changed
+    (question, image, answer or image_search) and the prompt id. `recorded`: prompt id →
+    (line, input_hash) of its first record in `output`."""
+    for pid in hashes.prompts:
+        line, old = recorded.get(pid, (0, None))
+        if not isinstance(old, dict):  # no record of it, or one written before the field
+            continue
+        new = hashes.of(pid)
+        for part in INPUT_PARTS:
+            if part in old and old[part] != new[part]:
+                raise BadInput(
+                    f"{output}:{line}: {part}: prompt {pid!r} changed since its records were "
+                    f"made (its {part} is not the one they were made from) — restore the row, "
+                    "give the changed row a new id, or add --force to start over")
+
+
 def read_settings(path: str | Path, fix: str) -> dict:
     """The settings a settings file records (`{"v": 1, "settings": {...}}`); BadInput, one
     line naming it and ending in `fix`, when it is a folder or anything else. A missing file
@@ -455,12 +555,16 @@ def start_over(output: str, *also: Path) -> None:
     """`--force`: remove the output, its media folder, sidecar and settings (and `also`),
     holding the output's lock (a writer still at work is not pulled from under)."""
     from marscli.records.outputs import OutputLock
+    from marscli.records.provenance import current_inputs
 
     files = (Path(output), Path(f"{output}.meta.json"), settings_path(output), *also)
+    inputs = current_inputs()
     with OutputLock(output):
         for p in files:  # all checked before any is removed
             if p.is_dir() and not p.is_symlink():
                 raise BadInput(f"{p}: is a folder where --force removes a file — move it away")
+            inputs.check_not_input(p)  # --force starts the output over, never an input
+        inputs.check_no_input_inside(media_dir(output))
         for p in files:
             p.unlink(missing_ok=True)
         shutil.rmtree(media_dir(output), ignore_errors=True)

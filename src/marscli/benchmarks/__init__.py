@@ -94,6 +94,9 @@ def load_benchmark(bench: str, fmt: str, ctx: LoadContext) -> Loaded:
     path = Path(bench)
     if not path.exists():
         raise BadInput(f"{bench}: no such file or folder")
+    if ctx.split is not None and not path.is_dir():  # else it would be silently ignored
+        raise BadInput(f"--split {ctx.split}: {bench} is one file — --split chooses among the "
+                       "files of a benchmark folder; drop --split or point at the folder")
     if fmt == "auto":
         fmt = detect_format(path, ctx.split)
     return FORMATS.get(fmt)(path, ctx, fmt)

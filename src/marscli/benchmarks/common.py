@@ -68,10 +68,15 @@ class Loaded:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
 
     def add(self, n: int, p: Prompt, where: str, keep: Callable[[str], bool]) -> None:
-        """A row read at `where`: refused when its id was seen, kept when `keep` says so."""
+        """A row read at `where`: refused when its id was seen or it has no gold answer, kept
+        when `keep` says so."""
         if p.id in self.where:
             raise BadInput(f"{where}: id: duplicate id {clip(p.id)!r} (first at "
                            f"{self.where[p.id]})")
+        # every layout passes here: an item without gold would be scored 0 and counted
+        if not any(isinstance(a, str) and a.strip() for a in p.answer):
+            raise BadInput(f"{where}: answer: missing gold answer — an eval item is scored "
+                           "against it; fill it in or drop the row")
         self.where[p.id] = where
         if keep(p.id):
             self.prompts.append((n, p))

@@ -32,7 +32,7 @@ def load(path: Path, ctx: LoadContext, fmt: str = "mars") -> Loaded:
     if path.is_dir() and (path / "data.jsonl").is_file():
         path = path / "data.jsonl"
     files, split = data_files(path, ctx.split)
-    name = ctx.benchmark or guess_name(files[0]) or files[0].parent.name
+    name = ctx.benchmark or guess_name(files[0]) or files[0].resolve().parent.name
     loaded = Loaded(name, fmt, [], unit=unit_of(files[0]), split=split)
     for file in files:
         base = ctx.image_dir.resolve() if ctx.image_dir else file.resolve().parent

@@ -4,6 +4,9 @@
   forever), a device or a socket is refused from `os.stat` alone with one line naming the path
   (`check_regular_file`, for every other image-reading path too).
 - Decompression bombs are refused from the header, before any pixel is decoded.
+- An image the model is to see (`for_model`) is refused from its header when its aspect ratio
+  is over `MAX_ASPECT`: Qwen-VL's processor (transformers' `qwen2_vl` `smart_resize`, which
+  Qwen3-VL's uses) raises "absolute aspect ratio must be smaller than 200" mid-run.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ MAX_INPUT_PIXELS = 200_000_000
 MAX_SOURCE_PIXELS = 100_000_000
 Image.MAX_IMAGE_PIXELS = None  # we do our own check, with a clearer message
 
+# transformers' qwen2_vl smart_resize: `max(h, w) / min(h, w) > 200` raises (no size floor:
+# a side under the patch factor is scaled up to min_pixels)
+MAX_ASPECT = 200
 QWEN_FACTOR = 32
 CROP_MIN_PIXELS = 65_536
 CROP_MAX_PIXELS = 8_294_400
@@ -33,8 +39,9 @@ MIN_SIDE = 28
 
 
 def open_image(path: str | Path, *, max_pixels: int | None = None,
-               what: str = "image") -> Image.Image:
-    """Decode an RGB image, checking it exists, is a file, is an image and is not a bomb.
+               what: str = "image", for_model: bool = False) -> Image.Image:
+    """Decode an RGB image, checking it exists, is a file, is an image and is not a bomb;
+    `for_model`: also that the model's processor takes its aspect ratio (`check_aspect`).
 
     With `max_pixels`, large images are downscaled on load (JPEG draft mode decodes at a
     fraction of the size, so an 8000x6000 input never occupies full-resolution memory twice).
@@ -46,6 +53,8 @@ def open_image(path: str | Path, *, max_pixels: int | None = None,
         if w * h > MAX_INPUT_PIXELS:
             raise BadInput(f"{path}: {what} claims {w}x{h} pixels, over the {MAX_INPUT_PIXELS:,} "
                            "pixel limit (decompression bomb?) — downscale it first")
+        if for_model:
+            check_aspect(w, h, path, what)
         if max_pixels and w * h > max_pixels:
             scale = math.sqrt(max_pixels / (w * h))
             im.draft("RGB", (max(1, int(w * scale)), max(1, int(h * scale))))
@@ -83,6 +92,15 @@ def check_regular_file(path: str | Path, what: str = "image") -> Path:
     return Path(path)
 
 
+def check_aspect(w: int, h: int, path: str | Path, what: str = "image") -> None:
+    """BadInput when Qwen-VL's processor would refuse a w x h image (over `MAX_ASPECT`)."""
+    ratio = max(w, h) / max(1, min(w, h))
+    if ratio > MAX_ASPECT:
+        shown = f"{ratio:.2f}".rstrip("0").rstrip(".")  # 200.01 is over, 5000.00 is 5000
+        raise BadInput(f"{path}: {what} is {w}x{h} pixels, an aspect ratio of {shown}:1 — "
+                       f"Qwen-VL's processor takes at most {MAX_ASPECT}:1; crop or pad it first")
+
+
 def fit_pixels(h: int, w: int, max_pixels: int) -> tuple[int, int]:
     """Scale (h, w) down, keeping the aspect ratio, to at most max_pixels."""
     s = math.sqrt(max_pixels / (h * w))
@@ -93,8 +111,8 @@ def smart_resize(h: int, w: int, factor: int = QWEN_FACTOR, min_pixels: int = CR
                  max_pixels: int = CROP_MAX_PIXELS) -> tuple[int, int]:
     """Qwen-VL's resize rule: both sides multiples of `factor`, area within [min, max] pixels,
     aspect ratio kept as closely as the grid allows."""
-    if max(h, w) / min(h, w) > 200:
-        raise ValueError(f"aspect ratio {max(h, w) / min(h, w):.0f} is over 200")
+    if max(h, w) / min(h, w) > MAX_ASPECT:
+        raise ValueError(f"aspect ratio {max(h, w) / min(h, w):.0f} is over {MAX_ASPECT}")
     hb = max(factor, round(h / factor) * factor)
     wb = max(factor, round(w / factor) * factor)
     if hb * wb > max_pixels:

@@ -5,7 +5,8 @@
   every writer (`records.outputs`) refuses an output that is one of them (the same file, a hard
   link or a symlink to it; for `AtomicDir`, a folder holding one): `BadInput`, before anything
   is written. An input opened while it is being written (`merge OUT ... OUT`) is refused the
-  same way.
+  same way. Inputs read another way (a corpus the indexer reads, images, a checkpoint folder,
+  a system prompt) are remembered with `note_inputs`, by each stage before its first output.
 - `stage_inputs()` gives each stage its own memory: `with stage_inputs():` (cli.guard, around
   every command) or `@stage_inputs()` on a stage's run function, so that a Python caller of a
   stage is protected as a command is, and two stages never see each other's inputs. A scope
@@ -80,10 +81,27 @@ class Inputs:
     def remember(self, path: str, fh: Any) -> Input:
         """Remember an input file just opened as `fh`; BadInput (closing `fh`) when it is an
         output this stage is writing."""
-        st = os.fstat(fh.fileno())
+        try:
+            return self._enter(path, os.fstat(fh.fileno()))
+        except BadInput:
+            fh.close()
+            raise
+
+    def note(self, path: str | Path) -> None:
+        """Remember an input the stage reads other than through `jsonl`'s readers (a corpus
+        the indexer reads, images, a checkpoint folder, a system prompt); a folder counts as
+        a whole (`check_no_input_inside`). Nothing for a path not there."""
+        if os.path.abspath(path) in self.paths:
+            return
+        try:
+            st = os.stat(path)
+        except (OSError, ValueError):
+            return
+        self._enter(str(path), st)
+
+    def _enter(self, path: str, st: os.stat_result) -> Input:
         for k in (inode(st), str(Path(path).resolve())):
             if k in self.writing:
-                fh.close()
                 self.forget()  # the stage ends here
                 raise BadInput(f"{path}: is the output being written ({self.writing[k]}) — an "
                                "output cannot be one of the inputs: pick another output")
@@ -145,7 +163,11 @@ class Inputs:
         root = Path(folder).resolve()
         for entry in self.files.values():
             p = Path(entry.path).resolve()
-            if p == root or root in p.parents:
+            if p == root:
+                self.forget()  # the stage ends here
+                raise BadInput(f"{folder}: is an input of this stage — replacing it would "
+                               "delete what is being read: pick another output folder")
+            if root in p.parents:
                 self.forget()  # the stage ends here
                 raise BadInput(f"{folder}: holds {entry.path}, an input of this stage — "
                                "replacing the folder would delete it: pick another output folder")
@@ -196,6 +218,29 @@ def check_not_input(path: str | Path) -> None:
     """`Inputs.check_not_input` of the running stage: for a writer of its own (an SQLite
     index, a metrics file) before it takes the output's lock."""
     current_inputs().check_not_input(path)
+
+
+def check_no_input_inside(folder: str | Path) -> None:
+    """`Inputs.check_no_input_inside` of the running stage: a folder output checked before
+    the work that fills it (`AtomicDir` checks again when it opens)."""
+    current_inputs().check_no_input_inside(folder)
+
+
+def note_inputs(*paths: str | Path | None, files_in_folders: bool = False) -> None:
+    """Remember, for the running stage, inputs read other than through `jsonl`'s readers (the
+    records readers remember theirs): every writer then refuses them as outputs, and a folder
+    output refuses to replace a folder holding one. `None`, `-` and paths not there are
+    skipped. `files_in_folders`: a folder's own files count one by one too (a checkpoint: an
+    output file may not be its config.json)."""
+    inputs = current_inputs()
+    for p in paths:
+        if p is None or str(p) in ("", "-"):
+            continue
+        inputs.note(p)
+        if files_in_folders and os.path.isdir(p):
+            for f in sorted(Path(p).iterdir()):
+                if f.is_file():
+                    inputs.note(f)
 
 
 def write_sidecar(out: str, *, stage: str, seed: int | None = None, config: dict | None = None,

@@ -1,6 +1,7 @@
 """A new SQLite index file, written the way every marscli output is.
 
-`new_database(out)` refuses an output that is one of the stage's inputs, holds the output's
+`new_database(out)` refuses an output that is a folder or one of the stage's inputs (the
+stage notes those it reads itself: `provenance.note_inputs`), holds the output's
 lock (`outputs.OutputLock`), builds the database at `OUT.tmp-PID` (in autocommit mode: the
 caller opens its own transaction) and renames it onto OUT when the body ends well. On any
 failure the temporary is removed; a full disk, which SQLite reports as `OperationalError`
@@ -17,12 +18,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from marscli.errors import RuntimeFailure
-from marscli.records.outputs import OutputLock, remove_stale_tmp, tmp_path
+from marscli.records.outputs import OutputLock, check_writable, remove_stale_tmp, tmp_path
 from marscli.records.provenance import check_not_input
 
 
 @contextmanager
 def new_database(out: Path) -> Iterator[sqlite3.Connection]:
+    check_writable(out)
     check_not_input(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with OutputLock(out):

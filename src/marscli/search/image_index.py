@@ -21,7 +21,7 @@ from PIL import Image
 from marscli.errors import BadInput, MarsError
 from marscli.qwen.images import open_image
 from marscli.records.jsonl import get_field, iter_rows
-from marscli.records.provenance import stage_inputs
+from marscli.records.provenance import note_inputs, stage_inputs
 from marscli.search import IMAGE_BACKENDS, ImageHit, NoInput, SearchOptions, need_arg
 from marscli.search.dbfile import new_database
 
@@ -90,6 +90,7 @@ def build_image_index(src: str, out: str | Path, *, progress: bool = True) -> in
                   disable=not (progress and console.is_terminal)) as bar:
         task = bar.add_task("hash", total=None)
         for where, path, title in _sources(src):
+            note_inputs(path)  # the index may not be written onto an image it hashed
             try:
                 ph, dh = image_hashes(open_image(path, max_pixels=_HASH_PIXELS))
             except MarsError as e:

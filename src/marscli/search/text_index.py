@@ -20,7 +20,7 @@ from pathlib import Path
 
 from marscli.errors import BadInput
 from marscli.records.jsonl import get_field, iter_rows
-from marscli.records.provenance import stage_inputs
+from marscli.records.provenance import note_inputs, stage_inputs
 from marscli.search import TEXT_BACKENDS, Hit, SearchOptions, need_arg
 from marscli.search.dbfile import new_database
 
@@ -60,6 +60,7 @@ def build_text_index(corpus: str, out: str | Path, *, progress: bool = True) -> 
     out = Path(out)
     console = Console(stderr=True)
     n = 0
+    note_inputs(corpus)  # read inside the database's body: refused as the output before that
     with new_database(out) as db:
         # A fresh file renamed at the end: no journal needed; a crash leaves only the tmp.
         db.execute("PRAGMA journal_mode=OFF")

@@ -1,6 +1,7 @@
 """`marscli ask IMAGE QUESTION`: one trajectory, traced live, for a person at a terminal.
 
-- The image is checked (a draft decode) and a hub policy is checked before any model loads: a
+- The image is checked (a draft decode; a URL, or an aspect ratio the processor refuses, is
+  one line, exit 2) and a hub policy is checked before any model loads: a
   hub id that is not in the local Hugging Face cache needs the hub, which is probed for at most
   `HUB_PROBE_S` seconds (`HF_ENDPOINT` respected), so an offline machine fails in seconds with
   one line instead of minutes of download retries. `HF_HUB_OFFLINE=1` skips the probe.
@@ -53,9 +54,11 @@ def ask(image: str, question: str, gen: GenerationOptions | None = None, *,
     if replies and gen.engine != "replay":
         raise BadInput(f"--replies: scripted turns are for --engine replay, not {gen.engine} — "
                        "add --engine replay or leave --replies out")
+    if image.lower().startswith(("http://", "https://")):
+        raise BadInput(f"{image}: URLs are not supported: download the image first")
     img_path = Path(image).resolve()
     # fail fast on a bad image, before loading a model; a draft decode, as rollout checks
-    size = open_image(img_path, max_pixels=CHECK_PIXELS).size
+    size = open_image(img_path, max_pixels=CHECK_PIXELS, for_model=True).size
     base_prompt = read_system_prompt(gen.system_prompt)
     if gen.engine in _LOCAL_ENGINES and gen.policy is not None:
         check_hub_policy(gen.policy)

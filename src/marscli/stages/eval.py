@@ -2,9 +2,11 @@
 trajectory, and summarise per benchmark and category beside the paper's numbers.
 
 - BENCH is read by a loader (`benchmarks/`, `--format`, `auto` detects) into prompt rows.
-  Everything is checked before any generation: options, every row (FILE:LINE: field), every
-  image of the shard (it must exist and decode). Images stored inside the benchmark file
-  (parquet bytes, TSV base64) are written once to `eval-images/SHA256.EXT` beside the results.
+  Everything is checked before any generation: options, every row (FILE:LINE: field; a row
+  without a gold answer is refused, never scored 0), every image of the shard (it must exist,
+  decode and have an aspect ratio the processor takes, 200:1 at most). Images stored inside
+  the benchmark file (parquet bytes, TSV base64) are written once to `eval-images/SHA256.EXT`
+  beside the results.
 - `--mode agent`: the full tool loop (zoom-in always; text and image search when a backend is
   given). `--mode direct`: no tools (an empty tools block), one turn, a system prompt asking
   for `<answer>`.
@@ -15,9 +17,10 @@ trajectory, and summarise per benchmark and category beside the paper's numbers.
   whose id hashes to i. As in `rollout`, a re-run into records made with other settings
   (policy weights, sampling, limits, tools, system prompt, seed, and here also mode, samples,
   protocol, judge, format and benchmark) exits 2 naming the setting; they are kept in
-  `RESULTS.jsonl.settings.json`, written before the first record. `--force` starts over
-  (removes the results, their media, summary, sidecar and settings). Each record is the
-  agent's trajectory record plus `benchmark`, `category`, `mode` and `score`
+  `RESULTS.jsonl.settings.json`, written before the first record; an item that kept its id
+  but changed its question, image or gold exits 2 the same way (`runner.check_inputs`).
+  `--force` starts over (removes the results, their media, summary, sidecar and settings).
+  Each record is the agent's trajectory record plus `benchmark`, `category`, `mode` and `score`
   (`scoring/protocols.py`).
 - `--protocol` (`scoring/protocols.py`): `mars` (default), `official` (each benchmark's
   own), `release` (the released code's validation scoring) or `release-inference` (its
@@ -26,7 +29,9 @@ trajectory, and summarise per benchmark and category beside the paper's numbers.
   what that protocol scores.
 - The summary is computed from the whole results file at the end (so it is right after a
   resume); a table goes to stderr, then the sidecar `RESULTS.jsonl.meta.json` is written, and
-  `RESULTS.summary.json` last (atomically): it is what `make` takes for a finished eval.
+  `RESULTS.summary.json` last (atomically): it is what `make` takes for a finished eval. The
+  summary names the policy (`policy`, and `weights`: the fingerprint eval records carry);
+  records of two policies are refused, naming the line, never averaged into one accuracy.
   `marscli eval summarize RESULTS.jsonl` (the older `--summarize RESULTS.jsonl`) recomputes it
   without generating (after `marscli merge`); `marscli eval rescore RESULTS.jsonl` (`--summarize
   ... --rescore`) first re-scores every record (under `--protocol`, with `--judge`) and rewrites
@@ -176,6 +181,8 @@ def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
                 rec["split"] = loaded.split
             rec["score"] = proto.score(rec, sctx)
             rec["endpoints"] = endpoints
+            if settings["weights"]:  # what the summary tells policies apart by
+                rec["weights"] = settings["weights"]
 
         res = generate([(p, k) for _, p in rows for k in range(samples)], gen,
                        tools, output=output,
@@ -303,6 +310,7 @@ def summarize(results: str, max_unscored: float = 0.05,
                            f"{seen[bench, rid]}) — the same shard merged twice?")
         seen[bench, rid] = line
         by_bench[bench].append((line, r))
+    policy = _one_policy(results, [row for rows in by_bench.values() for row in rows])
     benches, total, unscored = {}, 0, 0
     for bench, rows in sorted(by_bench.items()):
         benches[bench] = _bench_summary(results, bench, rows, max_tool_failure_rate)
@@ -310,11 +318,34 @@ def summarize(results: str, max_unscored: float = 0.05,
         unscored += benches[bench]["unscored"]
     protocols = sorted({b["protocol"] for b in benches.values()})
     return {"v": 1, "results": str(results), "protocol": "+".join(protocols) or None,
-            "trajectories": total, "unscored": unscored,
+            **policy, "trajectories": total, "unscored": unscored,
             "max_unscored": max_unscored, "over_unscored": unscored > max_unscored * total,
             "max_tool_failure_rate": max_tool_failure_rate,
             "broken_backend": [b for b, s in benches.items() if s["broken_backend"]],
             "benchmarks": benches}
+
+
+def _one_policy(results: str, rows: list[tuple[int, dict]]) -> dict:
+    """The policy every record was made with (`policy`, and `weights` where eval recorded
+    them): one accuracy over two checkpoints' records would name neither, so a mix is refused.
+    Two records are one policy when their weights agree (a checkpoint moved between a run and
+    its resume), or, where either has none, their names do."""
+    first: tuple[int, str | None, str | None] | None = None
+    for line, r in sorted(rows, key=lambda lr: lr[0]):
+        name, weights = r.get("policy") or None, r.get("weights") or None
+        if name is None and weights is None:
+            continue  # a hand-made record: nothing to compare
+        if first is None:
+            first = (line, name, weights)
+            continue
+        same = weights == first[2] if weights and first[2] else name == first[1]
+        if not same:
+            how = " (same name, other weights)" if name == first[1] else ""
+            raise BadInput(f"{results}:{line}: policy: records of two policies, {first[1]!r} "
+                           f"(line {first[0]}) and {name!r}{how} — a summary is one policy's: "
+                           "summarize each one's records apart, e.g. jq -c 'select(.policy == "
+                           "\"NAME\")'")
+    return {"policy": first[1] if first else None, "weights": first[2] if first else None}
 
 
 def _bench_summary(results: str, bench: str, rows: list[tuple[int, dict]],
@@ -379,7 +410,9 @@ def print_summary(summary: dict) -> None:
     setups = sorted({f"{b['protocol']} protocol, {b['mode']}"
                      for b in summary["benchmarks"].values()})
     broken = bool(summary.get("broken_backend"))
-    t = Table(title=f"eval: {summary['results']} ({'; '.join(setups)})", title_justify="left",
+    policy = f", policy {summary['policy']}" if summary.get("policy") else ""
+    t = Table(title=f"eval: {summary['results']} ({'; '.join(setups)}{policy})",
+              title_justify="left",
               caption=f"! measured with a broken backend: a failure rate over "
                       f"{summary.get('max_tool_failure_rate', MAX_TOOL_FAILURE_RATE):.0%} "
                       "(see the warnings)" if broken else None, caption_justify="left")

@@ -9,7 +9,8 @@ list), `choices`, `category`, `image` (absolute paths), `benchmark`, `split` and
 `image_search` where present — so `eval --check > rows.jsonl` is itself a prompt file. A
 summary goes to stderr (rows, kept, skipped by reason, multiple choice, categories, split).
 
-The first unreadable row or missing image exits 2 with one line naming the file, the row and
+The first unreadable row (a missing gold answer included), missing image or image the
+processor refuses (aspect ratio over 200:1) exits 2 with one line naming the file, the row and
 the field, at most 200 characters (`error: ` included; long paths shortened to `.../NAME`
 first): never a base64 blob, never a traceback. Nothing goes to stdout then.
 """

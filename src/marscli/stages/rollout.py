@@ -8,7 +8,9 @@
   `generate.sample_settings`) are written to `OUT.settings.json` before the first record, and
   a run that would add to records made with other settings exits 2 naming the setting
   (old → new). `--force` starts over: it removes the output, `OUT.media/`, sidecar and
-  settings (a `--media-dir` of your own is left alone).
+  settings (a `--media-dir` of your own is left alone). Likewise a row that kept its id but
+  changed its question, image or gold answer (each record's `input_hash`) exits 2 naming it;
+  rows appended under new ids resume.
 - `-o -` streams each finished trajectory to stdout as one flushed line, so
   `rollout | reward - | advantages -` pipes. Nothing is resumed (every job runs), no sidecar
   or settings file is written, crops go to `--media-dir` (default `./rollout.media/`) and the

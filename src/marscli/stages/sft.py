@@ -83,7 +83,13 @@ from typing import TYPE_CHECKING, Any
 from marscli.errors import BadInput, check_range
 from marscli.records.jsonl import dumps, read_rows
 from marscli.records.outputs import AtomicDir, tmp_path
-from marscli.records.provenance import sha256_file, stage_inputs, weights_fingerprint
+from marscli.records.provenance import (
+    check_no_input_inside,
+    note_inputs,
+    sha256_file,
+    stage_inputs,
+    weights_fingerprint,
+)
 from marscli.train.batch import Example, Spec, load_example
 from marscli.train.distributed import barrier, is_main_process
 from marscli.train.job import Job, Minibatch, TrainOptions, check_paths, deepspeed_config
@@ -202,6 +208,9 @@ def run_sft(data: str, policy: str, out: str, cfg: SftConfig | None = None,
     policy = check_checkpoint(policy)
     check_state(policy)
     check_paths(cfg, out, policy)
+    # read by transformers or as text, not the records readers: no output may replace them
+    note_inputs(policy, cfg.deepspeed, cfg.system_prompt, files_in_folders=True)
+    check_no_input_inside(out)
     base_prompt = read_system_prompt(cfg.system_prompt)
     system = default_system(base_prompt)
     ds_cfg = deepspeed_config(cfg, policy)

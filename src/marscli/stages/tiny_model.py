@@ -51,7 +51,12 @@ from pathlib import Path
 
 from marscli.errors import BadInput
 from marscli.records.outputs import AtomicDir
-from marscli.records.provenance import stage_inputs, write_sidecar
+from marscli.records.provenance import (
+    check_no_input_inside,
+    note_inputs,
+    stage_inputs,
+    write_sidecar,
+)
 from marscli.train.checkpoint import save_errors
 
 # ids 0..6, in this order, special=True (skipped by decode(skip_special_tokens=True))
@@ -463,6 +468,8 @@ def main(out: str, seed: int = 0, text_files: Iterable[str] = (), size: str | No
                        f"{', '.join(VOCABS)}")
     size = size or DEFAULT_SIZE[vocab]
     check_init_std(init_std)
+    note_inputs(*text_files)  # read as text: --force may not replace a folder holding one
+    check_no_input_inside(out)
     path = build_tiny_model(out, seed=seed, texts=read_texts(text_files), size=size, force=force,
                             min_pixels=min_pixels, max_pixels=max_pixels, vocab=vocab,
                             init_std=init_std)

@@ -64,7 +64,7 @@ from typing import TYPE_CHECKING, Any
 
 from marscli.errors import BadInput, check_range
 from marscli.records.jsonl import get_field, read_rows
-from marscli.records.provenance import stage_inputs
+from marscli.records.provenance import check_no_input_inside, note_inputs, stage_inputs
 from marscli.train.batch import Example, Spec, collate, load_example
 from marscli.train.job import Job, Minibatch, Reduce, TrainOptions, check_paths, deepspeed_config
 
@@ -191,6 +191,9 @@ def run_update(adv: str, policy: str, out: str, cfg: UpdateConfig | None = None,
     check_state(policy)
     ref = check_checkpoint(cfg.ref, "--ref") if cfg.ref else None
     check_paths(cfg, out, policy, ref or "")
+    # read by transformers, not the records readers: no output may replace or hold them
+    note_inputs(policy, ref, cfg.deepspeed, files_in_folders=True)
+    check_no_input_inside(out)
     loss = LOSSES.get(cfg.loss)
     agg = cfg.agg or loss.agg
     if agg not in AGGS:

@@ -34,6 +34,7 @@ import orjson
 
 from marscli import __version__
 from marscli.errors import RuntimeFailure
+from marscli.records.provenance import note_inputs
 from marscli.secrets import redact
 from marscli.view.inspect import Block, blocks, describe_image, fmt_num, header, title
 from marscli.view.runs import (
@@ -83,6 +84,7 @@ class ImageStore:
 
         if not path.is_file():  # a folder, a named pipe (which would block), a device
             return None
+        note_inputs(path)  # the page may not be written onto a picture it shows
         try:
             with Image.open(path) as im:
                 im.draft("RGB", (self.max_px, self.max_px))

@@ -31,6 +31,7 @@ import orjson
 
 from marscli.errors import BadInput
 from marscli.records.jsonl import iter_rows
+from marscli.records.provenance import note_inputs
 
 TRAJ_FILES = ("scored.jsonl", "advantages.jsonl", "rollouts.jsonl")  # stats preference order
 _ITER = re.compile(r"^iter-(\d+)$")
@@ -254,6 +255,7 @@ def summary_values(paths: list[str]) -> dict[str, float]:
     out = {}
     for p in paths:
         name = Path(p).name.removesuffix(".summary.json")
+        note_inputs(p)  # read whole, not through the records readers
         try:
             obj = orjson.loads(Path(p).read_bytes())
         except orjson.JSONDecodeError as e:
