@@ -37,7 +37,7 @@ test-fast: setup
 	$(VENV)/bin/pytest -q -m "not slow and not distributed and not slurm"
 
 bench: setup
-	$(PY) benchmarks/run.py
+	$(PY) bench/run.py
 
 # A replayed expert on a 4K scene through the real agent loop and zoom tool: a zoom on the small
 # sign, the crop, the answer, in seconds on 2 cores (the tiny model only supplies the tokenizer).
@@ -468,7 +468,7 @@ EVAL_CKPTS = $(sort $(shell seq 0 $(EVAL_EVERY) $(ITERS)) $(ITERS))
 EVAL_BY ?=
 rl-eval: rl
 	$(MAKE) --no-print-directory $(foreach k,$(EVAL_CKPTS),$(RUN)/eval/ckpt-$(k).summary.json)
-	$(if $(filter 1,$(SUMMARY)),$(PY) scripts/run_summary.py $(RUN) --iters $(ITERS))
+	$(if $(filter 1,$(SUMMARY)),$(MARSCLI) summary $(RUN) --iters $(ITERS))
 	$(if $(filter 1,$(SUMMARY)),$(MARSCLI) eval summarize $(RUN) $(if $(EVAL_BY),--by $(EVAL_BY)))
 endif
 
@@ -518,7 +518,7 @@ demo: setup
 .PHONY: demo-seeds
 demo-seeds:
 	$(call seed_runs,$(RUN),rl-eval ITERS=$(DEMO_ITERS) EVAL_EVERY=$(DEMO_EVAL_EVERY) SUMMARY=0)
-	$(PY) scripts/run_summary.py $(RUN) --iters $(DEMO_ITERS) --seeds $(SEEDS) --plot $(RUN).png
+	$(MARSCLI) summary $(RUN) --iters $(DEMO_ITERS) --seeds $(SEEDS) --plot $(RUN).png
 
 # grpo, gspo and bn-gspo (and dr-grpo, rloo) from the same cold-start model under the same
 # budget, each with RL seeds 0..SEEDS-1 into $(RUN)-NAME(-seed<s>); a table of mean ± 95% CI
@@ -530,7 +530,7 @@ ablation: setup
 	  mkdir -p $$run && ln -sfn $(abspath $(RUN))/ckpt-0 $$run/ckpt-0; \
 	  $(MAKE) --no-print-directory ablation-run RECIPE=$(RECIPE) ABL_RUN=$$run \
 	    ESTIMATOR=$$est LOSS=$$loss || exit $$?; done
-	$(PY) scripts/run_summary.py $(foreach a,$(ABLATIONS),$(RUN)-$(firstword $(subst :, ,$(a)))) \
+	$(MARSCLI) summary $(foreach a,$(ABLATIONS),$(RUN)-$(firstword $(subst :, ,$(a)))) \
 	  --iters $(ITERS) --seeds $(SEEDS) --plot $(RUN)-ablation.png
 
 .PHONY: ablation-run
@@ -616,7 +616,7 @@ $(GPU_VENV)/.installed: scripts/vllm-gpu-venv.sh pyproject.toml
 # ---------------------------------------------------------------------------------------------
 # TRL beside marscli (optional): `make peers-venv` builds .venv-peers (torch 2.14.1, marscli,
 # TRL's release and what it needs, py-spy; scripts/peers-venv.sh, ~2 min, ~6 GB), which
-# benchmarks/bench_peers.py (in `make bench`) runs from: the same GRPO step in both.
+# bench/bench_peers.py (in `make bench`) runs from: the same GRPO step in both.
 PEERS_VENV ?= .venv-peers
 
 .PHONY: peers-venv

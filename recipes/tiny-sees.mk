@@ -1,6 +1,6 @@
 # recipes/tiny-sees.mk — the CPU demo (`make demo`): RL from a tiny Qwen3-VL that already sees,
 # copies and calls the paper's three tools, as MARS starts from Qwen3-VL-Instruct (issues 19, 35;
-# recipes/tiny.mk, levers f-ag, has how it was found). The policy is recipes/tiny-vlm (5.2 MB,
+# docs/notes/demo-log.md, levers f-ag, has how it was found). The policy is recipes/tiny-vlm (5.2 MB,
 # committed): `make tiny-vlm`'s pre-training on 109 worlds that share no seed and no logo with the
 # demo's (worlds of seeds 0-2), at a 128x128 view, where a scene's logo is too small to read and
 # the zoom's crop is not. The demo's world asks the three kinds (perception: zoom; knowledge: text

@@ -23,11 +23,11 @@
 #  4. teacher-forces every trajectory through transformers in float32 on the GPU and compares
 #     the recorded log-probs (bf16 engines: loose bound), then samples from a float32 vLLM
 #     engine directly and compares again (tight bound, the same check as the CPU tests);
-#  5. runs benchmarks/bench_async.py (the asynchronous against the lock-step agent loop under a
-#     heavy-tailed search delay) and benchmarks/bench_serve.py (`POST /reload` and a sleep and
+#  5. runs bench/bench_async.py (the asynchronous against the lock-step agent loop under a
+#     heavy-tailed search delay) and bench/bench_serve.py (`POST /reload` and a sleep and
 #     wake in vLLM's sleep mode against a fresh engine, served against in-process tokens/s) on
 #     CUDA vLLM, one GPU;
-#  6. runs benchmarks/bench_update_gpu.py: a random Qwen3-VL with the 8B's widths and
+#  6. runs bench/bench_update_gpu.py: a random Qwen3-VL with the 8B's widths and
 #     UPDATE_LAYERS (4) text layers; `update` on one GPU (plain torch, bf16 autocast) at each
 #     micro-batch of UPDATE_RUNS (tokens, `:gc` for gradient checkpointing), the first run also
 #     timing a second update that reads the fp32 masters back. `update` computes the log-probs
@@ -201,8 +201,8 @@ if __name__ == "__main__":  # vLLM spawns workers on GPUs
     main()
 EOF
 if "$PY" "$WORK/compare.py" "$WORK" "$BF16_TOL" "$FP32_TOL"; then VLLM_RESULT=PASS; else VLLM_RESULT=FAIL; fi
-"$PY" benchmarks/bench_async.py --model "$WORK/tiny" || VLLM_RESULT="$VLLM_RESULT, bench_async FAIL"
-"$PY" benchmarks/bench_serve.py --model "$WORK/tiny" || VLLM_RESULT="$VLLM_RESULT, bench_serve FAIL"
+"$PY" bench/bench_async.py --model "$WORK/tiny" || VLLM_RESULT="$VLLM_RESULT, bench_async FAIL"
+"$PY" bench/bench_serve.py --model "$WORK/tiny" || VLLM_RESULT="$VLLM_RESULT, bench_serve FAIL"
 fi
 
 # 6. update at 8B layer shapes: each run prints a table, then its JSON line (kept in BENCH_JSON)
@@ -211,7 +211,7 @@ BENCH_JSON=$WORK/update-bench.jsonl
 UPDATE_FAILED=0
 bench_update() {
   local out rc=0
-  out=$(timeout "$UPDATE_TIMEOUT" "$PY" benchmarks/bench_update_gpu.py --device "$DEVICE" \
+  out=$(timeout "$UPDATE_TIMEOUT" "$PY" bench/bench_update_gpu.py --device "$DEVICE" \
     --layers "$UPDATE_LAYERS" --work "$WORK/update" "$@") || rc=$?
   if (( rc == 0 )); then
     printf '%s\n' "$out" | sed '$d'

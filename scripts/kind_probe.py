@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Per question kind, what a policy does on a toy world's prompts: accuracy, the share of
-trajectories calling each tool, and found (its tools reach the target: run_summary.found).
+trajectories calling each tool, and found (its tools reach the target: toy.summary.found).
 
 usage: scripts/kind_probe.py RECORDS.jsonl [--out FILE.json]
 
@@ -18,9 +18,7 @@ import sys
 from pathlib import Path
 
 from marscli.errors import BadInput
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run_summary import TOOLS, accuracy, fmt, kind_order, records, use_stats
+from marscli.toy.summary import TOOLS, accuracy, fmt, kind_order, records, use_stats
 
 
 def probe(path: Path) -> dict[str, dict]:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the peers venv (default .venv-peers) for benchmarks/bench_peers.py: `make peers-venv`.
+# Build the peers venv (default .venv-peers) for bench/bench_peers.py: `make peers-venv`.
 #
 # TRL's GRPOTrainer beside marscli, on the libraries marscli's numbers were measured with:
 #   1. torch==2.14.1 + torchvision==0.29.1 (the pair `make setup` installs; from the machine's

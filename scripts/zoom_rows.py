@@ -5,7 +5,7 @@ usage: scripts/zoom_rows.py TRAJECTORIES.jsonl > ZOOM.jsonl   (- reads stdin)
 
 Each perception trajectory whose first model turn calls image_zoom_in_tool becomes a row of its
 prompt and that turn only (segments and images cut there, the rest of the record dropped), so
-that `marscli sft` trains on the zoom's box alone. Why (recipes/tiny.mk, lever ab): among the
+that `marscli sft` trains on the zoom's box alone. Why (docs/notes/demo-log.md, lever ab): among the
 expert's rows of the three kinds, the box's two deciding digits (the quadrant) are 2 of about
 220 model tokens (a perception row and a row of each other kind), here 2 of 59; a tiny model
 that grounds in message rows (65.6%) still zoomed at chance in the agent's format after 3

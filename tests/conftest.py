@@ -19,7 +19,7 @@ def tiny_model(tmp_path_factory) -> Path:
         path = Path(os.environ["MARSCLI_TINY"])
         assert (path / "config.json").is_file(), f"MARSCLI_TINY={path}: no config.json there"
         return path
-    from marscli.stages.tiny_model import build_tiny_model
+    from marscli.qwen.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
 

@@ -624,7 +624,7 @@ def invoke_read_only(folder: Path, args: list[str]) -> tuple[int, str, str]:
 
 HOLD = """
 import sys
-from marscli.records.outputs import OutputLock
+from marscli.records.locks import OutputLock
 with OutputLock(sys.argv[1]):
     print("held", flush=True)
     sys.stdin.read()

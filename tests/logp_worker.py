@@ -65,10 +65,10 @@ def main(argv: list[str]) -> None:
     import torch
 
     from marscli.qwen.policy import load_processor
-    from marscli.stages.update import load_rows
     from marscli.train.batch import Spec, collate
     from marscli.train.distributed import close_distributed, init_distributed
     from marscli.train.dsconfig import load_ds_config
+    from marscli.train.update import load_rows
 
     result, ckpt, adv, ds_path, *chunks = argv
     d = init_distributed(deepspeed=True, device="cpu")

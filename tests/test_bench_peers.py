@@ -1,4 +1,4 @@
-"""The peers benchmark's equivalence check (benchmarks/bench_peers.py) refuses what differs: a
+"""The peers benchmark's equivalence check (bench/bench_peers.py) refuses what differs: a
 flipped sign in the loss or the gradient, advantages off by more than float tolerance, other
 prompt ids. Pure numbers, so it runs without TRL; the check's inputs come from both sides'
 real code in the benchmark itself."""
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 _SPEC = importlib.util.spec_from_file_location(
-    "bench_peers", Path(__file__).resolve().parents[1] / "benchmarks" / "bench_peers.py")
+    "bench_peers", Path(__file__).resolve().parents[1] / "bench" / "bench_peers.py")
 bench = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(bench)
 

@@ -1,4 +1,4 @@
-"""benchmarks/repeat.py, which makes the README's performance numbers: the mean and Student's t
+"""bench/repeat.py, which makes the README's performance numbers: the mean and Student's t
 95% interval of every `key=value` over the runs, computed by hand here, and a failing run
 stops it with that run's exit status."""
 
@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPEAT = Path(__file__).resolve().parents[1] / "benchmarks" / "repeat.py"
+REPEAT = Path(__file__).resolve().parents[1] / "bench" / "repeat.py"
 
 # Run k (counted in a file) prints ratio=k and, once, a key only the second run has.
 COUNTER = """

@@ -24,7 +24,7 @@ import pytest
 
 from helpers import ENV, ROOT
 
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]  # docs/notes/ too
 MARKER = re.compile(r"^<!--\s*not run:\s*(.*?)\s*-->$")
 FENCE = re.compile(r"^(\s*)(```+|~~~+)\s*([\w+-]*)")
 SHELLS = {"sh", "shell", "console", "zsh", "shell-session"}
@@ -209,7 +209,7 @@ def test_links_between_pages_resolve():
 CITED = re.compile(r"(docs/[\w./-]+\.md)(?:,?\s+\"([^\"]+)\")?")
 CODE = [*(ROOT / "src").rglob("*.py"), *(ROOT / "scripts").glob("*"),
         *(ROOT / "tests").glob("*.py"), *(ROOT / "stages").glob("*.sh"),
-        *(ROOT / "recipes").glob("*.mk"), *(ROOT / "benchmarks").glob("*.py"), ROOT / "Makefile"]
+        *(ROOT / "recipes").glob("*.mk"), *(ROOT / "bench").glob("*.py"), ROOT / "Makefile"]
 
 
 def test_docs_cited_in_the_code_exist():

@@ -14,7 +14,10 @@ import pytest
 from PIL import Image
 
 from marscli.errors import BadInput, RuntimeFailure
-from marscli.stages.eval import run_eval, run_summarize, summarize, summary_path
+from marscli.evaluation.paths import summary_path
+from marscli.evaluation.summary import summarize
+from marscli.stages.eval import run_eval
+from marscli.stages.eval_summarize import run_summarize
 
 from helpers import (
     HR_HEADER,

@@ -16,8 +16,9 @@ import orjson
 import pytest
 from PIL import Image
 
+from marscli.evaluation.summary import summarize
 from marscli.scoring.judge import JudgeOptions
-from marscli.stages.eval import run_eval, summarize
+from marscli.stages.eval import run_eval
 
 from fakes import FakeServer, chat_reply, serper_reply
 from helpers import answer, invoke, write_bench

@@ -17,8 +17,8 @@ import pytest
 
 from marscli.benchmarks import LoadContext, detect_format, load_benchmark
 from marscli.errors import BadInput
-from marscli.stages.eval_check import one_line
-from marscli.stages.eval_compare import compare, wilson
+from marscli.evaluation.check import one_line
+from marscli.evaluation.compare import compare, wilson
 
 from helpers import HR_HEADER, hr_rows, invoke, png, write_jsonl, write_parquet, write_tsv
 

@@ -1,4 +1,4 @@
-"""scripts/gpu-smoke.sh and its update benchmark (benchmarks/bench_update_gpu.py), rehearsed on
+"""scripts/gpu-smoke.sh and its update benchmark (bench/bench_update_gpu.py), rehearsed on
 CPU (DEVICE=cpu) with small shapes: the same code path as on a GPU (a random Qwen3-VL with the
 real vocabulary size, advantage rows, `update`, a second update from the fp32 masters, `plan`,
 the script's summary and verdict), with CPU's peak RSS in place of the allocator's peak."""
@@ -17,7 +17,7 @@ import pytest
 
 from helpers import ENV, ROOT
 
-BENCH = ROOT / "benchmarks" / "bench_update_gpu.py"
+BENCH = ROOT / "bench" / "bench_update_gpu.py"
 
 
 def bench_module():

@@ -25,8 +25,10 @@ import pytest
 from marscli.errors import BadInput, RuntimeFailure, save_error
 from marscli.records import jsonl
 from marscli.records.jsonl import iter_rows, read_rows
-from marscli.records.outputs import AppendJsonl, AtomicDir, AtomicJsonl, OutputLock
-from marscli.records.provenance import stage_inputs, write_sidecar
+from marscli.records.locks import OutputLock
+from marscli.records.outputs import AppendJsonl, AtomicDir, AtomicJsonl
+from marscli.records.provenance import stage_inputs
+from marscli.records.sidecar import write_sidecar
 from marscli.train.checkpoint import check_out
 
 from helpers import (

@@ -23,7 +23,8 @@ import pytest
 
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.records.jsonl import follow_rows, read_rows
-from marscli.records.provenance import stage_inputs, write_sidecar
+from marscli.records.provenance import stage_inputs
+from marscli.records.sidecar import write_sidecar
 
 from helpers import ENV, held, invoke, read_jsonl, write_jsonl
 
@@ -532,7 +533,8 @@ def test_resume_after_the_processor_changed_is_refused(tmp_path, tiny_model):
 def test_sft_resume_fingerprint_covers_the_processor(tmp_path, tiny_model):
     import shutil
 
-    from marscli.stages.sft import SftConfig, resume_fingerprint
+    from marscli.stages.sft import SftConfig
+    from marscli.train.sft_resume import resume_fingerprint
 
     ckpt = tmp_path / "ckpt"
     shutil.copytree(tiny_model, ckpt)

@@ -10,7 +10,7 @@ from pathlib import Path
 from helpers import ROOT
 
 SOURCES = sorted([*(ROOT / "src").rglob("*.py"), *(ROOT / "tests").glob("*.py"),
-                  *(ROOT / "benchmarks").glob("*.py"), *(ROOT / "scripts").glob("*.py")])
+                  *(ROOT / "bench").glob("*.py"), *(ROOT / "scripts").glob("*.py")])
 
 
 def imports(path: Path) -> list[ast.ImportFrom]:
@@ -34,8 +34,8 @@ def test_test_modules_never_import_each_other():
 # The package's parts, lowest first (docs/design.md, "Layout"): a module imports only from its
 # own part and the parts before it, so a library part never imports a stage and nothing but
 # cli.py and options.py reads stages/. "base" is the top-level modules every part may use.
-LAYERS = ("base", "records", "qwen", "search", "tools", "engines", "agent", "scoring", "rl",
-          "train", "benchmarks", "view", "toy", "stages", "cli")
+LAYERS = ("base", "records", "qwen", "search", "tools", "engines", "agent", "benchmarks", "scoring",
+          "rl", "train", "evaluation", "serving", "view", "toy", "stages", "cli")
 TOP_LEVEL = {"__init__": "base", "errors": "base", "secrets": "base", "registry": "base",
              "http": "base", "configs": "base", "cli": "cli", "options": "cli",
              "__main__": "cli"}
@@ -78,3 +78,66 @@ def test_no_part_imports_a_part_above_it():
 
 def test_the_top_level_stays_small():
     assert len(list(PACKAGE.glob("*.py"))) <= 12
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Every module of the package → the package's modules it imports, at any depth (an import
+    inside a function is exactly what holds a circle together). `from marscli.a import b` is
+    an import of the module `marscli.a.b` when there is one, else of `marscli.a`; a package is
+    its `__init__`. A registry's `lazy` entries name modules as strings and are no imports: the
+    module they name imports the registry, never the reverse."""
+    modules = {}
+    for p in PACKAGE.rglob("*.py"):
+        parts = ("marscli", *p.relative_to(PACKAGE).with_suffix("").parts)
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    graph = {}
+    for name, path in modules.items():
+        targets = set()
+        for n in ast.walk(ast.parse(path.read_text())):
+            if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("marscli"):
+                targets |= {f"{n.module}.{a.name}" if f"{n.module}.{a.name}" in modules
+                            else n.module for a in n.names}
+            elif isinstance(n, ast.Import):
+                targets |= {a.name for a in n.names}
+        graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan): each a set of
+    modules that import one another, directly or through the others."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = stack[stack.index(v):]
+            del stack[stack.index(v):]
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def test_no_import_circles():
+    """No modules import one another, even inside functions: a circle means a concern split
+    between two modules, and the one to move out is what both need (docs/design.md, "Layout")."""
+    assert circles(module_graph()) == []
+
+
+def test_a_circle_is_found():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert circles(graph) == [["a", "b", "c"]]

@@ -143,8 +143,8 @@ def test_policy_logp_and_grads_equal_the_whole_batch(tmp_path, request, which, c
     """PolicyLM in chunks against the whole-batch path: the log-probs of six trajectories
     (images, crops, padding: more loss tokens than one chunk) and every parameter's gradient."""
     from marscli.qwen.policy import load_processor
-    from marscli.stages.update import load_rows
     from marscli.train.batch import Spec, collate
+    from marscli.train.update import load_rows
 
     ckpt = request.getfixturevalue(which)
     proc = load_processor(str(ckpt))

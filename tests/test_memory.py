@@ -1,5 +1,5 @@
 """Large inputs stay cheap: an 8000 x 6000 photo through `ask` and `rollout` (with a zoom-in)
-peaks under PEAK_MB of resident memory (benchmarks/bench_memory.py prints the numbers beside a
+peaks under PEAK_MB of resident memory (bench/bench_memory.py prints the numbers beside a
 640 x 480 baseline: about 1 GB for either, torch and transformers included), and the trajectory
 it gives is one `update` accepts: the processor saw a copy downscaled to its own pixel budget,
 with the placeholder count the processor would give the full source, and training rebuilds the
@@ -14,7 +14,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from bench_memory import LARGE, REPLIES, peak_rss_mb, photo
 
 PEAK_MB = 3000  # the bound this test asserts, per process, for the 8000 x 6000 input

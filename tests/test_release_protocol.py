@@ -19,8 +19,8 @@ from marscli.agent.protocol import last_answer
 from marscli.errors import BadInput
 from marscli.scoring.judge import Judge, JudgeError, JudgeOptions, make_judge
 from marscli.scoring.protocols import ScoreContext, make_protocol
+from marscli.scoring.rewards import run as reward_run
 from marscli.stages.reward import main as reward_main
-from marscli.stages.reward import run as reward_run
 
 from helpers import ROOT, invoke, read_jsonl, write_jsonl
 
@@ -192,7 +192,7 @@ def test_reward_sidecar_records_the_protocol_and_partials_do_not_cross(tmp_path,
     assert meta["config"]["protocol"] == "release" and stats["protocol"] == "release"
     assert [r["reward"]["accuracy"] for r in read_jsonl(out)] == [c[4] for c in CASES]
     assert "(release protocol)" in capsys.readouterr().err
-    from marscli.stages.reward import row_key
+    from marscli.scoring.partial import row_key
     row = traj(0, *CASES[0][:3])
     assert row_key(row, {}, 0.5, "mars") != row_key(row, {}, 0.5, "release")
 
@@ -212,7 +212,7 @@ def test_reward_cli_protocol_option(tmp_path):
 
 
 def test_eval_summary_names_the_release_protocol(tmp_path, capsys):
-    from marscli.stages.eval import run_summarize
+    from marscli.stages.eval_summarize import run_summarize
 
     recs = [{**traj(i, *c[:3]), "benchmark": "vstar", "mode": "agent",
              "score": {"protocol": "mars", "accuracy": c[3]}}
@@ -233,8 +233,9 @@ def test_reward_and_eval_resolve_the_same_protocol_entry(tmp_path, monkeypatch):
     """One `--protocol` registry: a name both stages take is one entry (its `reward` for the
     reward stage, its `score` and `aggregate` for eval); eval-only names are refused by reward
     with reward's own list."""
-    import marscli.stages.eval
-    import marscli.stages.reward
+    import marscli.evaluation.summary
+    import marscli.scoring.rewards
+    import marscli.stages.eval_summarize
     from marscli.scoring import protocols
 
     resolved: dict[str, list] = {"reward": [], "eval": []}
@@ -245,14 +246,16 @@ def test_reward_and_eval_resolve_the_same_protocol_entry(tmp_path, monkeypatch):
             return resolved[stage][-1]
         return resolve
 
-    monkeypatch.setattr(marscli.stages.reward, "reward_protocol",
+    monkeypatch.setattr(marscli.scoring.rewards, "reward_protocol",
                         spy("reward", protocols.reward_protocol))
-    monkeypatch.setattr(marscli.stages.eval, "make_protocol", spy("eval", protocols.make_protocol))
+    monkeypatch.setattr(marscli.evaluation.summary, "make_protocol",
+                        spy("eval", protocols.make_protocol))
     row = traj(0, *DIFFER[0][:3])
     out, _ = reward_run([(1, row)], "t.jsonl", make_judge("exact"), protocol="release")
     results = write_jsonl(tmp_path / "res.jsonl", [{**row, "benchmark": "vstar", "score": {
         "protocol": "mars", "accuracy": 0.0}}])
-    summary = marscli.stages.eval.run_summarize(str(results), rescore=True, protocol="release")
+    summary = marscli.stages.eval_summarize.run_summarize(str(results), rescore=True,
+                                                          protocol="release")
     assert out[0]["reward"]["accuracy"] == 1.0 and summary["benchmarks"]["vstar"]["accuracy"] == 100
     entry = protocols.PROTOCOLS.get("release")
     assert resolved["reward"] and resolved["eval"]

@@ -15,7 +15,8 @@ import pytest
 from marscli.errors import BadInput
 from marscli.scoring.answers import extract_choice, format_ok, normalize, score_answer
 from marscli.scoring.judge import make_judge
-from marscli.stages.reward import main, run
+from marscli.scoring.rewards import run
+from marscli.stages.reward import main
 
 PY = sys.executable
 ABCD = ["dog", "cat", "fish", "bird"]
@@ -266,7 +267,7 @@ WRITER = """
 import sys, time
 import orjson
 from marscli.records.outputs import AppendJsonl
-from marscli.records.provenance import write_sidecar
+from marscli.records.sidecar import write_sidecar
 out, n, sidecar = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
 rows = [orjson.loads(x) for x in sys.stdin.buffer.read().splitlines()]
 with AppendJsonl(out) as w:  # holds OUT.lock, as rollout does

@@ -1,4 +1,5 @@
-"""scripts/run_summary.py: RUN/summary.json per run (the demo's contract) and the table."""
+"""`marscli summary` (toy/summary.py): RUN/summary.json per run (the demo's contract) and the
+table."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ from pathlib import Path
 import orjson
 import pytest
 
+from helpers import MARSCLI
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def eval_summary(acc: float, zoom: float, cats: dict[str, float]) -> dict:
-    """The fields `marscli eval summarize` writes that the script reads."""
+    """The fields `marscli eval summarize` writes that the summary reads."""
     return {"v": 1, "benchmarks": {"world": {
         "accuracy": acc, "items": 96, "mean_turns": 1 + zoom,
         "tool_use": {"image_zoom_in_tool": {"histogram": {}, "mean": zoom}},
@@ -35,8 +38,7 @@ def make_run(root: Path, name: str, accs: list[float], cats_of=lambda a: {"perce
 
 
 def summarize(*runs: Path, iters: int, opts: tuple[str, ...] = ()) -> str:
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "run_summary.py"),
-                           *map(str, runs), "--iters", str(iters), *opts],
+    proc = subprocess.run([*MARSCLI, "summary", *map(str, runs), "--iters", str(iters), *opts],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return proc.stderr
@@ -213,15 +215,12 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
 
 
 def test_tool_calls_parse_model_turns_and_skip_malformed_ones():
-    import importlib.util
+    from marscli.toy.summary import tool_calls
 
-    spec = importlib.util.spec_from_file_location("run_summary", ROOT / "scripts/run_summary.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     rec = kind_record("both", 1, MALFORMED, IMAGE, text("Zirbi"), IMAGE + text("x"))
     rec["segments"].insert(1, {"role": "tool", "text": text("not the model's")})
     # the malformed call, the tool segment and the two-call turn (a format error) are no calls
-    assert mod.tool_calls(rec) == [("image", {}), ("text", {"query": "Zirbi"})]
+    assert tool_calls(rec) == [("image", {}), ("text", {"query": "Zirbi"})]
 
 
 def test_per_kind_accuracy_tool_share_and_found_over_seeds(tmp_path):
@@ -301,10 +300,9 @@ def test_kind_probe_prints_and_writes_one_eval_files_stats_per_kind(tmp_path):
     last = len(torn.read_bytes().splitlines())
     (tmp_path / "iter-0").mkdir()  # a run whose iteration 0 was killed mid-write
     (tmp_path / "iter-0" / "rollouts.jsonl").write_bytes(torn.read_bytes())
-    for script, args in (("kind_probe.py", [str(torn)]),
-                         ("run_summary.py", [str(tmp_path), "--iters", "0"])):
-        r = subprocess.run([sys.executable, str(ROOT / "scripts" / script), *args],
-                           capture_output=True, text=True)
-        assert r.returncode == 2, (script, r.stderr)
+    for cmd in ([sys.executable, str(ROOT / "scripts/kind_probe.py"), str(torn)],
+                [*MARSCLI, "summary", str(tmp_path), "--iters", "0"]):
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        assert r.returncode == 2, (cmd, r.stderr)
         assert r.stderr.strip().count("\n") == 0, r.stderr
         assert f".jsonl:{last}: not valid JSON (truncated last line?)" in r.stderr

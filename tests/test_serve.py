@@ -39,7 +39,7 @@ import pytest
 import requests
 from PIL import Image, ImageDraw
 
-from marscli.stages.serve_guard import NOT_A_CHECKPOINT
+from marscli.serving.guard import NOT_A_CHECKPOINT
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 pytestmark = [pytest.mark.vllm,
@@ -261,7 +261,7 @@ def test_kill_9_mid_rollout_then_restart_loses_and_duplicates_nothing(world, ref
 @pytest.fixture(scope="module")
 def small(tmp_path_factory) -> Path:
     """A checkpoint of another architecture (the tiny model's "small" size)."""
-    from marscli.stages.tiny_model import build_tiny_model
+    from marscli.qwen.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("small") / "small", size="small")
 

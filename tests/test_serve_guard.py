@@ -19,9 +19,10 @@ from PIL import Image
 
 from marscli.engines import Generation
 from marscli.qwen.policy import load_processor
-from marscli.stages import serve_guard
-from marscli.stages.serve import PolicyServer, make_handler
-from marscli.stages.serve_guard import Folders, HttpFailure, PixelBudget, PooledHTTPServer
+from marscli.serving import guard, request
+from marscli.serving.guard import Folders, HttpFailure, PixelBudget, PooledHTTPServer
+from marscli.serving.handler import make_handler
+from marscli.serving.state import PolicyServer
 
 
 class Engine:
@@ -87,14 +88,14 @@ def test_a_huge_image_is_refused_from_its_header_before_decoding(served, monkeyp
     Image.new("1", (14000, 14000)).save(data / "huge.png", optimize=True)
     assert (data / "huge.png").stat().st_size < 100_000
     decoded = []
-    monkeypatch.setattr(PolicyServer, "_decode", staticmethod(lambda f, i: decoded.append(f)))
+    monkeypatch.setattr(request, "decode", lambda f, i: decoded.append(f))
     r = generate(url, data / "huge.png")
     assert r.status_code == 413 and "196,000,000 pixels" in r.json()["error"]
     assert decoded == [] and server.budget.used == 0
 
 
 def test_the_inflight_budget_makes_later_requests_wait_then_retry(monkeypatch):
-    monkeypatch.setattr(serve_guard, "BUDGET_WAIT_S", 0.2)
+    monkeypatch.setattr(guard, "BUDGET_WAIT_S", 0.2)
     budget = PixelBudget(per_request=100, inflight=150)
     with budget.hold(100):
         t0 = time.monotonic()

@@ -27,8 +27,9 @@ from marscli.agent.runner import GenerationOptions
 from marscli.engines import GenRequest, SamplingParams, make_engine
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.records.provenance import weights_fingerprint
-from marscli.stages.serve import PolicyServer, make_handler
-from marscli.stages.serve_guard import Folders
+from marscli.serving.guard import Folders
+from marscli.serving.handler import make_handler
+from marscli.serving.state import PolicyServer
 
 from fakes import FakeServer, always, sequence
 from helpers import invoke
@@ -358,7 +359,7 @@ def gen(url: str) -> requests.Response:
 @pytest.fixture(scope="module")
 def checkpoints(tiny_model, tmp_path_factory) -> SimpleNamespace:
     """The tiny model, a copy of it (another policy, same tensors), one of another size."""
-    from marscli.stages.tiny_model import build_tiny_model
+    from marscli.qwen.tiny import build_tiny_model
 
     root = tmp_path_factory.mktemp("ckpts")
     shutil.copytree(tiny_model, root / "other")

@@ -130,7 +130,7 @@ def as_message_row(rec: dict, style: str) -> dict:
 @pytest.mark.parametrize("style", ["llamafactory", "parts", "openai"])
 def test_message_rows_give_the_trajectories_token_ids_and_mask(traj, spec, style):
     from marscli.agent.messages import default_system
-    from marscli.stages.sft import load_sft_rows
+    from marscli.train.sft import load_sft_rows
 
     recs = read(traj)
     msg_file = write(traj.parent / f"msgs-{style}.jsonl", [as_message_row(r, style) for r in recs])
@@ -157,7 +157,7 @@ def test_mask_is_the_chat_templates_assistant_mask(traj, spec, proc):
 
     from marscli.agent.messages import default_system
     from marscli.qwen.tokens import special_ids
-    from marscli.stages.sft import load_sft_rows
+    from marscli.train.sft import load_sft_rows
 
     rec = next(r for r in read(traj) if list(r["tool_calls"]) == ["image_zoom_in_tool"])
     assert len(rec["images"]) == 2
@@ -196,7 +196,7 @@ def test_tool_calls_field_and_generic_turns(tmp_path, spec):
     user turn; bad rows name their field."""
     from marscli.agent.messages import default_system
     from marscli.agent.protocol import ToolCall, parse_turn
-    from marscli.stages.sft import load_sft_rows
+    from marscli.train.sft import load_sft_rows
 
     row = {"messages": [
         {"role": "user", "content": "What year?"},
@@ -277,9 +277,9 @@ def test_step_loss_is_the_token_mean_over_the_step(trained, traj, spec, tiny_mod
     """The first step's loss equals −Σ log p / N over its sequences' model tokens, computed
     here with one forward per sequence under the input policy."""
     from marscli.agent.messages import default_system
-    from marscli.stages.sft import epoch_order, load_sft_rows
     from marscli.train.batch import collate
     from marscli.train.distributed import Dist
+    from marscli.train.sft import epoch_order, load_sft_rows
     from marscli.train.trainer import build_model
 
     out, _, _ = trained

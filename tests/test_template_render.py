@@ -47,8 +47,8 @@ def _qwen_model(folder):
     import torch
     from transformers import GenerationConfig, Qwen3VLForConditionalGeneration
 
+    from marscli.qwen.tiny import make_config, make_processor
     from marscli.qwen.vocab import QWEN_VOCAB_SIZE, qwen_tokenizer
-    from marscli.stages.tiny_model import make_config, make_processor
 
     tok = copy.deepcopy(qwen_tokenizer(QWEN3_VL_TEMPLATE))
     proc = make_processor(tok)

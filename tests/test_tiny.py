@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from marscli.errors import BadInput
-from marscli.stages import tiny_model as T  # no torch at import: checked below
+from marscli.qwen import tiny as T  # no torch at import: checked below
+from marscli.stages.tiny_model import main as tiny_main
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -28,7 +29,7 @@ def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny")
     words = root / "words.txt"
     words.write_text(WORDS)
-    a = T.main(str(root / "a"), seed=0, text_files=[str(words)])  # the CLI's code path
+    a = tiny_main(str(root / "a"), seed=0, text_files=[str(words)])  # the CLI's code path
     b = T.build_tiny_model(root / "b", seed=0, texts=T.read_texts([words]))
     c = T.build_tiny_model(root / "c", seed=1, texts=T.read_texts([words]))
     return a, b, c
@@ -284,7 +285,8 @@ def test_cli_exit_codes_and_no_torch_at_import(tmp_path):
                        capture_output=True, text=True, check=False)
     assert r.returncode == 2 and "nope.txt: no such file" in r.stderr
     r = subprocess.run([sys.executable, "-c",
-                        "import sys, marscli.stages.tiny_model; print('torch' in sys.modules)"],
+                        "import sys, marscli.stages.tiny_model, marscli.qwen.tiny; "
+                        "print('torch' in sys.modules)"],
                        capture_output=True, text=True, check=False)
     assert r.stdout.strip() == "False"
 
@@ -296,7 +298,7 @@ def test_init_std_sets_the_random_weights_spread_and_is_checked(tmp_path):
     import orjson
     from safetensors.torch import load_file
 
-    wide = T.main(str(tmp_path / "wide"), seed=0, text_files=[], init_std=0.08)
+    wide = tiny_main(str(tmp_path / "wide"), seed=0, text_files=[], init_std=0.08)
     default = T.build_tiny_model(tmp_path / "default", seed=0)
     key = "model.language_model.layers.0.self_attn.q_proj.weight"
     w, d = load_file(wide / "model.safetensors")[key], load_file(default / "model.safetensors")[key]
@@ -373,7 +375,7 @@ def test_qwen_vocab_refuses_text_and_unknown_vocab(tmp_path):
         T.build_tiny_model(tmp_path / "m", texts=T.read_texts([words]), vocab="qwen")
     with pytest.raises(BadInput, match="--vocab: unknown vocabulary 'gpt2' — choose one of: "
                                        "tiny, qwen"):
-        T.main(str(tmp_path / "n"), vocab="gpt2")
+        tiny_main(str(tmp_path / "n"), vocab="gpt2")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["w.txt"]
 
 

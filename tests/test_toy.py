@@ -260,7 +260,7 @@ def test_expert_text_queries_find_the_fact(world, text_index):
 
 def test_vocab_makes_every_answer_one_token(world):
     pytest.importorskip("tokenizers")
-    from marscli.stages.tiny_model import make_tokenizer, read_texts
+    from marscli.qwen.tiny import make_tokenizer, read_texts
 
     tok = make_tokenizer(read_texts([world / "vocab.txt"]))
     answers = {r["answer"][0] for r in all_rows(world)} | set(entities(world))
@@ -622,7 +622,7 @@ def test_syllables_tokenizer_splits_every_worlds_names_alike(tmp_path):
     another world's names are token sequences of the same lengths (what lets a model
     pre-trained on some worlds copy the names of any other)."""
     pytest.importorskip("tokenizers")
-    from marscli.stages.tiny_model import make_tokenizer, read_texts
+    from marscli.qwen.tiny import make_tokenizer, read_texts
 
     for seed in (1000, 0):
         build_world(tmp_path / str(seed), seed=seed, entities=8, train=3, test=0, sft=3,

@@ -90,7 +90,7 @@ def test_ask_trace_shows_header_turns_crop_and_answer(tiny_model, tmp_path):
 
 
 def traj(tid: str = "q#0", **kw) -> SimpleNamespace:
-    """A stand-in for `agent.Traj`: the fields the trace and the progress bar read."""
+    """A stand-in for `agent.trajectory.Traj`: the fields the trace and the progress bar read."""
     kw = {"turns": 0, "files": [], "error": None, "gen_tokens": 0, "tool_calls": Counter(),
           "tool_errors": Counter(), "tool_failures": Counter(), "format_errors": 0, **kw}
     return SimpleNamespace(id=tid, **kw)
@@ -214,7 +214,7 @@ def test_auto_inline_is_off_when_not_a_terminal(monkeypatch):
 def test_hub_policy_unreachable_fails_in_seconds(monkeypatch, tmp_path):
     import huggingface_hub.constants as hc
 
-    from marscli.stages.ask import check_hub_policy
+    from marscli.qwen.hub import check_hub_policy
 
     monkeypatch.setattr(hc, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
@@ -242,7 +242,7 @@ def test_hub_probe_is_bounded_even_when_the_host_never_answers(monkeypatch):
     the timeout."""
     import socket
 
-    from marscli.stages.ask import hub_reachable
+    from marscli.qwen.hub import hub_reachable
 
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from marscli.errors import BadInput
-from marscli.train.trackers import (
+from marscli.records.trackers import (
     JsonlTracker,
     NullTracker,
     TensorBoardTracker,

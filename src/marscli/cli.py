@@ -5,7 +5,7 @@ function of its stage and maps `MarsError` to one stderr line and an exit code (
 runtime failure). The options are checked by the stage, not here. Nothing heavy is imported
 here: `marscli --help` must not load torch or transformers. No `from __future__ import
 annotations` here: typer would then `eval` every option's annotation string at each start
-(~30 ms of every stage's start-up, benchmarks/bench_advantages.py).
+(~30 ms of every stage's start-up, bench/bench_advantages.py).
 """
 
 import contextlib
@@ -351,7 +351,7 @@ def serve_ctl(
 ) -> None:
     """Sleep or wake a `marscli serve` (or ask its health); its reply as one JSON line."""
     with guard():
-        from marscli.stages.serve import serve_ctl as run_ctl
+        from marscli.stages.serve_ctl import serve_ctl as run_ctl
 
         run_ctl(url, action, policy=policy, level=level, timeout=timeout, retries=retries,
                 if_awake=if_awake)
@@ -642,6 +642,22 @@ def report(
         report_main(source, output, max_trajectories, image_px, title)
 
 
+@app.command()
+def summary(
+    runs: Annotated[list[str], typer.Argument(
+        metavar="RUN...", help="Run folders of the toy world; seed s of RUN in RUN-seed<s>.")],
+    iters: Annotated[int, typer.Option(help="RL iterations: checkpoints 0..ITERS.")],
+    seeds: Annotated[int, typer.Option(help="RL seeds averaged: RUN, RUN-seed1, ...")] = 1,
+    plot: Annotated[str | None, typer.Option(
+        metavar="PNG", help="Also plot accuracy ± 95% CI per iteration to this PNG.")] = None,
+) -> None:
+    """The demo's table: per-iteration accuracy and tool use over RL seeds (RUN/summary.json)."""
+    with guard():
+        from marscli.stages.summary import main as summary_main
+
+        summary_main(runs, iters, seeds, plot)
+
+
 @eval_app.callback(invoke_without_command=True)
 def eval_cmd(
     ctx: typer.Context,
@@ -653,8 +669,9 @@ def eval_cmd(
         "it was written with: RESULTS.jsonl.settings.json); the summary goes to "
         "RESULTS.summary.json beside it.")] = None,
     fmt: Annotated[str, typer.Option(
-        "--format", help="auto, mars, mmsearch, hr-mmsearch, fvqa, infoseek, simplevqa, "
-                         "livevqa, mat-search, vstar, hrbench or mme-realworld.")] = "auto",
+        "--format", help="auto (detected from the files) or a layout's name: the loaders' "
+                         "own list, in the error an unknown one gets and docs/evaluation.md.")
+    ] = "auto",
     split: Annotated[str | None, typer.Option(
         help="The split to read when BENCH's files hold several (default: test); never "
              "mixed.")] = None,
@@ -778,7 +795,7 @@ def eval_summarize(
     run folder or summaries, compare checkpoints: accuracy with 95% intervals per benchmark
     and the best checkpoint. No generation."""
     with guard():
-        from marscli.stages.eval_compare import summarize_or_compare
+        from marscli.stages.eval_summarize import summarize_or_compare
 
         summarize_or_compare(results, by=by, as_json=as_json, max_unscored=max_unscored,
                              max_tool_failure_rate=max_tool_failure_rate)
@@ -806,8 +823,8 @@ def eval_rescore(
 
 
 def _summarize(results: str, **kw: Any) -> None:
-    """`stages.eval.run_summarize` (imported when used)."""
-    from marscli.stages.eval import run_summarize
+    """`stages.eval_summarize.run_summarize` (imported when used)."""
+    from marscli.stages.eval_summarize import run_summarize
 
     run_summarize(results, **kw)
 

@@ -7,6 +7,9 @@ worker. Messages read `what is wrong — what to do`, and name file:line: field 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 class MarsError(Exception):
     exit_code = 1
@@ -104,3 +107,18 @@ def save_error(e: BaseException, path: object) -> MarsError | None:
     if shutil.disk_usage(here).free < _ROOM:
         return os_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)))
     return None
+
+
+@contextmanager
+def save_errors(path: object) -> Iterator[None]:
+    """Turn a full disk (or a file-size limit) that torch.save or safetensors report in their
+    own words into the one-line error of `save_error`; any other error stays as it is."""
+    try:
+        yield
+    except MarsError:
+        raise
+    except Exception as e:
+        err = save_error(e, path)
+        if err is None:
+            raise
+        raise err from None

@@ -68,6 +68,9 @@ MAX_BACKOFF_S = 30.0
 MAX_RETRY_AFTER_S = 60.0
 MAX_JSON_BYTES = 8 * 2**20  # per reply of a JSON API: chat completions are ~100 KB
 MAX_REDIRECTS = 5
+# The bounds of a caller's options, so that a typo is refused: far above any real setting.
+MAX_RETRIES = 100  # --search-retries, --judge-retries
+MAX_TIMEOUT = 86_400.0  # seconds: --search-timeout, --judge-timeout
 CHUNK = 64 * 1024
 SNIPPET = 200  # characters of a failing reply quoted in the message
 _JITTER = random.Random()

@@ -71,10 +71,10 @@ from typing import Any
 
 from marscli.agent.protocol import Answer, FormatError, ToolCall, parse_turn
 from marscli.agent.renderers import choose_renderer
+from marscli.agent.trajectory import Traj
 from marscli.engines import Engine, Generation, GenRequest, SamplingParams
-from marscli.qwen.chat_template import TemplateTurns
 from marscli.qwen.images import MAX_SOURCE_PIXELS, open_image
-from marscli.qwen.tokens import ImageFeatures, StreamDecoder, image_features, special_ids
+from marscli.qwen.tokens import StreamDecoder, image_features, special_ids
 from marscli.records.provenance import current_inputs, sha256_file
 from marscli.records.schema import Prompt, Segment, new_record
 from marscli.tools import ConvImage, NewImage, Tool, ToolContext, ToolResult
@@ -100,40 +100,7 @@ class AgentConfig:
     lockstep: bool = False
 
 
-Event = Callable[[str, "Traj", dict], None]
-
-
-@dataclass
-class Traj:
-    """A trajectory being generated."""
-
-    prompt: Prompt
-    sample: int
-    images: list[ConvImage]
-    feats: list[ImageFeatures]
-    segments: list[Segment]
-    refs: list[dict]
-    context: list[int]  # compact ids so far: the next prompt ([] without a tokenizer)
-    files: list[Path] = field(default_factory=list)  # each image's file, as in `images`
-    # Kept by the renderer of its mode (renderers.py), and by nothing else:
-    messages: list[dict] | None = None  # message-level engines: the conversation so far
-    rendered: TemplateTurns | None = None  # --tools-config: the chat template's rendering
-    error: str | None = None  # stop == "engine_error" or "prompt_too_long": why
-    response_tokens: int = 0
-    turns: int = 0
-    stop: str | None = None
-    final_answer: str | None = None
-    tool_calls: Counter = field(default_factory=Counter)
-    tool_errors: Counter = field(default_factory=Counter)  # the model's invalid calls
-    tool_failures: Counter = field(default_factory=Counter)  # backends that failed
-    tool_health: dict[str, Counter] = field(default_factory=dict)  # per tool: HEALTH_KEYS
-    format_errors: int = 0
-    gen_tokens: int = 0
-    ms: Counter = field(default_factory=Counter)
-
-    @property
-    def id(self) -> str:
-        return f"{self.prompt.id}#{self.sample}"
+Event = Callable[[str, Traj, dict], None]
 
 
 def safe_name(s: str) -> str:

@@ -41,10 +41,11 @@ budgets, counters, images).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from marscli.agent.protocol import SYSTEM_PROMPT, system_prompt, tool_content
 from marscli.agent.tools_config import RELEASE_TOOLS
+from marscli.agent.trajectory import Traj
 from marscli.engines import Engine, Generation
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.qwen.chat_template import TemplateTurns, check_renders_tools, content_parts, tool_names
@@ -59,9 +60,6 @@ from marscli.qwen.tokens import (
 )
 from marscli.records.schema import Prompt
 from marscli.tools import Tool
-
-if TYPE_CHECKING:  # the loop imports this module; a renderer only reads and extends a Traj
-    from marscli.agent.loop import Traj
 
 # A reply as recorded: its text, its compact ids (None without a tokenizer), its log-probs.
 Reply = tuple[str, list[int] | None, list[float] | None]

@@ -63,8 +63,6 @@ MAX_SAMPLES = 1024  # -n, --samples: trajectories per prompt
 MAX_BATCH = 4096  # --batch-size
 MAX_TURNS = 100  # --max-turns (the paper: 10)
 MAX_TOKENS = 1 << 20  # --max-turn-tokens, --max-response-tokens (the paper: 16,384)
-MAX_RETRIES = 100  # --search-retries, --judge-retries
-MAX_TIMEOUT = 86_400.0  # seconds: --search-timeout, --judge-timeout
 
 
 @dataclass
@@ -108,6 +106,8 @@ class GenerationOptions:
     def check(self) -> None:
         """BadInput naming the option, before anything is read or loaded; then the files
         the stage will read besides its data (`read_paths`) are noted as its inputs."""
+        from marscli.http import MAX_RETRIES, MAX_TIMEOUT  # requests: not on --help's path
+
         check_range("--temperature", self.temperature, 0)
         check_range("--top-p", self.top_p, 0, 1, lo_open=True)
         check_range("--top-k", self.top_k, 0)
@@ -280,7 +280,8 @@ def generate(jobs: list[tuple[Prompt, int]], gen: GenerationOptions, tools: list
     says the output is complete (eval's summary), removed before new records are appended."""
     from marscli.agent.loop import Agent
     from marscli.agent.progress import progress_bar
-    from marscli.records.outputs import AppendJsonl, OutputLock
+    from marscli.records.locks import OutputLock
+    from marscli.records.outputs import AppendJsonl
 
     hashes = InputHashes(p for p, _ in jobs) if output else None
     for p, _ in jobs:  # no crop (`Agent._keep_image`) may be written onto a prompt's picture
@@ -554,7 +555,7 @@ def read_settings(path: str | Path, fix: str) -> dict:
 def start_over(output: str, *also: Path) -> None:
     """`--force`: remove the output, its media folder, sidecar and settings (and `also`),
     holding the output's lock (a writer still at work is not pulled from under)."""
-    from marscli.records.outputs import OutputLock
+    from marscli.records.locks import OutputLock
     from marscli.records.provenance import current_inputs
 
     files = (Path(output), Path(f"{output}.meta.json"), settings_path(output), *also)

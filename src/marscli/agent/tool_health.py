@@ -1,6 +1,6 @@
 """How a run's tools fared, per tool, from its trajectory records, and the threshold over which a
 tool's backend counts as broken. Shared by eval, which marks the benchmark and warns
-(`stages/eval_health.py`), and rollout, which exits 1 (`stages/rollout.py`): a search backend
+(`evaluation/health.py`), and rollout, which exits 1 (`agent/tally.py`): a search backend
 that keeps failing turns into observations of failures, and a policy trained on them learns the
 backend's outage, not the task.
 

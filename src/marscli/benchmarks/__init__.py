@@ -1,6 +1,5 @@
-"""The paper's benchmarks: loaders from their published local files. What each one is, as
-scoring needs it (multiple choice, option letters, its own protocol), is `scoring/protocols.py`'s
-`BENCHMARKS` table.
+"""The paper's benchmarks: loaders from their published local files, and the registry built
+from what each loader module declares of itself (`facts.py`).
 
 No hub downloads: the user points `marscli eval BENCH` at files they have, in the layout the
 benchmark publishes (docs/evaluation.md, "Where each layout comes from"). Every loader turns
@@ -19,67 +18,42 @@ Formats (`--format`, `auto` detects):
 | infoseek: InfoSeek rows + OVEN images | `infoseek.py` |
 | hrbench, mme-realworld: lettered option columns or `multi-choice options` | `lettered.py` |
 
-Each module's docstring lists the columns it reads. Decoded images are written once to a
-cache folder beside the results (`eval-images/SHA256.EXT`), shared by the shards of a run.
+Each module's docstring lists the columns it reads; its `declare(...)` says the rest (names,
+file names, column rules, protocol, letters, categories, the paper's numbers). Adding a
+benchmark is its module here plus its test: this package imports every module in it, and
+`FORMATS`, name guessing, scoring's `BENCHMARKS` table, the paper's numbers and `eval
+--format`'s help are built from the declarations. Decoded images are written once to a cache
+folder beside the results (`eval-images/SHA256.EXT`), shared by the shards of a run.
 """
 
 from __future__ import annotations
 
-import re
+import importlib
+import pkgutil
 from pathlib import Path
 
 from marscli.benchmarks.common import LoadContext, Loaded
+from marscli.benchmarks.facts import BENCHMARKS, LAYOUTS, Benchmark, benchmark_info, guess_name
 from marscli.errors import BadInput, unknown_name
 from marscli.registry import Registry
 
-# The release's `data/eval/` folder names (test_all.json) -> benchmark names.
-RELEASE_FOLDERS = {
-    "mmsearch_end2end_only_image": "mmsearch", "hr_mmsearch": "hr-mmsearch",
-    "fvqa_test": "fvqa", "infoseek": "infoseek", "simplevqa_en": "simplevqa",
-    "livevqa_research_preview": "livevqa", "mat_search": "mat-search", "vstar_bench": "vstar",
-    "hr_bench_4k": "hrbench-4k", "hr_bench_8k": "hrbench-8k", "mme_realworld": "mme-realworld",
-}
-
-
-def guess_name(path: Path) -> str | None:
-    """A benchmark name from a file or folder name (`hr_bench_8k.tsv` → hrbench-8k)."""
-    stem = path.name if path.is_dir() else path.stem
-    generic = ("data", "test", "val", "validation", "train", "qa")
-    while (stem in generic or re.fullmatch(r"(train|test|val|validation)(-\d+-of-\d+)?", stem)) \
-            and path.parent != path:
-        path = path.parent  # a split's file or the `data/` folder: the folder above names it
-        stem = path.name
-    if stem in RELEASE_FOLDERS:
-        return RELEASE_FOLDERS[stem]
-    key = re.sub(r"[^a-z0-9]", "", stem.lower())
-    for needle, name in (("hrmmsearch", "hr-mmsearch"), ("mmsearch", "mmsearch"),
-                         ("hrbench8k", "hrbench-8k"), ("hrbench4k", "hrbench-4k"),
-                         ("hrbench", "hrbench"), ("mmerealworld", "mme-realworld"),
-                         ("vstar", "vstar"), ("infoseek", "infoseek"), ("fvqa", "fvqa"),
-                         ("simplevqa", "simplevqa"), ("livevqa", "livevqa"),
-                         ("matsearch", "mat-search")):
-        if needle in key:
-            return name
-    return None
-
+for _module in pkgutil.iter_modules(__path__):  # every loader module declares itself on import
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 # One signature: load(path: Path, ctx: LoadContext, fmt: str) -> Loaded.
-FORMATS: Registry = Registry("--format", lazy={
-    "mars": "marscli.benchmarks.mars",
-    **dict.fromkeys(("mmsearch", "hr-mmsearch", "fvqa", "simplevqa", "livevqa", "mat-search"),
-                    "marscli.benchmarks.flat"),
-    "vstar": "marscli.benchmarks.vstar", "infoseek": "marscli.benchmarks.infoseek",
-    "hrbench": "marscli.benchmarks.lettered", "mme-realworld": "marscli.benchmarks.lettered",
-})
+FORMATS: Registry = Registry("--format")
+for _layout in LAYOUTS.values():
+    FORMATS.register(_layout.fmt)(_layout.load)
 
-# A folder's own file names that say what it holds (the published layouts).
-_FOLDER_FILES = (("data.jsonl", "mars"), ("MAT-Search.json", "mat-search"),
-                 ("qa.json", "livevqa"), ("test_questions.jsonl", "vstar"))
-# The same names given as the file itself, minus `data.jsonl`: too common a name to say
-# more than the file's columns do (the release's MARS rows are found by their `prompt`).
-_PUBLISHED_FILES = {name: fmt for name, fmt in _FOLDER_FILES if name != "data.jsonl"}
-# Columns only MMSearch's end2end file has: LiveVQA's rows share its `query` + `gt_answer`.
-_MMSEARCH_OWN = {"sample_id", "alternative_gt_answers", "area", "subfield"}
+# A folder's own file names that say what it holds (the published layouts); the names that
+# say it as the file itself too (`data.jsonl` does not: too common a name to say more than
+# the file's columns do; the release's MARS rows are found by their `prompt`).
+_FOLDER_FILES = [(name, lay.fmt) for lay in LAYOUTS.values() for name in lay.folder_files] + \
+                [(name, lay.fmt) for lay in LAYOUTS.values() for name in lay.files]
+_PUBLISHED_FILES = {name: lay.fmt for lay in LAYOUTS.values() for name in lay.files}
+# Every layout's column rules, in the order `by_columns` tries them.
+_COLUMN_RULES = sorted(((rank, lay.fmt, test) for lay in LAYOUTS.values()
+                        for rank, test in lay.columns), key=lambda r: r[0])
 
 
 def format_names() -> list[str]:
@@ -125,7 +99,7 @@ def detect_format(path: Path, split: str | None = None) -> str:
     fmt = by_columns(set(cols), files[0].suffix.lower())
     if fmt is None:
         name = guess_name(files[0]) or guess_name(path)
-        fmt = {"hrbench-4k": "hrbench", "hrbench-8k": "hrbench"}.get(name or "", name)
+        fmt = BENCHMARKS[name].layout if name else None
     if fmt is None and files[0].suffix.lower() in (".jsonl", ".json") and (
             "question" in cols and "image" in cols):
         fmt = "mars"  # marscli's own prompt rows
@@ -138,36 +112,21 @@ def detect_format(path: Path, split: str | None = None) -> str:
 
 
 def by_columns(cols: set[str], suffix: str) -> str | None:
-    """A format from the columns alone, where they are unambiguous (the published layouts:
-    docs/evaluation.md)."""
-    if suffix in (".jsonl", ".json") and ("prompt" in cols or "v" in cols):
-        return "mars"  # MARS / verl rows, marscli's own rows
-    rules = (
-        ("mme-realworld", {"multi-choice options"}),
-        ("hrbench", {"cycle_category"}),
-        ("hr-mmsearch", {"query", "ground_truth"}),
-        ("vstar", {"text", "label"}),
-    )
-    for fmt, need in rules:
-        if need <= cols:
+    """A format from the columns alone, where they are unambiguous (each layout's column
+    rules, lowest rank first: docs/evaluation.md has the published layouts)."""
+    for _rank, fmt, test in _COLUMN_RULES:
+        if test(cols, suffix):
             return fmt
-    if {"query", "gt_answer"} <= cols and (cols & _MMSEARCH_OWN or "query_image" not in cols):
-        return "mmsearch"
-    if "image_id" in cols and cols & {"answer_eval", "data_split"}:
-        return "infoseek"
-    if cols & {"atomic_fact", "atomic_question", "vqa_category"}:
-        return "simplevqa"
-    if "query_image" in cols and "prompt" not in cols:
-        return "livevqa"
-    if suffix in (".tsv", ".csv") and "E" in cols:
-        return "mme-realworld"
     return None
 
 
 __all__ = [
+    "BENCHMARKS",
     "FORMATS",
+    "Benchmark",
     "LoadContext",
     "Loaded",
+    "benchmark_info",
     "detect_format",
     "format_names",
     "guess_name",

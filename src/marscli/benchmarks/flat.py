@@ -43,7 +43,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from marscli.benchmarks import FORMATS
 from marscli.benchmarks.common import (
     LoadContext,
     Loaded,
@@ -55,6 +54,7 @@ from marscli.benchmarks.common import (
     jsonable,
 )
 from marscli.benchmarks.containers import columns_of, data_files, iter_file, unit_of, where
+from marscli.benchmarks.facts import Benchmark, Layout, Paper, declare
 from marscli.errors import BadInput
 from marscli.records.schema import Prompt, parse_prompt
 
@@ -187,5 +187,42 @@ def _verl_row(row: dict, n: int, file: Path, ctx: LoadContext, prof: Profile, lo
     return p
 
 
-for _fmt in ("mmsearch", "hr-mmsearch", "fvqa", "simplevqa", "livevqa", "mat-search"):
-    FORMATS.register(_fmt)(load)
+# Columns only MMSearch's end2end file has: LiveVQA's rows share its `query` + `gt_answer`.
+_MMSEARCH_OWN = {"sample_id", "alternative_gt_answers", "area", "subfield"}
+
+declare(
+    # MAT-Search's and LiveVQA's file names come before the columns: LiveVQA's look like
+    # MMSearch's; the column rules' ranks interleave with the other modules' (docs/evaluation.md)
+    Layout("mmsearch", load, columns=((50, lambda cols, _s: {"query", "gt_answer"} <= cols and (
+        bool(cols & _MMSEARCH_OWN) or "query_image" not in cols)),)),
+    Layout("hr-mmsearch", load,
+           columns=((30, lambda cols, _s: {"query", "ground_truth"} <= cols),)),
+    Layout("fvqa", load),
+    Layout("simplevqa", load, columns=((70, lambda cols, _s: bool(
+        cols & {"atomic_fact", "atomic_question", "vqa_category"})),)),
+    Layout("mat-search", load, files=("MAT-Search.json",)),
+    Layout("livevqa", load, files=("qa.json",),
+           columns=((80, lambda cols, _s: "query_image" in cols and "prompt" not in cols),)),
+    Benchmark("mmsearch", "MMSearch", official="token_f1",
+              release_folder="mmsearch_end2end_only_image", needle="mmsearch",
+              categories="area: news / knowledge",
+              paper=Paper(171, mars=(67.84, 74.27), direct=(11.70, 16.96), agent=(47.37, 49.12))),
+    Benchmark("hr-mmsearch", "HR-MMSearch", release_folder="hr_mmsearch", needle="hrmmsearch",
+              categories="category",
+              paper=Paper(305, mars=(41.64, 54.43), direct=(12.13, 19.02), agent=(27.87, 34.43))),
+    Benchmark("fvqa", "FVQA-test", release_folder="fvqa_test", needle="fvqa",
+              categories="the rows' own category, if any",
+              paper=Paper(1800, mars=(67.11, 72.61), direct=(24.22, 32.17),
+                          agent=(53.61, 54.28))),
+    Benchmark("simplevqa", "SimpleVQA-en", release_folder="simplevqa_en", needle="simplevqa",
+              categories="original_category",
+              paper=Paper(1013, mars=(70.19, 74.14), direct=(42.94, 45.90),
+                          agent=(62.29, 64.17))),
+    Benchmark("livevqa", "LiveVQA", release_folder="livevqa_research_preview",
+              needle="livevqa", categories="topic",
+              paper=Paper(3602, mars=(56.22, 60.83), direct=(23.18, 31.59),
+                          agent=(39.37, 42.87))),
+    Benchmark("mat-search", "MAT-Search", release_folder="mat_search", needle="matsearch",
+              categories="the rows' own category, if any",
+              paper=Paper(150, mars=(84.67, 86.67), direct=(67.33, 72.67), agent=(84.00, 82.00))),
+)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from marscli.benchmarks import FORMATS
 from marscli.benchmarks.common import (
     LoadContext,
     Loaded,
@@ -31,6 +30,7 @@ from marscli.benchmarks.common import (
     jsonable,
 )
 from marscli.benchmarks.containers import data_files, iter_file, unit_of, where
+from marscli.benchmarks.facts import Benchmark, Layout, Paper, declare
 from marscli.errors import BadInput
 from marscli.records.jsonl import read_rows
 from marscli.records.schema import Prompt
@@ -60,7 +60,6 @@ def _qtypes(file: Path) -> dict[str, str]:
     return {}
 
 
-@FORMATS.register("infoseek")
 def load(path: Path, ctx: LoadContext, fmt: str = "infoseek") -> Loaded:
     if path.is_dir():
         named = [path / n for n in _DEFAULT_FILES if (path / n).is_file()]
@@ -111,3 +110,13 @@ def _row(row: dict, at: str, ctx: LoadContext, dirs: list[Path], qtypes: dict[st
     category = str(qtype).lower() if qtype else row.get("data_split")
     return Prompt(id=rid, question=question.strip(), images=images, answer=answers,
                   base=dirs[0], category=category, extra=extra)
+
+
+declare(
+    Layout("infoseek", load, columns=((60, lambda cols, _s: "image_id" in cols and bool(
+        cols & {"answer_eval", "data_split"})),)),
+    Benchmark("infoseek", "InfoSeek", official="infoseek", release_folder="infoseek",
+              needle="infoseek", categories="question type: string / numerical / time",
+              paper=Paper(2000, mars=(61.70, 65.25), direct=(23.15, 28.95),
+                          agent=(46.15, 49.85))),
+)

@@ -40,7 +40,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-from marscli.benchmarks import FORMATS, guess_name
 from marscli.benchmarks.common import (
     LETTERS,
     LoadContext,
@@ -54,6 +53,7 @@ from marscli.benchmarks.common import (
     mcq_question,
 )
 from marscli.benchmarks.containers import columns_of, data_files, iter_file, unit_of, where
+from marscli.benchmarks.facts import Benchmark, Layout, Paper, declare, guess_name
 from marscli.errors import BadInput
 from marscli.records.schema import Prompt
 
@@ -221,5 +221,24 @@ def _row(row: dict, at: str, ctx: LoadContext, dirs: list[Path], name: str,
     return p, ref
 
 
-FORMATS.register("hrbench")(load)
-FORMATS.register("mme-realworld")(load)
+_ROTATED = {"multiple_choice": True, "official": "rotations", "fmt": "hrbench",
+            "categories": "single / cross (the FSP / FCP sub-tasks)"}
+
+declare(
+    Layout("hrbench", load, columns=((20, lambda cols, _s: "cycle_category" in cols),)),
+    Layout("mme-realworld", load, columns=(
+        (10, lambda cols, _s: OPTIONS_COL in cols),
+        (90, lambda cols, suffix: suffix in (".tsv", ".csv") and "E" in cols))),
+    Benchmark("hrbench-4k", "HR-Bench 4K", release_folder="hr_bench_4k", needle="hrbench4k",
+              paper=Paper(800, mars=(83.1, 90.2), direct=(78.9, None), agent=(None, 84.6)),
+              **_ROTATED),
+    Benchmark("hrbench-8k", "HR-Bench 8K", release_folder="hr_bench_8k", needle="hrbench8k",
+              paper=Paper(800, mars=(78.4, 86.6), direct=(74.6, None), agent=(None, 81.6)),
+              **_ROTATED),
+    Benchmark("hrbench", "HR-Bench", needle="hrbench", **_ROTATED),  # 4K or 8K not said
+    # The release has no MME-RealWorld config and its extractor stops at D; E is added here.
+    Benchmark("mme-realworld", "MME-RealWorld", multiple_choice=True, letters="ABCDE",
+              release_folder="mme_realworld", needle="mmerealworld",
+              categories="task: Perception/..., Reasoning/...",
+              paper=Paper(None, mars=(67.9, 72.7), direct=(61.9, None), agent=(None, None))),
+)

@@ -20,14 +20,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from marscli.benchmarks import FORMATS, guess_name
 from marscli.benchmarks.common import LoadContext, Loaded, split_options
 from marscli.benchmarks.containers import data_files, iter_file, unit_of, where
+from marscli.benchmarks.facts import Layout, benchmark_info, declare, guess_name
 from marscli.records.schema import parse_prompt
-from marscli.scoring.protocols import benchmark_info
 
 
-@FORMATS.register("mars")
 def load(path: Path, ctx: LoadContext, fmt: str = "mars") -> Loaded:
     if path.is_dir() and (path / "data.jsonl").is_file():
         path = path / "data.jsonl"
@@ -47,3 +45,10 @@ def load(path: Path, ctx: LoadContext, fmt: str = "mars") -> Loaded:
                 p.choices = options or None
             loaded.add(n, p, where(file, n, unit), ctx.keep)
     return loaded
+
+
+declare(Layout(
+    "mars", load, folder_files=("data.jsonl",),
+    # MARS / verl rows, marscli's own rows: before every other layout's columns
+    columns=((0, lambda cols, suffix: suffix in (".jsonl", ".json")
+              and ("prompt" in cols or "v" in cols)),)))

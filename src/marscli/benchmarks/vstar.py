@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from marscli.benchmarks import FORMATS
 from marscli.benchmarks.common import (
     LoadContext,
     Loaded,
@@ -30,6 +29,7 @@ from marscli.benchmarks.common import (
     split_options,
 )
 from marscli.benchmarks.containers import data_files, iter_file, unit_of, where
+from marscli.benchmarks.facts import Benchmark, Layout, Paper, declare
 from marscli.errors import BadInput
 from marscli.records.schema import Prompt
 
@@ -44,7 +44,6 @@ def _get(row: dict, names: tuple[str, ...]) -> tuple[str | None, object]:
     return None, None
 
 
-@FORMATS.register("vstar")
 def load(path: Path, ctx: LoadContext, fmt: str = "vstar") -> Loaded:
     if path.is_dir() and (path / "test_questions.jsonl").is_file():
         path = path / "test_questions.jsonl"
@@ -89,3 +88,12 @@ def _row(row: dict, n: int, at: str, ctx: LoadContext, dirs: list[Path], bench: 
                   base=dirs[0], choices=choices,
                   category=None if is_missing(category) or category == "." else str(category),
                   extra=extra)
+
+
+declare(
+    Layout("vstar", load, files=("test_questions.jsonl",),
+           columns=((40, lambda cols, _s: {"text", "label"} <= cols),)),
+    Benchmark("vstar", "V* Bench", multiple_choice=True, release_folder="vstar_bench",
+              needle="vstar", categories="direct_attributes / relative_position",
+              paper=Paper(191, mars=(92.2, 94.2), direct=(86.4, None), agent=(None, 91.1))),
+)

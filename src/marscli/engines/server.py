@@ -1,4 +1,4 @@
-"""The `server` engine: token ids in and out against a `marscli serve` process (serve.py), which
+"""The `server` engine: token ids in and out against a `marscli serve` process (serving/), which
 keeps one vLLM engine up for a whole RL run and reloads its weights in place each iteration.
 
 `--engine server:http://HOST:PORT` (or `--engine server --base-url URL`). With `--policy CKPT`
@@ -58,7 +58,7 @@ from marscli.http import HttpClient, HttpError
 from marscli.records.provenance import weights_fingerprint
 from marscli.secrets import redact
 
-ASLEEP = "asleep (level"  # how a sleeping server's 503 starts its reason (stages/serve.py)
+ASLEEP = "asleep (level"  # how a sleeping server's 503 starts its reason (serving/state.py)
 CONNECT_TIMEOUT_S = 10.0  # a TCP connect to a live host takes milliseconds, even under load
 TOKEN_ENV = "MARSCLI_SERVE_TOKEN_FILE"  # names the file holding the servers' token
 AUTH_HINT = (f"the server wants the run's token: set {TOKEN_ENV} to the file it was started "
@@ -158,6 +158,22 @@ class ServeClient:
         print(f"{self.progress}: {redact(self.url)} not answering ({reason}; attempt "
               f"{k}/{attempts}, {elapsed:.0f} s of {self.timeout:g} s) — retrying",
               file=sys.stderr, flush=True)
+
+
+CTL_ACTIONS = ("sleep", "wake", "health")  # what `marscli serve-ctl` asks a server
+
+
+def control(client: ServeClient, action: str, policy: str | None = None,
+            level: int | None = None, if_awake: bool = False) -> dict:
+    """serve-ctl's call (one of CTL_ACTIONS) and the server's reply. `if_awake` (sleep): a
+    server asleep already answers with its health instead, so that the loop's sleep before an
+    update may run twice."""
+    if action == "wake":
+        return client.wake(policy)
+    if action == "health":
+        return client.health()
+    health = client.health() if if_awake else {}
+    return health if health.get("asleep") else client.sleep(1 if level is None else level)
 
 
 @ENGINES.register("server")

@@ -10,7 +10,7 @@
 - `follow_rows(path)` reads a file as another stage appends to it, until that stage's sidecar
   appears (`reward --follow`), watching that the file stays the one it opened (same inode,
   never shorter than what was read, the last bytes read still there). `iter_rows` refuses a
-  file another process is still writing (it holds the file's lock: `outputs.live_writer`).
+  file another process is still writing (it holds the file's lock: `locks.live_writer`).
 - `dumps(row)`: one record as one line; `get_field(row, "a.b", type, ...)`: a field, checked,
   its errors naming FILE:LINE. Writing whole files is `records.outputs`.
 """
@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 
 from marscli.errors import BadInput, RuntimeFailure
+from marscli.records.locks import refuse_live_writer, writer_alive
 from marscli.records.provenance import current_inputs
 
 SCHEMA_VERSION = 1
@@ -89,8 +90,6 @@ def iter_rows(path: str, on_torn: Callable[[int, bytes], None] | None = None
     path = str(path)
     limit = max_row_bytes()
     if path != "-":
-        from marscli.records.outputs import refuse_live_writer  # outputs imports this module
-
         refuse_live_writer(path)
     fh = _open_in(path)
     inputs = current_inputs()
@@ -134,8 +133,6 @@ def follow_rows(path: str, *, grace_s: float = 10.0, poll_s: float = 0.1
     rewritten in place (its last bytes read are others now) ends it with RuntimeFailure
     (`_same_file`): what was read is no longer that file."""
     from time import monotonic, sleep
-
-    from marscli.records.outputs import writer_alive  # outputs imports this module (dumps)
 
     p, sidecar = Path(path), Path(f"{path}.meta.json")
     limit = max_row_bytes()

@@ -1,4 +1,4 @@
-"""What an output was made from: the inputs one stage read, and the sidecar that records them.
+"""What an output was made from: the inputs one stage read, remembered and hashed.
 
 - `Inputs`: one stage's memory. Every input file `iter_rows` or `follow_rows` opens is
   remembered (by device and inode) with the sha256 of the bytes read, stdin's included, and
@@ -12,9 +12,9 @@
   stage is protected as a command is, and two stages never see each other's inputs. A scope
   opened inside another is the same scope (a command calling a stage function is one stage).
   Outside any scope nothing is remembered. Within one, the memory also ends where the stage
-  does: `write_sidecar`, a writer that fails, a bad input.
-- `write_sidecar(OUT, ...)` writes `OUT.meta.json`, the stage's last file: provenance and
-  statistics, with the inputs' hashes as they were read (`Inputs.sha256`).
+  does: `sidecar.write_sidecar`, a writer that fails, a bad input.
+- The sidecar `OUT.meta.json` (`records.sidecar`) records the inputs' hashes as they were read
+  (`Inputs.sha256`), and ends the stage's memory.
 - `sha256_file(path)`: the hash of a file as it is now.
 """
 
@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -31,11 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from marscli import __version__
 from marscli.errors import BadInput
-from marscli.secrets import redact
 
 Key = tuple[int, int] | str  # (st_dev, st_ino), or a resolved path for a file not there yet
 
@@ -241,39 +235,6 @@ def note_inputs(*paths: str | Path | None, files_in_folders: bool = False) -> No
             for f in sorted(Path(p).iterdir()):
                 if f.is_file():
                     inputs.note(f)
-
-
-def write_sidecar(out: str, *, stage: str, seed: int | None = None, config: dict | None = None,
-                  inputs: list[str] | tuple[str, ...] = (), stats: dict | None = None,
-                  started: float | None = None) -> None:
-    """Write `OUT.meta.json`: provenance and statistics, the inputs' hashes as they were read.
-    Skipped when OUT is stdout. Ends the stage's memory of its inputs."""
-    # jsonl and outputs import this module (their reads and writes go through `Inputs`)
-    from marscli.records.jsonl import SCHEMA_VERSION
-    from marscli.records.outputs import AtomicFile
-
-    read = current_inputs()
-    if out == "-":
-        read.forget()
-        return
-    hashes = {p: read.sha256(p) for p in inputs}
-    meta = {
-        "v": SCHEMA_VERSION,
-        "stage": stage,
-        "command": sys.argv,
-        "marscli": __version__,
-        "seed": seed,
-        "config": config or {},
-        "inputs": {p: h for p, h in hashes.items() if h is not None},
-        "wall_s": round(time.time() - started, 3) if started else None,
-        "stats": stats or {},
-    }
-    try:
-        with AtomicFile(f"{out}.meta.json") as fh:
-            fh.write(orjson.dumps(redact(meta),
-                                  option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
-    finally:
-        read.forget()
 
 
 # ------------------------------------------------------------------ checkpoint fingerprints

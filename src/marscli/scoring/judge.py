@@ -46,7 +46,7 @@ from pathlib import Path
 import orjson
 
 from marscli.errors import BadInput, RuntimeFailure, check_range
-from marscli.http import MAX_JSON_BYTES, HttpClient, HttpError
+from marscli.http import MAX_JSON_BYTES, MAX_RETRIES, MAX_TIMEOUT, HttpClient, HttpError
 from marscli.registry import Registry
 from marscli.secrets import REDACTED, public, redact
 
@@ -97,8 +97,6 @@ class JudgeOptions:
 
     def check(self) -> None:
         """BadInput naming the option (`--judge-retries`: the attempts after the first)."""
-        from marscli.agent.runner import MAX_RETRIES, MAX_TIMEOUT
-
         check_range("--judge-timeout", self.timeout_s, 0, MAX_TIMEOUT, lo_open=True)
         check_range("--judge-retries", self.attempts - 1, 0, MAX_RETRIES)
         check_range("--judge-concurrency", self.concurrency, 1, MAX_CONCURRENCY)

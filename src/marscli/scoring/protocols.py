@@ -25,7 +25,8 @@ One registry, `PROTOCOLS`, for both stages. An entry (`Protocol`) says, for one 
 `reward_protocol`, which refuses the eval-only names; a name both take is one entry. The
 primitives the entries call: `answers.py` (marscli's normalisation, letters, exact match, the
 judge asked per gold answer), `release.py` (the release's) and `judge.py`; what scoring knows
-of each benchmark is the `BENCHMARKS` table below.
+of each benchmark (multiple choice, letters, its own protocol) is what its loader module
+declares (`benchmarks.benchmark_info`).
 
 `mars` — marscli's own reading of the paper's scoring (`release` is the release's code):
 1. The answer is the trajectory's final `<answer>` (`final_answer`, else the last model
@@ -97,6 +98,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from marscli.benchmarks import benchmark_info
 from marscli.errors import unknown_name
 from marscli.registry import Registry
 from marscli.scoring.answers import (
@@ -115,41 +117,6 @@ from marscli.scoring.release import (
     release_answer,
 )
 from marscli.secrets import redact
-
-# --------------------------------------------------------------------------- the benchmarks
-
-
-@dataclass(frozen=True)
-class Benchmark:
-    name: str
-    title: str
-    multiple_choice: bool = False
-    letters: str = "ABCD"  # the option letters the release's extractor knows
-    official: str = "mars"  # the benchmark's own protocol: mars | token_f1 | rotations | infoseek
-
-
-BENCHMARKS = {b.name: b for b in [
-    Benchmark("mmsearch", "MMSearch", official="token_f1"),
-    Benchmark("hr-mmsearch", "HR-MMSearch"),
-    Benchmark("fvqa", "FVQA-test"),
-    Benchmark("infoseek", "InfoSeek", official="infoseek"),
-    Benchmark("simplevqa", "SimpleVQA-en"),
-    Benchmark("livevqa", "LiveVQA"),
-    Benchmark("mat-search", "MAT-Search"),
-    Benchmark("vstar", "V* Bench", multiple_choice=True),
-    Benchmark("hrbench-4k", "HR-Bench 4K", multiple_choice=True, official="rotations"),
-    Benchmark("hrbench-8k", "HR-Bench 8K", multiple_choice=True, official="rotations"),
-    Benchmark("hrbench", "HR-Bench", multiple_choice=True, official="rotations"),
-    # The release has no MME-RealWorld config and its extractor stops at D; E is added here.
-    Benchmark("mme-realworld", "MME-RealWorld", multiple_choice=True, letters="ABCDE"),
-]}
-
-
-def benchmark_info(name: str | None) -> Benchmark:
-    """What is known of a benchmark; an unknown name is an open-question benchmark (multiple
-    choice where its rows have `choices`, with letters up to E)."""
-    return BENCHMARKS.get(name or "") or Benchmark(name or "unknown", name or "unknown",
-                                                   letters="ABCDE")
 
 
 @dataclass
@@ -541,8 +508,8 @@ def reward_protocol_names() -> list[str]:
     return [n for n in PROTOCOLS.names() if PROTOCOLS.get(n).reward is not None]
 
 
-__all__ = ["BENCHMARKS", "PROTOCOLS", "Benchmark", "Protocol", "ScoreContext", "benchmark_info",
-           "best_f1", "eval_mars", "eval_official", "eval_release", "harmonic_mean",
-           "in_numeric_range", "make_protocol", "parse_numeric", "protocol_names",
+__all__ = ["PROTOCOLS", "Protocol", "ScoreContext", "best_f1", "eval_mars", "eval_official",
+           "eval_release", "harmonic_mean", "in_numeric_range", "make_protocol", "parse_numeric",
+           "protocol_names",
            "release_accuracy", "reward_mars", "reward_protocol", "reward_protocol_names",
            "reward_release", "score_choice", "squad_normalize", "token_f1"]

@@ -12,7 +12,7 @@ URLs survive):
 
 Every factory has one signature, `(arg: str | None, opts: SearchOptions) -> backend`. Text
 backends have `search(query, k) -> list[Hit]`; image backends `find(ctx, k) -> list[ImageHit]`.
-Both raise `SearchError` (from `search.remote`) when the world fails and `BadInput` when the spec
+Both raise `SearchError` (`search.errors`) when the world fails and `BadInput` when the spec
 or the environment is wrong, which `check_text_spec` / `check_image_spec` surface before a run.
 
 Remote backends talk through `marscli.http`: `timeout` is a total per request, replies are
@@ -102,7 +102,7 @@ class SearchOptions:
         """The retrying client (`marscli.http`) a backend talks through: `timeout` a total per
         attempt, JSON replies capped at `max_reply_bytes`; it fails with `SearchError`."""
         from marscli.http import HttpClient
-        from marscli.search.remote import SearchError
+        from marscli.search.errors import SearchError
 
         return HttpClient(timeout=self.timeout, attempts=self.attempts, backoff=self.backoff,
                           concurrency=self.concurrency, error=SearchError,
@@ -122,15 +122,16 @@ class ImageBackend(Protocol):
     def find(self, ctx: Any, k: int) -> list[ImageHit]: ...
 
 
+# Each backend's module registers it when first looked up, so `import marscli.search` stays
+# cheap (and the backends, which import this module, are not imported by it).
 TEXT_BACKENDS: Registry[Callable[[str | None, SearchOptions], TextBackend]] = Registry(
-    "text search backend")
+    "text search backend", lazy={"local": "marscli.search.text_index",
+                                 "retriever": "marscli.search.remote",
+                                 "serper": "marscli.search.remote"})
 IMAGE_BACKENDS: Registry[Callable[[str | None, SearchOptions], ImageBackend]] = Registry(
-    "image search backend")
-
-
-def _load_backends() -> None:
-    # Importing registers; done lazily so `import marscli.search` stays cheap.
-    from marscli.search import image_data, image_index, remote, text_index  # noqa: F401
+    "image search backend", lazy={"data": "marscli.search.image_data",
+                                  "local": "marscli.search.image_index",
+                                  "serper-lens": "marscli.search.remote"})
 
 
 def parse_spec(spec: str) -> tuple[str, str | None]:
@@ -139,13 +140,11 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
 
 
 def make_text_backend(spec: str, opts: SearchOptions | None = None) -> TextBackend:
-    _load_backends()
     name, arg = parse_spec(spec)
     return TEXT_BACKENDS.get(name)(arg, opts or SearchOptions())
 
 
 def make_image_backend(spec: str, opts: SearchOptions | None = None) -> ImageBackend:
-    _load_backends()
     name, arg = parse_spec(spec)
     return IMAGE_BACKENDS.get(name)(arg, opts or SearchOptions())
 

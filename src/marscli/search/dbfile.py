@@ -2,7 +2,7 @@
 
 `new_database(out)` refuses an output that is a folder or one of the stage's inputs (the
 stage notes those it reads itself: `provenance.note_inputs`), holds the output's
-lock (`outputs.OutputLock`), builds the database at `OUT.tmp-PID` (in autocommit mode: the
+lock (`locks.OutputLock`), builds the database at `OUT.tmp-PID` (in autocommit mode: the
 caller opens its own transaction) and renames it onto OUT when the body ends well. On any
 failure the temporary is removed; a full disk, which SQLite reports as `OperationalError`
 rather than an `OSError`, becomes one line, and a read-only folder fails when the temporary is
@@ -18,7 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from marscli.errors import RuntimeFailure
-from marscli.records.outputs import OutputLock, check_writable, remove_stale_tmp, tmp_path
+from marscli.records.locks import OutputLock
+from marscli.records.outputs import check_writable, remove_stale_tmp, tmp_path
 from marscli.records.provenance import check_not_input
 
 

@@ -13,7 +13,6 @@ from typing import Any, ClassVar
 from urllib.parse import urlparse
 
 from marscli.errors import BadInput
-from marscli.http import HttpError
 from marscli.search import (
     IMAGE_BACKENDS,
     TEXT_BACKENDS,
@@ -25,15 +24,11 @@ from marscli.search import (
     no_arg,
 )
 from marscli.search.cache import cache_key, open_cache, public_spec
+from marscli.search.errors import SearchError
 from marscli.search.text_index import split_contents
 
 SERPER_DEFAULT = "https://google.serper.dev"
 PAGE_CHARS = 20_000  # page text kept per fetched page (the summariser's input)
-
-
-class SearchError(HttpError):
-    """A backend failed (after its retries, or with a reply of the wrong shape, which is not
-    retried); the tools turn it into a `search failed:` observation."""
 
 
 def _http_url(url: str) -> str:

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from itertools import pairwise
 
 from marscli.search import Hit, SearchOptions
-from marscli.search.remote import SearchError
+from marscli.search.errors import SearchError
 from marscli.search.text_index import STOPWORDS, WORD
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")

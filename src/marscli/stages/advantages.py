@@ -12,7 +12,8 @@ import time
 
 from marscli.records.jsonl import read_rows
 from marscli.records.outputs import AtomicJsonl
-from marscli.records.provenance import stage_inputs, write_sidecar
+from marscli.records.provenance import stage_inputs
+from marscli.records.sidecar import write_sidecar
 from marscli.rl.advantages import EPS_BATCH, EPS_GROUP, check_options, run
 
 

@@ -17,82 +17,16 @@ first): never a base64 blob, never a traceback. Nothing goes to stdout then.
 
 from __future__ import annotations
 
-import os
-import re
 import sys
-from collections import Counter
 from pathlib import Path
 from typing import IO
 
 from marscli.agent.runner import check_images
-from marscli.benchmarks import LoadContext, Loaded, load_benchmark
+from marscli.benchmarks import LoadContext, load_benchmark
 from marscli.errors import BadInput
+from marscli.evaluation.check import normalised, one_line, print_report, report
+from marscli.evaluation.paths import default_cache, image_cache
 from marscli.records.jsonl import dumps
-from marscli.records.schema import Prompt
-from marscli.stages.eval import image_cache
-
-MAX_ERROR = 200 - len("error: ")  # the CLI prints `error: MESSAGE` on one line
-# a path in a message: anything with a slash up to a space, a colon (FILE:LINE) or a quote
-_PATH = re.compile(r"[^\s:'\"()\[\],]*/[^\s:'\"()\[\],]+")
-
-
-def default_cache() -> Path:
-    root = os.environ.get("MARSCLI_CACHE_DIR") or Path.home() / ".cache" / "marscli"
-    return Path(root) / "eval-images"
-
-
-def one_line(msg: str, limit: int = MAX_ERROR) -> str:
-    """`msg` on one line of at most `limit` characters. Long paths go first (the longest
-    becomes `.../NAME`, keeping the file's name), so the row and field after a path stay;
-    only then is the tail cut."""
-    msg = " ".join(msg.split())
-    while len(msg) > limit:
-        paths = [m for m in _PATH.finditer(msg) if _short_path(m[0]) != m[0]]
-        if not paths:
-            break
-        m = max(paths, key=lambda m: len(m[0]))
-        msg = msg[:m.start()] + _short_path(m[0]) + msg[m.end():]
-    return msg if len(msg) <= limit else msg[:limit - 3] + "..."
-
-
-def _short_path(path: str) -> str:
-    folder, _, name = path.rstrip("/").rpartition("/")
-    return ".../" + name if folder and len(path) > len(name) + 4 else path
-
-
-def normalised(p: Prompt) -> dict:
-    """A loaded row in marscli's prompt form, image paths absolute."""
-    paths = [str(x.resolve()) for x in p.image_paths()]
-    row = {"v": 1, "id": p.id, "question": p.question, "answer": p.answer,
-           "choices": p.choices, "category": p.category,
-           "image": paths[0] if len(paths) == 1 else paths,
-           "benchmark": p.extra.get("benchmark")}
-    if p.extra.get("split"):
-        row["split"] = p.extra["split"]
-    if p.image_search:
-        row["image_search"] = p.image_search
-    return row
-
-
-def report(loaded: Loaded) -> dict:
-    prompts = [p for _, p in loaded.prompts]
-    cats = Counter(p.category or "-" for p in prompts)
-    return {"benchmark": loaded.benchmark, "format": loaded.fmt, "split": loaded.split,
-            "rows": loaded.rows, "kept": len(prompts), "skipped": dict(loaded.skipped),
-            "multiple_choice": sum(bool(p.choices) for p in prompts),
-            "categories": dict(sorted(cats.items())), "notes": list(loaded.notes)}
-
-
-def print_report(rep: dict, err: IO[str]) -> None:
-    skipped = ", ".join(f"{v} {k}" for k, v in rep["skipped"].items()) or "none"
-    cats = ", ".join(f"{k} {v}" for k, v in rep["categories"].items())
-    print(f"check: {rep['benchmark']} ({rep['format']} format, split "
-          f"{rep['split'] or '-'}): {rep['rows']} rows, {rep['kept']} kept, skipped: "
-          f"{skipped}", file=err)
-    print(f"check: {rep['multiple_choice']} multiple-choice; categories: {cats or '-'}",
-          file=err)
-    for note in rep["notes"]:
-        print(f"note: {note}", file=err)
 
 
 def run_check(bench: str, *, fmt: str = "auto", benchmark: str | None = None,
@@ -121,3 +55,4 @@ def run_check(bench: str, *, fmt: str = "auto", benchmark: str | None = None,
     rep = report(loaded)
     print_report(rep, err or sys.stderr)
     return rep
+

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from marscli.errors import BadInput
-from marscli.records.provenance import check_not_input, note_inputs, stage_inputs, write_sidecar
+from marscli.records.provenance import check_not_input, note_inputs, stage_inputs
+from marscli.records.sidecar import write_sidecar
 
 
 @stage_inputs()

@@ -1,7 +1,8 @@
 """`marscli plan POLICY_OR_CONFIG ...`: the memory a GPU needs for an RL iteration (the
 trainer's `update`, the vLLM rollout engine), before any GPU hour is spent. The arithmetic is
-train/memory.py's (its docstring has every formula); this module reads the model's
-config.json, checks the options and prints the plan: a table on stdout, or JSON with --json.
+train/memory.py's (its docstring has every formula), train/shape.py reads the model's
+config.json and train/plan_table.py draws the table; this module checks the options and prints
+the plan: a table on stdout, or JSON with --json.
 
 Qwen3-VL-8B/32B-Instruct's config.json files ship as recipes/qwen3-vl-{8b,32b}.config.json
 (docs/gpu.md "Memory plan, before the GPU hours" says where their values come from), so the
@@ -14,22 +15,14 @@ import json
 import re
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from marscli.configs import from_names
 from marscli.errors import BadInput, check_range
-from marscli.train.memory import (
-    QWEN3_VL_MAX_PIXELS,
-    STAGES,
-    GiB,
-    Options,
-    Shape,
-    Vision,
-    plan,
-)
+from marscli.train.memory import STAGES, GiB, Options, plan
+from marscli.train.plan_table import render
+from marscli.train.shape import check_tp, load_shape
 
-MODEL_TYPES = ("qwen3_vl", "qwen3_vl_text", "qwen3")
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B|B)\s*$", re.IGNORECASE)
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -45,155 +38,6 @@ def parse_size(text: str, option: str = "--gpu-memory") -> int:
     if n <= 0:
         raise BadInput(f"{option}: {text!r} must be more than 0")
     return n
-
-
-def _read_json(f: Path) -> Any:
-    try:
-        return json.loads(f.read_bytes())
-    except json.JSONDecodeError as e:
-        raise BadInput(f"{f}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    except UnicodeDecodeError:
-        raise BadInput(f"{f}: not valid JSON (not UTF-8 text)") from None
-    except OSError as e:
-        raise BadInput(f"{f}: cannot read it ({e.strerror or e})") from None
-
-
-def config_file(path: str) -> Path:
-    """POLICY_OR_CONFIG → the config.json to read."""
-    p = Path(path)
-    if p.is_dir():
-        if not (p / "config.json").is_file():
-            raise BadInput(f"{p}: no config.json in this folder — give a checkpoint folder or "
-                           "a config.json file")
-        return p / "config.json"
-    if not p.exists():
-        raise BadInput(f"{path}: no such file or folder — give a checkpoint folder or a "
-                       "config.json file (recipes/qwen3-vl-8b.config.json ships one)")
-    return p
-
-
-# The most a config's size may say (the default: _MAX): well above any Qwen3 / Qwen3-VL model
-# (8B: hidden 4,096, vocabulary 151,936), low enough that a typo (a vocabulary of 1e30)
-# is refused instead of counted into a 25-digit parameter count.
-_MAX = 1 << 20
-_MAX_OF = {"hidden_size": 1 << 16, "out_hidden_size": 1 << 16, "num_hidden_layers": 1024,
-           "depth": 1024, "num_attention_heads": 1024, "num_key_value_heads": 1024,
-           "num_heads": 1024, "head_dim": 1024, "vocab_size": 1 << 22, "patch_size": 1024,
-           "temporal_patch_size": 64, "in_channels": 64, "spatial_merge_size": 64}
-
-
-def _int(cfg: dict, key: str, f: Path, prefix: str, default: int | None = None) -> int:
-    v = cfg.get(key, default)
-    if v is None:
-        raise BadInput(f"{f}: {prefix}{key}: missing — plan reads Qwen3 / Qwen3-VL configs")
-    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-        raise BadInput(f"{f}: {prefix}{key}: expected a positive integer, got {v!r}")
-    if v > (hi := _MAX_OF.get(key, _MAX)):
-        raise BadInput(f"{f}: {prefix}{key}: {v:,} is over {hi:,}, more than any Qwen3 / "
-                       "Qwen3-VL model has — check the config")
-    return v
-
-
-def _kv_heads(text: dict, heads: int, f: Path, prefix: str) -> int:
-    """num_key_value_heads as transformers reads it: absent is its class default (32), null
-    is one a head (no GQA); a Qwen3 layer repeats each KV head heads / kv_heads times, so
-    they must divide (transformers' num_key_value_groups)."""
-    absent = "num_key_value_heads" not in text
-    if text.get("num_key_value_heads", 0) is None:
-        text = {**text, "num_key_value_heads": heads}
-    kv = _int(text, "num_key_value_heads", f, prefix, 32)
-    if heads % kv:
-        raise BadInput(f"{f}: {prefix}num_key_value_heads: {kv}"
-                       f"{' (absent: transformers default)' if absent else ''} does not divide "
-                       f"num_attention_heads {heads} — grouped-query attention shares each KV "
-                       "head among a whole number of query heads")
-    return kv
-
-
-def check_tp(s: Shape, tp: int, f: Path) -> None:
-    """vLLM's own checks of a tensor-parallel size (ModelConfig.verify_with_parallel_config,
-    the attention layers, the vision tower it shards too): refused here, not at engine start."""
-    why = None
-    if s.heads % tp:
-        why = f"num_attention_heads {s.heads}"
-    elif s.kv_heads % tp if s.kv_heads >= tp else tp % s.kv_heads:
-        why = (f"num_key_value_heads {s.kv_heads} (vLLM splits KV heads evenly, or "
-               "replicates them when fewer than --tp, a whole number of times)")
-    elif s.vision and s.vision.heads % tp:
-        why = f"vision_config.num_heads {s.vision.heads}"
-    if why:
-        raise BadInput(f"--tp {tp}: does not divide {f}'s {why} — vLLM refuses it; use a "
-                       "--tp that does")
-
-
-def _check_vision(v: Vision, f: Path) -> None:
-    if v.hidden % v.heads:  # the vision attention's head width (transformers', vLLM's)
-        raise BadInput(f"{f}: vision_config.num_heads: {v.heads} does not divide "
-                       f"vision_config.hidden_size {v.hidden}")
-
-
-def load_shape(path: str) -> tuple[Shape, Path]:
-    """The model's shape from a checkpoint folder or a config.json (BadInput naming the file
-    and field when it is unreadable, malformed or not a Qwen3 / Qwen3-VL dense model)."""
-    f = config_file(path)
-    cfg = _read_json(f)
-    if not isinstance(cfg, dict):
-        raise BadInput(f"{f}: expected a JSON object")
-    mt = cfg.get("model_type")
-    if mt not in MODEL_TYPES:
-        raise BadInput(f"{f}: model_type: {mt!r} is not a dense Qwen3 / Qwen3-VL model — plan "
-                       f"counts {', '.join(MODEL_TYPES)}")
-    text, tp = (cfg["text_config"], "text_config.") if "text_config" in cfg else (cfg, "")
-    if not isinstance(text, dict):
-        raise BadInput(f"{f}: text_config: expected a JSON object")
-    heads = _int(text, "num_attention_heads", f, tp)
-    hidden = _int(text, "hidden_size", f, tp)
-    tied = cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
-    vision = None
-    if "vision_config" in cfg:
-        v, vp = cfg["vision_config"], "vision_config."
-        if not isinstance(v, dict):
-            raise BadInput(f"{f}: vision_config: expected a JSON object")
-        ds = v.get("deepstack_visual_indexes", [])
-        if not isinstance(ds, list):
-            raise BadInput(f"{f}: vision_config.deepstack_visual_indexes: expected a list")
-        vision = Vision(
-            hidden=_int(v, "hidden_size", f, vp), intermediate=_int(v, "intermediate_size", f, vp),
-            depth=_int(v, "depth", f, vp), heads=_int(v, "num_heads", f, vp),
-            patch=_int(v, "patch_size", f, vp),
-            temporal_patch=_int(v, "temporal_patch_size", f, vp, 2),
-            in_channels=_int(v, "in_channels", f, vp, 3),
-            merge=_int(v, "spatial_merge_size", f, vp, 2),
-            out_hidden=_int(v, "out_hidden_size", f, vp, hidden),
-            positions=_int(v, "num_position_embeddings", f, vp),
-            deepstack=len(ds), max_pixels=max_pixels(f.parent) if f.name == "config.json"
-            else QWEN3_VL_MAX_PIXELS)
-        _check_vision(vision, f)
-    shape = Shape(
-        hidden=hidden, layers=_int(text, "num_hidden_layers", f, tp), heads=heads,
-        kv_heads=_kv_heads(text, heads, f, tp),
-        # transformers' Qwen3 / Qwen3-VL default, not hidden / heads (Qwen3-8B: 4096 / 32)
-        head_dim=_int(text, "head_dim", f, tp, 128),
-        intermediate=_int(text, "intermediate_size", f, tp),
-        vocab=_int(text, "vocab_size", f, tp), tied=bool(tied),
-        attention_bias=bool(text.get("attention_bias", False)), vision=vision)
-    return shape, f
-
-
-def max_pixels(folder: Path) -> int:
-    """The image processor's pixel budget (size.longest_edge) in a checkpoint folder, if it
-    says; Qwen3-VL's default otherwise. Only config.json is required."""
-    for name in ("preprocessor_config.json", "processor_config.json"):
-        try:
-            doc = json.loads((folder / name).read_bytes())
-        except (OSError, ValueError):
-            continue
-        ip = doc.get("image_processor", doc) if isinstance(doc, dict) else None
-        size = ip.get("size") if isinstance(ip, dict) else None
-        edge = size.get("longest_edge") if isinstance(size, dict) else None
-        if isinstance(edge, int) and edge > 0:
-            return edge
-    return QWEN3_VL_MAX_PIXELS
 
 
 def zero_from_deepspeed(path: str, hidden: int) -> dict[str, Any]:
@@ -295,88 +139,3 @@ def run_plan(policy: str, params: Mapping[str, Any], *, zero: int | None = None,
         raise BadInput(f"does not fit: {why} — the table above (without --check) shows each "
                        "part; change the launch shape or the options")
     return p
-
-
-# ------------------------------------------------------------------------------ the table
-
-
-def _g(n: float) -> str:
-    return f"{n / GiB:8.2f}"
-
-
-def _stage(z: int | str) -> str:
-    return "plain torch" if z == "torch" else f"ZeRO-{z}"
-
-
-def render(p: dict) -> str:
-    """The plan as a table, GiB per GPU."""
-    i, m, t, e = p["inputs"], p["model"], p["trainer"], p["engine"]
-    sp = t["activation_split"]
-    lines = [f"plan: {i['config']}: {m['total'] / 1e9:.2f}B parameters (text "
-             f"{m['text'] / 1e9:.2f}B, vision {m['vision'] / 1e9:.2f}B); "
-             f"{i['nodes']} node(s) x {i['gpus_per_node']} GPUs of {i['gpu_memory'] / GiB:g} "
-             f"GiB; {p['mode']}",
-             f"{'per GPU':<60}{'GiB':>8}",
-             f"trainer (update, {_stage(t['stage'])} over {i['ranks']} ranks"
-             f"{', optimizer offloaded' if i['offload_optimizer'] else ''})"]
-    rows: list[tuple[str, float | None]] = [("  model states", t["model_states"])]
-    rows += [(f"    {k}", v) for k, v in t["model_state_parts"].items()]
-    rows.append((f"  activations ({sp['tokens']:,} tokens: {sp['loss_tokens']:,} loss, "
-                 f"{sp['image_tokens']:,} image)", t["activations"]))
-    rows += [(f"    {k}", v) for k, v in t["activation_parts"].items()]
-    shape = (f"one row of {sp['tokens']:,} tokens, alone" if sp["lone_row"] or not sp["row"]
-             else f"rows of {sp['row']:,} tokens, padded")
-    rows.append((f"    (at the {sp['peak_at']}; {shape}; C = --logp-chunk "
-                 f"{sp['logp_chunk']:,})", None))
-    if t["reference"]:
-        rows.append(("  reference policy (--ref, scored before training)", t["reference"]))
-    if t["buffers"]:
-        rows.append(("  DeepSpeed buckets", t["buffers"]))
-    rows.append(("  CUDA context (assumed)", t["context"]))
-    lines += [f"{k:<60}{_g(v)}" if v is not None else k for k, v in rows]
-    lines.append(f"{'  peak: ' + t['peak_phase']:<60}{_g(t['total'])}  of "
-                 f"{p['trainer_budget'] / GiB:.2f}: "
-                 f"{'fits' if p['trainer_fits'] else 'DOES NOT FIT'}")
-    host = t["host_per_node"]
-    lines.append("  host memory per node: " + ", ".join(
-        f"{k} {v / GiB:.0f} GiB" for k, v in host.items() if v))
-    lines.append(f"engine (vLLM, tensor parallel {i['tp']}, max_model_len {i['max_model_len']:,}, "
-                 f"max_num_seqs {i['max_num_seqs']})")
-    rows = [(f"  budget: gpu_memory_utilization {i['gpu_memory_utilization']}", e["total"]),
-            ("    weights (bf16)", e["weights"])]
-    rows += [(f"    {k}", v) for k, v in e["overhead_parts"].items() if v]
-    rows.append((f"    KV cache: {e['kv_tokens']:,} tokens, {e['full_sequences']} x "
-                 "max_model_len", e["kv_cache"]))
-    lines += [f"{k:<60}{_g(v)}" for k, v in rows]
-    lines.append(f"{'    (max_num_seqs x max_model_len would need)':<60}{_g(e['kv_needed'])}")
-    u = p["max_gpu_memory_utilization"]
-    lines.append(f"fits: {'yes' if p['fits'] else 'NO'} (trainer "
-                 f"{'fits' if p['trainer_fits'] else 'does not fit'}, engine "
-                 f"{'starts' if p['engine_fits'] else 'cannot hold one max_model_len sequence'})")
-    lines.append("largest gpu_memory_utilization: "
-                 + (f"{u:.2f}" if u is not None else "none")
-                 + f" (smallest that starts: {p['min_gpu_memory_utilization']:.2f}; bound: "
-                 f"{p['max_gpu_memory_utilization_basis']})")
-    mm = p["max_micro_batch_tokens"]
-    lines.append("largest --micro-batch-tokens: " + (f"{mm:,}" if mm else "none"))
-    lines += _disk_lines(p["disk"], i["nodes"])
-    lines += [f"note: {n}" for n in p["notes"]]
-    return "\n".join(lines) + "\n"
-
-
-def _disk_lines(d: dict, nodes: int) -> list[str]:
-    """What an iteration writes and reads through the run folder on rank 0's node, in GB
-    (10^9, as --disk-gbps counts), and the seconds each takes."""
-    where = "rank 0's node" if nodes > 1 else "one node"
-    head = f"disk per iteration ({where}; --disk-gbps {d['gbps']:g})"
-    lines = [f"{head:<60}{'GB':>8}{'s':>6}"]
-
-    def block(title: str, parts: dict, total: int, secs: float) -> None:
-        lines.append(f"{'  ' + title:<60}{total / 1e9:8.2f}{secs:6.0f}")
-        lines.extend(f"{'    ' + k:<60}{v / 1e9:8.2f}" for k, v in parts.items() if v)
-
-    block("update writes", d["written"], d["write_bytes"], d["write_seconds"])
-    block("the next update reads", d["read"], d["read_bytes"], d["read_seconds"])
-    lines.append(f"{'  each engine reads the export when it starts':<60}"
-                 f"{d['engine_read_bytes'] / 1e9:8.2f}{d['engine_read_seconds']:6.0f}")
-    return lines

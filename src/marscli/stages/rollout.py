@@ -45,8 +45,6 @@ from __future__ import annotations
 
 import sys
 import time
-from collections import Counter
-from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -62,21 +60,16 @@ from marscli.agent.runner import (
     sample_settings,
     start_over,
 )
-from marscli.agent.tool_health import (
-    BACKEND_FAILURES,
-    MAX_TOOL_FAILURE_RATE,
-    tool_rates,
-    tool_warnings,
-)
+from marscli.agent.tally import TALLIED, fail_if_tools_broken, tally
+from marscli.agent.tool_health import MAX_TOOL_FAILURE_RATE
 from marscli.errors import RuntimeFailure, check_range
 from marscli.records.jsonl import iter_rows
-from marscli.records.provenance import stage_inputs, write_sidecar
+from marscli.records.provenance import stage_inputs
 from marscli.records.schema import load_prompts
-from marscli.train.trackers import check_tracker, log_stats, stats_tracker
+from marscli.records.sidecar import write_sidecar
+from marscli.records.trackers import check_tracker, log_stats, stats_tracker
 
 STDOUT_MEDIA = "rollout.media"  # `-o -`: crops go here (in the working directory) by default
-_TALLIED = ("turns", "stop", "final_answer", "tool_calls", "tool_errors", "tool_failures",
-            "tool_health", "format_errors", "response_tokens")
 
 
 @stage_inputs()
@@ -134,7 +127,7 @@ def _run(prompts: str, output: str, gen: GenerationOptions, rows: list, n: int,
                                             media_dir(output))
     res = generate(jobs, gen, tools, output=output, system_prompt=base_prompt, label="rollout",
                    progress=progress, settings=settings, media=media_path,
-                   on_record=(lambda r: streamed.append({k: r.get(k) for k in _TALLIED}))
+                   on_record=(lambda r: streamed.append({k: r.get(k) for k in TALLIED}))
                    if output == "-" else None)
     stats = {**tally(streamed if output == "-" else (r for _, r in iter_rows(output))),
              **res.stats}
@@ -143,56 +136,12 @@ def _run(prompts: str, output: str, gen: GenerationOptions, rows: list, n: int,
         raise RuntimeFailure(f"every trajectory of this run failed at the engine (first: "
                              f"{stats['first_error']}) — they are recorded with stop engine_error; "
                              "fix the engine, drop them from the output and re-run")
-    _fail_if_tools_broken(stats, output, max_tool_failure_rate)
+    fail_if_tools_broken(stats, output, max_tool_failure_rate)
     config = {**gen.sidecar(res.engine), "n": n, "shard": f"{shard[0]}/{shard[1]}",
               "weights": settings["weights"] if settings else None}
     write_sidecar(output, stage="rollout", seed=gen.seed, config=config,
                   inputs=[prompts, *gen.input_files()], stats=stats, started=started)
     return stats
-
-
-def tally(records: Iterable[dict]) -> dict:
-    """Counts of stops, turns, answers, tool calls and errors over `records` (the whole
-    output file, so a resumed run's sidecar is complete; or what `-o -` streamed)."""
-    n, turns, stops, answered = 0, Counter(), Counter(), 0
-    calls, errors, failures = Counter(), Counter(), Counter()
-    health: dict[str, Counter] = {}
-    fmt, resp = 0, 0
-    for r in records:
-        n += 1
-        turns[int(r.get("turns") or 0)] += 1
-        stops[str(r.get("stop"))] += 1
-        answered += r.get("final_answer") is not None
-        calls.update(r.get("tool_calls") or {})
-        errors.update(r.get("tool_errors") or {})
-        failures.update(r.get("tool_failures") or {})
-        for name, h in (r.get("tool_health") or {}).items():
-            health.setdefault(name, Counter()).update(h)
-        fmt += int(r.get("format_errors") or 0)
-        resp += int(r.get("response_tokens") or 0)
-    return {"trajectories": n, "answered": answered, "stop": dict(sorted(stops.items())),
-            "turns": {str(k): v for k, v in sorted(turns.items())},
-            "tool_calls": dict(sorted(calls.items())), "tool_errors": dict(sorted(errors.items())),
-            "tool_failures": dict(sorted(failures.items())),
-            "tool_failure_rates": {k: v["failure_rate"] for k, v in tool_rates(
-                calls, failures, health, BACKEND_FAILURES).items()},
-            "tool_health": {k: dict(sorted(v.items())) for k, v in sorted(health.items())},
-            "format_errors": fmt,
-            "mean_response_tokens": round(resp / n, 1) if n else None}
-
-
-def _fail_if_tools_broken(stats: dict, output: str, max_rate: float) -> None:
-    """Exit 1 when a tool failed over `max_rate` of its calls in the output's records (the
-    module docstring), naming the tool and its rate."""
-    tools = tool_rates(stats["tool_calls"], stats["tool_failures"], stats["tool_health"],
-                       BACKEND_FAILURES)
-    if broken := tool_warnings(tools, max_rate):
-        kept = "" if output == "-" else \
-            f"; the {stats['trajectories']} records are kept in {output}"
-        raise RuntimeFailure(
-            f"{'; '.join(broken)}, over --max-tool-failure-rate {max_rate:.0%}{kept} — its "
-            "backend is failing: check it (marscli preflight), drop the trajectories whose "
-            "tools failed (jq -c 'select((.tool_failures // {}) == {})') and re-run")
 
 
 def _report(stats: dict, output: str) -> None:

@@ -7,7 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from marscli.records.provenance import stage_inputs, write_sidecar
+from marscli.records.provenance import stage_inputs
+from marscli.records.sidecar import write_sidecar
 from marscli.toy.prompts import KINDS
 from marscli.toy.world import build_world, check_counts, parse_kinds, parse_seeds
 

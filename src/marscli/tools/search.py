@@ -38,7 +38,7 @@ from marscli.search import (
     make_text_backend,
 )
 from marscli.search.cache import cache_key, open_cache, public_spec
-from marscli.search.remote import SearchError
+from marscli.search.errors import SearchError
 from marscli.search.summarize import LlmSummarizer, SummarizerError, extractive
 from marscli.secrets import redact
 from marscli.tools import (

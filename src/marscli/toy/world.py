@@ -160,7 +160,8 @@ def _split_rows(split: str, n: int, seed: int, ents: list[Entity], tmp: Path, si
     no_tool = set()
     # exactly round(direct x count) of each kind's rows of each attribute, a keyed RNG each: a
     # draw over the whole kind once left 2 of 27 colour rows zoomed (demo world 0), and the cold
-    # start then never zoomed for the attribute the base model reads best (recipes/tiny.mk ad)
+    # start then never zoomed for the attribute the base model reads best (docs/notes/demo-log.md,
+    # lever ad)
     for kind in kinds:
         for attr in ATTRS[kind]:
             of = [i for i, (k, a, _) in enumerate(planned) if (k, a) == (kind, attr)]

@@ -1,3 +1,3 @@
 """Training: the job skeleton, the trainer, batches, distributed set-up, DeepSpeed configs,
-optimiser options, checkpoints, training state and trackers.
+optimiser options, checkpoints and training state.
 """

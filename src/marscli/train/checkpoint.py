@@ -4,8 +4,8 @@
   checkpoints; first it finishes a replace a kill interrupted (`outputs.recover_replaced`).
   (`outputs.find_replaced` does so for a checkpoint read: `--policy`.)
   The folder itself is built by `records.outputs.AtomicDir`.
-- `save_errors(path)`: a full disk seen by torch.save (a RuntimeError from inline_container.cc)
-  or safetensors (an "os error N" message) becomes the one-line error of errors.save_error.
+- `errors.save_errors(path)` around every writer: a full disk seen by torch.save (a RuntimeError
+  from inline_container.cc) or safetensors (an "os error N" message) becomes one line.
 - `WeightShards` writes the weights as they are gathered, parameter by parameter, into
   safetensors shards of at most 5 GB (and their index, as transformers names them), so the
   rank that saves holds one parameter at a time, never the whole model.
@@ -19,12 +19,11 @@ from __future__ import annotations
 import json
 import shutil
 import struct
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from marscli.errors import BadInput, MarsError, save_error
+from marscli.errors import BadInput, save_errors
 from marscli.records.outputs import recover_replaced, usual_modes
 
 # --save-dtype: auto is bfloat16 on CUDA (what engines run there), float32 on CPU; input: the
@@ -32,21 +31,6 @@ from marscli.records.outputs import recover_replaced, usual_modes
 SAVE_DTYPES = ("auto", "float32", "bfloat16", "input")
 _WEIGHTS = (".safetensors", ".safetensors.index.json", ".bin", ".bin.index.json", ".pt", ".pth")
 _NOT_COPIED = {"config.json", "metrics.jsonl", "marscli.meta.json", "optimizer.pt"}
-
-
-@contextmanager
-def save_errors(path: str | Path) -> Iterator[None]:
-    """Turn a full disk (or a file-size limit) that torch.save or safetensors report in their
-    own words into the one-line error of `errors.save_error`; any other error stays as it is."""
-    try:
-        yield
-    except MarsError:
-        raise
-    except Exception as e:
-        err = save_error(e, path)
-        if err is None:
-            raise
-        raise err from None
 
 
 def check_out(out: str, force: bool, *inputs: str) -> None:

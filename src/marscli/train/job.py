@@ -33,8 +33,10 @@ from typing import TYPE_CHECKING, Any, Self
 
 from marscli.errors import BadInput, check_range
 from marscli.records.jsonl import dumps
-from marscli.records.outputs import AtomicDir, OutputLock, remove_stale_tmp, tmp_path
-from marscli.records.provenance import check_not_input, write_sidecar
+from marscli.records.locks import OutputLock
+from marscli.records.outputs import AtomicDir, remove_stale_tmp, tmp_path
+from marscli.records.provenance import check_not_input
+from marscli.records.sidecar import write_sidecar
 from marscli.train.batch import Example, Micro, Spec, collate, plan
 from marscli.train.checkpoint import check_out, check_save_dtype, save_dtype_name
 from marscli.train.distributed import (
@@ -93,7 +95,7 @@ class TrainOptions:
         check_range("--epochs", self.epochs, 1)
         optim.check(schedule_option)
         check_save_dtype(self.save_dtype)
-        from marscli.train.trackers import check_tracker
+        from marscli.records.trackers import check_tracker
 
         check_tracker(self.track)
 
@@ -211,7 +213,7 @@ class Job:
         the job's inputs, the checkpoints it reads, OUT or --metrics (`open_tracker`)."""
         from dataclasses import asdict
 
-        from marscli.train.trackers import open_tracker
+        from marscli.records.trackers import open_tracker
 
         out = Path(self.out)
         return open_tracker(self.opts.track, run=f"{out.parent.name}/{out.name}",
@@ -421,7 +423,7 @@ class MetricsWriter:
     """One JSON line per optimiser step, flushed as it is written (watch it with `tail -f`).
     With `atomic` (a `--metrics FILE` outside OUT), lines go to `PATH.tmp-PID`, renamed onto
     PATH by `close(ok=True)`, and PATH is refused if it is an input and locked while open
-    (outputs.OutputLock). A writer without a path (ranks other than 0) writes nothing."""
+    (locks.OutputLock). A writer without a path (ranks other than 0) writes nothing."""
 
     def __init__(self, path: str | Path | None, atomic: bool = True, tracker: Any = None) -> None:
         self.path = Path(path) if path else None

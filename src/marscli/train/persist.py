@@ -32,17 +32,15 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from marscli.errors import BadInput, MarsError, RuntimeFailure, os_error
-from marscli.records.outputs import AtomicDir, remove_stale_tmp, tmp_path
+from marscli.records.outputs import remove_stale_tmp, tmp_path
+from marscli.train.trainstate import DURABLE, STATE_DIR, check_present, restamp
 
-LINK = "train_state"  # trainstate.STATE_DIR: a folder, or a link to the working copy
-DURABLE = "train_state.durable"  # the durable copy beside a link; whole by its name
+LINK = STATE_DIR  # a folder, or a link to the working copy
 LOCK = ".persist-lock"  # STATE/ckpt-k.persist-lock: one persist (prune, settle) at a time
 ERROR = "train_state.persist-error"  # a background persist that failed: its one line
 OWNER = ".marscli-run"  # in STATE: the run whose working copies it holds
@@ -103,33 +101,6 @@ def check_everywhere(state_dir: str, d: Any) -> None:
         raise BadInput(f"--state-dir: {state_dir}: not the same folder on every rank "
                        "(node-local storage, ranks on several nodes) — leave --state-dir out, "
                        "or train on one node")
-
-
-@contextmanager
-def local_state(folder: Path, at: Path, pid: int, main: bool) -> Iterator[Path]:
-    """The folder every rank writes train_state/ into (`at`.tmp-PID, PID rank 0's); renamed
-    onto `at` when the body ends well, then FOLDER/train_state is made a link to it (rank 0).
-    On an error the temporary goes (outputs.AtomicDir)."""
-    with AtomicDir(at, active=main, tmp=tmp_path(at, pid)) as ad:
-        yield ad.tmp
-    if main:
-        os.symlink(at, folder / LINK)
-
-
-def check_present(ckpt: str | Path) -> None:
-    """A checkpoint whose train_state/ is a link to a working copy that is gone is refused
-    (BadInput): read through, it would look like no state at all, and the update would start
-    a fresh AdamW from the export without a word."""
-    ckpt = Path(ckpt)
-    link = ckpt / LINK
-    if not link.is_symlink() or (link / "state.json").is_file():
-        return
-    fix = (f"its durable copy is {ckpt / DURABLE}: `marscli state check RUN K` links it"
-           if (ckpt / DURABLE).is_dir() else
-           "make rl with STATE_DIR set redoes the updates since the last durable copy "
-           "(docs/rl-loop.md)")
-    raise BadInput(f"{link}: links to {os.readlink(link)}, which is not there (node-local "
-                   f"training state of another node, or wiped) — {fix}")
 
 
 # ------------------------------------------------------------------------------ the loop
@@ -291,8 +262,6 @@ def adopt(run: str, k: int, state: str | None) -> None:
                   "are not bit-exact) — the loop goes on from the redone state")
     repair(ckpt, st)
     if redo.is_dir() and not same:  # the redone state is now this checkpoint's (its export's)
-        from marscli.train.trainstate import restamp
-
         restamp(ckpt)
     shutil.rmtree(st / REDO, ignore_errors=True)
 
@@ -402,7 +371,7 @@ def _lock(ckpt: Path, state: str | Path | None) -> int:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-    except OSError as e:  # no file locks on this file system: as outputs.OutputLock
+    except OSError as e:  # no file locks on this file system: as locks.OutputLock
         if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
             os.close(fd)
             raise

@@ -53,9 +53,11 @@ from pathlib import Path
 from typing import Any
 
 from marscli.errors import BadInput
+from marscli.records.outputs import AtomicDir, tmp_path
 from marscli.train.shards import INDEX, MOMENTS, FlatReader, open_reader, read_index
 
 STATE_DIR = "train_state"
+DURABLE = "train_state.durable"  # persist.py's durable copy beside a link; whole by its name
 LEGACY_MASTER = "master.safetensors"  # the masters gathered whole (earlier marscli versions)
 TORCH_OPTIMIZER = "optimizer/optimizer.pt"
 DS_DIR, DS_TAG = "optimizer", "state"  # DeepSpeed's own checkpoint (earlier marscli versions)
@@ -218,13 +220,38 @@ def _how(st: dict, world: bool = False) -> str:
     return f"DeepSpeed ZeRO-{st.get('zero_stage')}{' bf16' if st.get('bf16') else ''}{ranks}"
 
 
+@contextmanager
+def local_state(folder: Path, at: Path, pid: int, main: bool) -> Iterator[Path]:
+    """The folder every rank writes train_state/ into (`at`.tmp-PID, PID rank 0's); renamed
+    onto `at` when the body ends well, then FOLDER/train_state is made a link to it (rank 0).
+    On an error the temporary goes (outputs.AtomicDir)."""
+    with AtomicDir(at, active=main, tmp=tmp_path(at, pid)) as ad:
+        yield ad.tmp
+    if main:
+        os.symlink(at, folder / STATE_DIR)
+
+
+def check_present(ckpt: str | Path) -> None:
+    """A checkpoint whose train_state/ is a link to a working copy that is gone is refused
+    (BadInput): read through, it would look like no state at all, and the update would start
+    a fresh AdamW from the export without a word."""
+    ckpt = Path(ckpt)
+    link = ckpt / STATE_DIR
+    if not link.is_symlink() or (link / "state.json").is_file():
+        return
+    fix = (f"its durable copy is {ckpt / DURABLE}: `marscli state check RUN K` links it"
+           if (ckpt / DURABLE).is_dir() else
+           "make rl with STATE_DIR set redoes the updates since the last durable copy "
+           "(docs/rl-loop.md)")
+    raise BadInput(f"{link}: links to {os.readlink(link)}, which is not there (node-local "
+                   f"training state of another node, or wiped) — {fix}")
+
+
 def check_state(ckpt: str) -> None:
     """The checkpoint's train_state/ is readable: state.json parses, the shard index parses
     and names rank files that are all there (BadInput naming the file); a link to a node-local
-    copy that is gone is refused (persist.check_present). Cheap: JSON and file names only; run
+    copy that is gone is refused (check_present). Cheap: JSON and file names only; run
     before anything heavy loads."""
-    from marscli.train.persist import check_present
-
     check_present(ckpt)
     master_source(ckpt)
     st = read_state(ckpt) or {}
@@ -276,14 +303,12 @@ def save_all(model: Any, folder: Path, policy: str, processor: Any, dtype: str, 
     Returns {"save_seconds", "master_save_seconds", "bytes_written"} (bytes on rank 0: the
     whole folder; master_save_seconds: this rank writing its fp32 masters and moments into
     its rank files, a part of save_seconds)."""
-    from marscli.train.checkpoint import save_errors
+    from marscli.errors import save_errors
 
     with save_errors(folder):  # a full disk: one line, whichever writer meets it
         if state_at is None:
             return _save_all(model, folder, folder / STATE_DIR, policy, processor, dtype,
                              optimizer=optimizer, steps=steps, ds_cfg=ds_cfg)
-        from marscli.train.persist import local_state
-
         with local_state(folder, state_at, pid, model.dist.main) as state:
             return _save_all(model, folder, state, policy, processor, dtype,
                              optimizer=optimizer, steps=steps, ds_cfg=ds_cfg)

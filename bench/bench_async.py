@@ -12,7 +12,7 @@ call (turns 1-3) or answer (turn 4), which the agent parses and runs as usual: t
 engine's batching, the prefill of what the script said and the search calls are all real.
 Tool threads: 32 (one per trajectory; `AgentConfig.tool_workers`).
 
-    .venv-vllm/bin/python benchmarks/bench_async.py [--model CKPT] [--new-tokens 256]
+    .venv-vllm/bin/python bench/bench_async.py [--model CKPT] [--new-tokens 256]
 
 What the ratio can be: no loop finishes before its slowest trajectory, whose own tool time
 (2.4 s here) comes on top of its share of the generation; so the ratio falls as replies grow
@@ -35,7 +35,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from vllm_setup import have_vllm, policy  # benchmarks/ is on sys.path
+from vllm_setup import have_vllm, policy  # bench/ is on sys.path
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 TRAJECTORIES, TOOL_TURNS = 32, 3

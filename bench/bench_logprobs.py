@@ -12,8 +12,8 @@ The last line:
 X = whole-batch peak / chunked peak (goal ≥ 5), Y = chunked tokens/s / whole-batch tokens/s
 (goal ≥ 0.9).
 
-    python benchmarks/bench_logprobs.py          # builds the model in a temporary folder
-    MARSCLI_TINY_QWEN=PATH python benchmarks/bench_logprobs.py
+    python bench/bench_logprobs.py          # builds the model in a temporary folder
+    MARSCLI_TINY_QWEN=PATH python bench/bench_logprobs.py
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Per-iteration test accuracy, zoom hit rate and tool use of runs, averaged over RL seeds: a
-table on stderr, `RUN/summary.json` for each run and, with --plot, one PNG of accuracy ± 95% CI.
+"""The toy world's run summary (`marscli summary`, the demo's table): per-iteration test
+accuracy, zoom hit rate and tool use of runs, averaged over RL seeds; `RUN/summary.json` for each
+run, the tables and the PNG of accuracy ± 95% CI.
 
 Seed s of run RUN lives in RUN (s = 0) or RUN-seed<s> (the Makefile's layout). Iteration 0 is
 the cold-start SFT model. Per iteration and seed: the greedy test accuracy of checkpoint k, its
@@ -16,23 +17,20 @@ of the rollouts alike: accuracy, the share of trajectories that call each tool, 
 share whose tools reach the target (see `found`): a second table, `kinds` in summary.json, and
 a second row of panels in the plot.
 
-usage: python scripts/run_summary.py RUN [RUN...] --iters N [--seeds S] [--plot PNG]
+It reads the toy world's ground truth (`toy.logo_box`, `toy.entity`, the question kinds), hence
+its place in toy/ (above view/).
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import orjson
-from rich.console import Console
 from rich.table import Table
 
 from marscli.agent.protocol import ToolCall, parse_turn
-from marscli.errors import BadInput
 from marscli.records.jsonl import iter_rows
 from marscli.records.outputs import AtomicFile
 from marscli.toy.hits import hit_rate, zoom_hits
@@ -390,35 +388,12 @@ def plot(summaries: dict[Path, list[dict]], out: Path, n_seeds: int) -> None:
     plt.close(fig)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("runs", nargs="+", type=Path)
-    ap.add_argument("--iters", type=int, required=True)
-    ap.add_argument("--seeds", type=int, default=1)
-    ap.add_argument("--plot", type=Path)
-    args = ap.parse_args()
-    # A log file gets a table wide enough for run names (rich assumes 80 columns off a tty).
-    console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
-    summaries = {}
-    for run in args.runs:
-        per_seed = {s: {k: r for k in range(args.iters + 1)
-                        if (r := iteration(seed_run(run, s), k))} for s in range(args.seeds)}
-        summaries[run] = rows = aggregate(per_seed, args.iters)
-        with AtomicFile(run / "summary.json") as fh:
-            fh.write(orjson.dumps({"v": 2, "run": str(run), "seeds": args.seeds,
-                                   "iterations": rows}, option=orjson.OPT_INDENT_2))
-    console.print(table(summaries, args.seeds))
-    if any(r["kinds"] for rows in summaries.values() for r in rows):
-        console.print(kind_table(summaries, args.seeds))
-    if args.plot:
-        plot(summaries, args.plot, args.seeds)
-        console.print(f"plot: {args.plot}")
-    return 0
-
-
-if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except BadInput as e:
-        print(f"run_summary: {e}", file=sys.stderr)
-        sys.exit(e.exit_code)
+def summarize(run: Path, iters: int, seeds: int) -> list[dict]:
+    """`run`'s rows over its `seeds` RL seeds (`aggregate`), also written to RUN/summary.json."""
+    per_seed = {s: {k: r for k in range(iters + 1) if (r := iteration(seed_run(run, s), k))}
+                for s in range(seeds)}
+    rows = aggregate(per_seed, iters)
+    with AtomicFile(run / "summary.json") as fh:
+        fh.write(orjson.dumps({"v": 2, "run": str(run), "seeds": seeds, "iterations": rows},
+                              option=orjson.OPT_INDENT_2))
+    return rows

@@ -2,7 +2,7 @@
 with DeepSpeed ZeRO-2 / ZeRO-3 + bf16, --keep-optimizer and a bf16 export (so the fp32 masters
 and AdamW's moments are written beside it), on 1 process and on 2 ranks (torchrun, gloo).
 
-    python benchmarks/bench_masters.py --policy CKPT --adv A.jsonl --adv2 B.jsonl --out DIR \
+    python bench/bench_masters.py --policy CKPT --adv A.jsonl --adv2 B.jsonl --out DIR \
         [--ranks 1 2] [--zero 2 3] [--src SRC_DIR]
 
 Per case two runs: `update A` from CKPT writes OUT_A (the save is measured), `update B` from

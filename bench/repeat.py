@@ -1,7 +1,7 @@
 """Run a benchmark several times and print every `key=value` it printed as the mean and the
 95% interval over the runs (Student's t): how the README's performance numbers are made.
 
-    python benchmarks/repeat.py --runs 3 -- .venv/bin/python benchmarks/bench_update.py
+    python bench/repeat.py --runs 3 -- .venv/bin/python bench/bench_update.py
 
 Each run's output goes to stderr as it comes; a key printed twice in one run counts once (the
 last value).
@@ -13,10 +13,8 @@ import argparse
 import re
 import subprocess
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from run_summary import mean_ci  # one place for the interval
+from marscli.toy.summary import mean_ci  # one place for the interval
 
 PAIR = re.compile(r"\b([a-z_]+)=(-?\d+(?:\.\d+)?)\b")
 

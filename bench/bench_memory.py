@@ -2,8 +2,8 @@
 (with a zoom-in, so a crop is cut from the full-resolution source), beside the same commands on
 a 640 x 480 image. Peak RSS is the child's own (`os.wait4` rusage, ru_maxrss), in MB.
 
-    python benchmarks/bench_memory.py            # builds the tiny model in a temp folder
-    MARSCLI_TINY=PATH python benchmarks/bench_memory.py
+    python bench/bench_memory.py            # builds the tiny model in a temp folder
+    MARSCLI_TINY=PATH python bench/bench_memory.py
 
 What keeps the large case bounded: the source is decoded once per prompt (its G samples share
 it) and kept for crops, while the processor only ever sees a copy downscaled to its own pixel
@@ -79,7 +79,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
         tiny = Path(os.environ["MARSCLI_TINY"]) if os.environ.get("MARSCLI_TINY") else None
         if tiny is None:
-            from marscli.stages.tiny_model import build_tiny_model
+            from marscli.qwen.tiny import build_tiny_model
 
             tiny = build_tiny_model(Path(tmp) / "tiny", seed=0)
         base = measure(BASELINE, tiny, Path(tmp) / "small")

@@ -3,7 +3,7 @@
 
 The stage must stay numpy-only: if it ever imports torch, the ratio jumps above 1.
 
-    python benchmarks/bench_advantages.py [--rows 10000] [--repeat 3]
+    python bench/bench_advantages.py [--rows 10000] [--repeat 3]
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ advantages); and TRL's group std has a fixed epsilon of 1e-4 (marscli's grpo: 1e
 the unscaled estimator on both sides. On the demo's model every sample calls the zoom tool
 first, so the single-turn rewards are 0; the equivalence check uses its own advantages.
 
-    .venv-peers/bin/python benchmarks/bench_peers.py [--prompts 16] [-n 8] [--skip-processes]
+    .venv-peers/bin/python bench/bench_peers.py [--prompts 16] [-n 8] [--skip-processes]
 
 The last line: `peers: train_tokens_per_s_ratio=X generation_tokens_per_s_ratio=Y
 step_time_ratio_warm=Z step_time_ratio_processes=W` (marscli over TRL).
@@ -282,7 +282,7 @@ class Warm:
         from dataclasses import replace
 
         from marscli.rl.losses import LOSSES
-        from marscli.stages.update import old_logps, train_step
+        from marscli.train.update import old_logps, train_step
 
         cfg = replace(self.cfg, old_logp=old, rollout_is="off")
         mb = self.job.minibatch(examples, cfg.micro_batch_tokens)
@@ -296,7 +296,7 @@ class Warm:
         """rollout → reward → advantages → update, timed in parts."""
         from marscli.rl.advantages import run as advantages
         from marscli.scoring.judge import make_judge
-        from marscli.stages.reward import run as reward
+        from marscli.scoring.rewards import run as reward
         from marscli.train.batch import load_example
 
         t0 = time.perf_counter()

@@ -5,7 +5,7 @@ the tool at once (as a rollout's 32 trajectories would). With the waits overlapp
 takes about one call's time; serialised it would take 32. Both runs happen here, so the ratio
 compares like with like on this machine.
 
-    python benchmarks/bench_search.py [--calls 32] [--delay 0.2]
+    python bench/bench_search.py [--calls 32] [--delay 0.2]
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
    tiny-recipe iteration (`make rl-iter RECIPE=recipes/tiny-sees.mk`, from that VLM as ckpt-0;
    the world is built first and not counted). Goal: start-up at most 20% of the iteration.
 
-    python benchmarks/bench_startup.py [--no-iteration]
+    python bench/bench_startup.py [--no-iteration]
 """
 
 from __future__ import annotations

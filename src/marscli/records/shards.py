@@ -1,0 +1,156 @@
+"""The shards of an array job (rollout's, eval's) before `marscli merge` joins them: which
+files are shards and which their companions, whether each is finished, and whether what made
+each (`Made`: its sidecar and settings file, read by stages/merge.py) says they are the shards
+of one job, each once (stages/merge.py's docstring says the rules)."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from marscli.errors import BadInput, RuntimeFailure
+from marscli.records.locks import live_writer
+
+COMPANIONS = (".meta.json", ".settings.json", ".summary.json", ".lock")  # beside a data file
+_TMP = re.compile(r"\.tmp-\d+$")
+# Settings that differ between the shards of one job: the shard (checked on its own) and the
+# server each shard generated through (SERVE_URLS: shard i uses server i mod their count).
+PER_SHARD = frozenset({"shard", "base_url"})
+NOT_ONE_JOB = ("not shards of one job: merge the shards of one run (re-run a stray shard with "
+               "the job's settings)")
+
+
+def is_companion(path: str) -> bool:
+    """A sidecar, lock, temporary or media folder beside a shard, not a shard itself."""
+    return path.endswith(COMPANIONS) or bool(_TMP.search(path)) or Path(path).is_dir()
+
+
+def same_file(a: str, b: str) -> bool:
+    """The same file (a link included), or the same name."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return Path(a).resolve() == Path(b).resolve()
+
+
+def unfinished(shards: list[str], allow_partial: bool) -> list[str]:
+    """The shards without their sidecar (allowed with `allow_partial`); RuntimeFailure naming
+    the first shard still being written, or (without `allow_partial`) the first without its
+    sidecar."""
+    partial = []
+    for path in shards:
+        pid = live_writer(path)
+        if pid is not None:
+            raise RuntimeFailure(f"{path}: still being written (pid {pid} holds its lock) — wait "
+                                 "for that shard's job to end, then merge")
+        if Path(path).is_file() and not Path(f"{path}.meta.json").is_file():
+            partial.append(path)
+    if partial and not allow_partial:
+        more = f" (and {len(partial) - 1} more)" if len(partial) > 1 else ""
+        raise RuntimeFailure(f"{partial[0]}: no sidecar {Path(partial[0]).name}.meta.json{more} "
+                             "— its job was killed or failed before it finished: re-run that "
+                             "shard, or add --allow-partial to merge what is there")
+    return partial
+
+
+@dataclass
+class Made:
+    """What a shard's files say made it (None: not said): its sidecar's stage and inputs'
+    hashes, its settings file's settings, and its `i/N`."""
+
+    path: str
+    stage: str | None
+    inputs: dict[str, str] | None
+    settings: dict[str, Any] | None
+    shard: tuple[int, int] | None
+
+
+def _differs(a: Made, b: Made, field: str, va: Any, vb: Any) -> BadInput:
+    return BadInput(f"{b.path}: {field}: {vb} here, {va} in {a.path} — {NOT_ONE_JOB}")
+
+
+def _policy(settings: dict) -> str:
+    weights = settings.get("weights")
+    return f"{settings.get('policy')} (sha256 {weights[:12]})" if weights else \
+        str(settings.get("policy"))
+
+
+def _compare_settings(a: Made, b: Made) -> None:
+    """BadInput on the first setting of `b` that is not `a`'s. The policy's path may differ
+    where its weights are the same (a moved run folder), as a resume allows."""
+    sa, sb = a.settings or {}, b.settings or {}
+    for key in ["weights", *sa, *(k for k in sb if k not in sa)]:
+        va, vb = sa.get(key), sb.get(key)
+        if key in PER_SHARD or va == vb:
+            continue
+        if key == "policy" and sa.get("weights") and sa.get("weights") == sb.get("weights"):
+            continue
+        if key == "weights":
+            if not (va and vb):  # a hub id or served model on one side: the names tell
+                continue
+            key, va, vb = "policy", _policy(sa), _policy(sb)
+        raise _differs(a, b, key, va, vb)
+
+
+def _compare_inputs(a: Made, b: Made) -> None:
+    """BadInput when `b` read other input files than `a` (by content: each shard reads the
+    whole prompts or benchmark file and keeps its share)."""
+    ia, ib = list((a.inputs or {}).items()), list((b.inputs or {}).items())
+    for (pa, ha), (pb, hb) in zip(ia, ib, strict=False):
+        if ha != hb:
+            raise _differs(a, b, "input", f"{pa} (sha256 {ha[:12]})", f"{pb} (sha256 {hb[:12]})")
+    if len(ia) != len(ib):
+        raise _differs(a, b, "inputs", len(ia), len(ib))
+
+
+def agree(made: list[Made]) -> None:
+    """Refuse (BadInput, one line) shards that do not say the same about what made them:
+    stage, then settings, then inputs, each shard against the first that says it."""
+    for field, compare in (("stage", None), ("settings", _compare_settings),
+                           ("inputs", _compare_inputs)):
+        known = [m for m in made if getattr(m, field) is not None]
+        for m in known[1:]:
+            if compare is not None:
+                compare(known[0], m)
+            elif m.stage != known[0].stage:
+                raise _differs(known[0], m, "stage", known[0].stage, m.stage)
+
+
+def missing_shards(made: list[Made], allow_partial: bool) -> list[str]:
+    """The `i/N` of the job's shards not given (allowed with `allow_partial`); BadInput for
+    shards of different counts or one shard given twice. A shard that does not say which it
+    is may be any one missing."""
+    known = [m for m in made if m.shard is not None]
+    if not known:
+        return []
+    first, seen = known[0], {}
+    n = first.shard[1]
+    for m in known:
+        i, count = m.shard
+        if count != n:
+            raise _differs(first, m, "shard", "/".join(map(str, first.shard)), f"{i}/{count}")
+        if i in seen:
+            raise BadInput(f"{m.path}: shard: {i}/{n}, as {seen[i]} — the same shard given "
+                           "twice: give each shard once")
+        seen[i] = m.path
+    missing = [f"{i}/{n}" for i in range(n) if i not in seen]
+    if len(missing) <= len(made) - len(known):  # the shards that do not say may be those
+        return []
+    if not allow_partial:
+        raise BadInput(f"merge: {len(made)} of the {n} shards given, none is shard "
+                       f"{', '.join(missing)} (of {first.path}'s job) — give every shard "
+                       "(OUT.shard-*), or add --allow-partial to merge what is there")
+    return missing
+
+
+def agreed(made: list[Made]) -> dict:
+    """What the shards agree on (`agree`), for the sidecar: the stage that wrote them, their
+    count and their settings (less what differs per shard)."""
+    first = {f: next((getattr(m, f) for m in made if getattr(m, f) is not None), None)
+             for f in ("stage", "settings", "shard")}
+    settings = first["settings"]
+    return {"of_stage": first["stage"], "shard_count": first["shard"] and first["shard"][1],
+            "settings": settings and {k: v for k, v in settings.items() if k not in PER_SHARD}}
