@@ -141,3 +141,14 @@ def test_no_import_circles():
 def test_a_circle_is_found():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
     assert circles(graph) == [["a", "b", "c"]]
+
+
+STAGE_LINES = 200  # a stage reads its inputs, calls the library and writes: more is library
+
+
+def test_stages_only_stage():
+    """Each stages/*.py is one command's glue, short enough to read at once; what grows past
+    that belongs in the part that owns the concern (docs/design.md, "Layout")."""
+    long = {p.name: n for p in (PACKAGE / "stages").glob("*.py")
+            if (n := len(p.read_text().splitlines())) >= STAGE_LINES}
+    assert long == {}
