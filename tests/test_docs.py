@@ -104,12 +104,14 @@ def test_shell_blocks_are_fenced_as_bash():
 
 
 def scratch(tmp: Path) -> tuple[Path, dict]:
-    """A folder that looks like the repository root (links to its top-level entries, a fresh
-    runs/), and an environment whose PATH starts with `marscli` and `python` as the venv's."""
+    """A folder that looks like the repository root (links to its top-level entries and to
+    the venv, a fresh runs/), and an environment whose PATH starts with `marscli` and
+    `python` as the venv's. The venv is linked, not left out: a block running `make` would
+    otherwise build a new one there (5 GB and minutes each time)."""
     work = tmp / "repo"
     work.mkdir()
     for entry in ROOT.iterdir():
-        if not entry.name.startswith(".") and entry.name != "runs":
+        if (entry.name == ".venv" or not entry.name.startswith(".")) and entry.name != "runs":
             (work / entry.name).symlink_to(entry)
     bin_dir = tmp / "bin"
     bin_dir.mkdir()
