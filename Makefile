@@ -556,7 +556,7 @@ PLAN_TRAIN = $(or $(addprefix --deepspeed ,$(call opt_value,--deepspeed,$(UPDATE
   $(addprefix --logp-chunk ,$(call opt_value,--logp-chunk,$(UPDATE_OPTS))) \
   $(filter --gradient-checkpointing --freeze-vision --keep-optimizer,$(UPDATE_OPTS)) \
   $(if $(call opt_value,--ref,$(UPDATE_OPTS)),--ref)
-PLAN_ENGINE = $(addprefix --tp ,$(TP)) $(addprefix --max-model-len ,$(MAX_MODEL_LEN)) \
+PLAN_ENGINE = $(addprefix --tensor-parallel ,$(TP)) $(addprefix --max-model-len ,$(MAX_MODEL_LEN)) \
   $(addprefix --max-num-seqs ,$(MAX_NUM_SEQS)) \
   $(addprefix --gpu-memory-utilization ,$(GPU_MEMORY_UTILIZATION)) \
   $(addprefix --gpu-memory ,$(GPU_MEMORY)) \

@@ -19,7 +19,7 @@ DIRECT ?= 0.7
 WORLD_OPTS ?= --entities 8 --grid 4 --zoom-cells 2 --clutter 0 --direct $(DIRECT) \
   --kinds $(KINDS) --train 192 --test 96 --sft 240 --seed $(WORLD_SEED)
 # The vision tower stays as the pre-training left it; the LM learns the protocol.
-SFT_OPTS ?= --epochs 6 --lr 1e-3 --batch-size 4 --schedule cosine --freeze-vision
+SFT_OPTS ?= --epochs 6 --lr 1e-3 --batch-size 4 --lr-schedule cosine --freeze-vision
 # The demo: twelve iterations (one pass over the 192 training prompts), the test split every
 # fourth checkpoint (every second: 2 minutes more, over the budget of 15). `make rl`/`rl-eval`/
 # `ablation`: 8 iterations, evaluated at 0, 4 and 8.

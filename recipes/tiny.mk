@@ -38,7 +38,7 @@ PERCEIVE ?= 0
 WORLD_SEED ?= 0
 WORLD_OPTS ?= --entities 8 --grid 4 --kinds $(KINDS) --train 192 --test 96 --sft 240 \
   --perceive $(PERCEIVE) --seed $(WORLD_SEED)
-PERCEIVE_OPTS ?= --epochs 4 --lr 1e-3 --batch-size 16 --schedule constant
+PERCEIVE_OPTS ?= --epochs 4 --lr 1e-3 --batch-size 16 --lr-schedule constant
 MODEL_OPTS ?= --size tiny --min-pixels 16384 --max-pixels 50176 --seed 0
 BASE ?= $(RUN)/base
 
@@ -68,7 +68,7 @@ DEEPSPEED ?=
 UPDATE_OPTS ?= --loss $(LOSS) --lr 1e-4 --clip-low 0.2 --clip-high 0.28 --grad-clip 1.0 \
   --rollout-is off $(KEEP_OPTIMIZER) $(if $(DEEPSPEED),--deepspeed $(DEEPSPEED))
 SFT_DATA ?= $(RUN)/sft/trajectories.jsonl
-SFT_OPTS ?= --epochs 8 --lr 2e-3 --batch-size 4 --schedule cosine
+SFT_OPTS ?= --epochs 8 --lr 2e-3 --batch-size 4 --lr-schedule cosine
 # The greedy agent: the test split's settings, and tiny-vlm-search's probe with its own tools.
 GREEDY_OPTS = --mode agent --temperature 0 --max-turns $(MAX_TURNS) \
   --max-turn-tokens $(MAX_TURN_TOKENS)
@@ -222,7 +222,7 @@ endef
 endif
 VLM_MODEL_OPTS ?= --size tiny --min-pixels 16384 --max-pixels 16384 --seed 0
 VLM_SFT = $(MARSCLI) sft $(1) --policy $(2) --out $(3) --epochs $(4) --lr 1e-3 --batch-size 16 \
-  --schedule $(if $(5),cosine --freeze-vision,constant) --seed 0 --force \
+  --lr-schedule $(if $(5),cosine --freeze-vision,constant) --seed 0 --force \
   --metrics $(3).metrics.jsonl
 VW = $(VLM_RUN)-world
 VA = $(VLM_RUN)-agent

@@ -64,18 +64,20 @@ def options_of(command) -> set[str]:
 
 
 def test_every_config_field_is_an_option():
-    """Configs are built from a command's parameters by name: a field without an option of its
-    name would silently keep its default."""
+    """A command's config is built from its options by field name: a field of a config that a
+    command names, without an option of its name, would silently keep its default."""
     from marscli import cli
-    from marscli.agent.runner import GenerationOptions
-    from marscli.stages.sft import SftConfig
-    from marscli.stages.update import UpdateConfig
+    from marscli.agent.generation import EngineOptions, GenerationOptions, JobOptions
+    from marscli.train.config import SftConfig, UpdateConfig
 
-    gen = {f.name for f in fields(GenerationOptions)} - {"engine_opts", "search_opts"}
+    def names(cls) -> set[str]:
+        return {f.name for f in fields(cls)}
+
+    gen = names(GenerationOptions) - {"engine_opts", "search_opts"} | names(EngineOptions)
     for command in (cli.rollout, cli.eval_cmd):
-        assert gen <= options_of(command), (command.__name__, gen - options_of(command))
-    assert {f.name for f in fields(UpdateConfig)} <= options_of(cli.update)
-    assert {f.name for f in fields(SftConfig)} <= options_of(cli.sft)
+        assert gen | names(JobOptions) <= options_of(command), command.__name__
+    assert names(UpdateConfig) <= options_of(cli.update)
+    assert names(SftConfig) <= options_of(cli.sft)
 
 
 @pytest.mark.parametrize("stage, argv, expected", [
@@ -91,18 +93,20 @@ def test_every_config_field_is_an_option():
 def test_training_configs_are_built_from_the_options(monkeypatch, stage, argv, expected):
     import importlib
 
+    from marscli.train import config
+
     module = importlib.import_module(f"marscli.stages.{stage}")
-    config = {"update": "UpdateConfig", "sft": "SftConfig"}[stage]
+    cls = {"update": config.UpdateConfig, "sft": config.SftConfig}[stage]
     seen = []
     monkeypatch.setattr(module, f"run_{stage}", lambda *a: seen.append(a))
     code, _, err = invoke([stage, "data.jsonl", "--policy", "p", "--out", "o", *argv])
     assert code == 0, err
-    assert seen == [("data.jsonl", "p", "o", getattr(module, config)(**expected))]
+    assert seen == [("data.jsonl", "p", "o", cls(**expected))]
 
 
 def test_generation_options_derive_the_agent_config():
+    from marscli.agent.generation import GenerationOptions
     from marscli.agent.loop import AgentConfig
-    from marscli.agent.runner import GenerationOptions
     from marscli.engines import SamplingParams
 
     gen = GenerationOptions(temperature=0.7, top_p=0.9, top_k=5, presence_penalty=1.5, seed=3,
@@ -119,16 +123,16 @@ def test_generation_options_derive_the_agent_config():
 
 
 def test_judge_options_from_the_command_options():
-    from marscli import options as opt
     from marscli.errors import BadInput
     from marscli.scoring.judge import JudgeOptions
+    from marscli.scoring.judge_config import JudgeConfig
 
-    params = {"judge_timeout": 5.0, "judge_retries": 0, "judge_concurrency": 3,
-              "judge_cache": "j.sqlite", "other": 1}
-    assert opt.judge_options(params) == JudgeOptions(timeout_s=5.0, attempts=1, concurrency=3,
-                                                     cache_path="j.sqlite")
+    cfg = JudgeConfig(judge_timeout=5.0, judge_retries=0, judge_concurrency=3,
+                      judge_cache="j.sqlite")
+    assert cfg.options() == JudgeOptions(timeout_s=5.0, attempts=1, concurrency=3,
+                                         cache_path="j.sqlite")
     with pytest.raises(BadInput, match=r"--judge-retries: -1 is out of range"):
-        opt.judge_options({**params, "judge_retries": -1})
+        JudgeConfig(judge_retries=-1).options()
     with pytest.raises(BadInput, match=r"--judge-concurrency: 0 is out of range"):
         JudgeOptions(concurrency=0).check()
 

@@ -270,7 +270,7 @@ def test_shards_add_up_to_one_run(tiny_model, tmp_path):
     assert all(parts) and sum(map(len, parts)) == 12
     assert set().union(*parts) == {r["id"] for r in read_jsonl(tmp_path / "all" / "r.jsonl")}
     # a shard that gets no item still succeeds, with an empty summary
-    from marscli.agent.runner import shard_of
+    from marscli.records.shards import shard_of
 
     empty = next(i for i in range(50) if all(shard_of(f"item-{k}", 50) != i for k in range(12)))
     s = run_eval(str(bench), str(tmp_path / "empty" / "r.jsonl"), shard=(empty, 50),

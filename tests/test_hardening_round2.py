@@ -533,7 +533,7 @@ def test_resume_after_the_processor_changed_is_refused(tmp_path, tiny_model):
 def test_sft_resume_fingerprint_covers_the_processor(tmp_path, tiny_model):
     import shutil
 
-    from marscli.stages.sft import SftConfig
+    from marscli.train.config import SftConfig
     from marscli.train.sft_resume import resume_fingerprint
 
     ckpt = tmp_path / "ckpt"

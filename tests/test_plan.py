@@ -450,7 +450,7 @@ def test_json_plan_for_the_8b_recipe():
 
 
 def test_table_names_the_parts(tmp_path):
-    code, out, err = invoke(["plan", str(CFG_32B), "--nodes", "2", "--tp", "4",
+    code, out, err = invoke(["plan", str(CFG_32B), "--nodes", "2", "--tensor-parallel", "4",
                              "--gradient-checkpointing", "--colocate", "--sleep-level", "1"])
     assert code == 0, err
     for part in ("fp32 master weights (partition)", "KV cache",
@@ -526,16 +526,21 @@ def test_refusals_name_the_file_and_field(tmp_path):
 
 
 def test_tensor_parallel_sizes_vllm_refuses(tmp_path):
-    """vLLM refuses a --tp that does not divide the attention heads, the KV heads (or, when
-    fewer, that they do not divide) or the vision tower's heads: so does plan."""
-    _refused([str(CFG_8B), "--tp", "3"], "--tp 3", "num_attention_heads 32")
-    _refused([str(CFG_8B), "--tp", "32"], "--tp 32", "vision_config.num_heads 16")
+    """vLLM refuses a --tensor-parallel that does not divide the attention heads, the KV heads
+    (or, when fewer, that they do not divide) or the vision tower's heads: so does plan. The
+    old spelling --tp still works, and both at once are refused."""
+    _refused([str(CFG_8B), "--tensor-parallel", "3"], "--tensor-parallel 3",
+             "num_attention_heads 32")
+    _refused([str(CFG_8B), "--tp", "32"], "--tensor-parallel 32", "vision_config.num_heads 16")
+    _refused([str(CFG_8B), "--tp", "2", "--tensor-parallel", "4"],
+             "--tp: the old spelling of --tensor-parallel — give one of them")
     cfg = json.loads(CFG_8B.read_text())
     cfg["text_config"].update(num_attention_heads=24, num_key_value_heads=3)
     bad = tmp_path / "config.json"
     bad.write_text(json.dumps(cfg))
     _refused([str(bad), "--tp", "2"], "num_key_value_heads 3")
-    code, _, err = invoke(["plan", str(CFG_8B), "--tp", "16"])  # 8 KV heads replicated twice
+    # 8 KV heads replicated twice
+    code, _, err = invoke(["plan", str(CFG_8B), "--tensor-parallel", "16"])
     assert code == 0, err
 
 
@@ -645,7 +650,7 @@ def test_make_plan_passes_the_recipe_values():
     words = " ".join(_make_plan("RECIPE=recipes/mars-8b.mk"))
     assert words == ("recipes/qwen3-vl-8b.config.json --gpus-per-node 8 --nodes 1 --deepspeed "
                      "recipes/ds_zero3.json --micro-batch-tokens 32768 --keep-optimizer "
-                     "--gradient-checkpointing --ref --tp 1 --max-model-len 32768 "
+                     "--gradient-checkpointing --ref --tensor-parallel 1 --max-model-len 32768 "
                      "--max-num-seqs 32 --gpu-memory-utilization 0.85 --gpu-memory 80GiB")
     assert "--keep-optimizer" not in _make_plan("RECIPE=recipes/mars-8b.mk", "KEEP_OPTIMIZER=")
     chunked = _make_plan("RECIPE=recipes/mars-8b.mk",
@@ -653,10 +658,10 @@ def test_make_plan_passes_the_recipe_values():
     assert chunked[chunked.index("--logp-chunk") + 1] == "512"
     words = " ".join(_make_plan("RECIPE=recipes/mars-32b.mk"))
     assert words.startswith("recipes/qwen3-vl-32b.config.json --gpus-per-node 8 --nodes 4 ")
-    assert "--tp 4 " in words
+    assert "--tensor-parallel 4 " in words
     release = _make_plan("RECIPE=recipes/mars-8b-release.mk")
     assert "--freeze-vision" in release and "--ref" not in release and release[
-        release.index("--tp") + 1] == "2"
+        release.index("--tensor-parallel") + 1] == "2"
     served = _make_plan("RECIPE=recipes/mars-8b.mk", "SERVE=1", "NNODES=2", "GPU_MEMORY=141GB")
     # one node, SERVE=1: the servers share the update's GPUs, so they sleep (SERVE_SLEEP=2)
     assert served[-3:] == ["--colocate", "--sleep-level", "2"]

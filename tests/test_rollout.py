@@ -10,9 +10,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from marscli.agent.runner import media_dir, parse_shard, shard_of
+from marscli.agent.runner import media_dir
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.qwen.tokens import assemble, expand, special_ids
+from marscli.records.shards import parse_shard, shard_of
 from marscli.stages.rollout import run_rollout
 
 from fakes import FakeServer, retrieve_reply

@@ -23,7 +23,7 @@ import orjson
 import pytest
 import requests
 
-from marscli.agent.runner import GenerationOptions
+from marscli.agent.generation import GenerationOptions
 from marscli.engines import GenRequest, SamplingParams, make_engine
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.records.provenance import weights_fingerprint

@@ -29,7 +29,7 @@ from helpers import (
 )
 
 TOY = {"entities": 8, "train": 0, "test": 0, "sft": 6, "size": 512}
-FAST = {"lr": 1e-3, "batch_size": 1, "epochs": 3, "schedule": "constant", "warmup_ratio": 0.0}
+FAST = {"lr": 1e-3, "batch_size": 1, "epochs": 3, "lr_schedule": "constant", "warmup_ratio": 0.0}
 
 
 def read(path: Path) -> list[dict]:
@@ -398,7 +398,7 @@ def test_bad_rows_exit_2_without_output_and_skip_bad_counts(tmp_path, tiny_model
     ({"epochs": 0}, "--epochs"),
     ({"batch_size": 0}, "--batch-size"),
     ({"warmup_ratio": 1.0}, "--warmup-ratio"),
-    ({"schedule": "step"}, "--schedule: unknown schedule 'step'"),
+    ({"lr_schedule": "step"}, "--lr-schedule: unknown schedule 'step'"),
     ({"logp_chunk": 0}, "--logp-chunk: 0 is out of range — must be >= 1"),
     ({"max_tokens": 4096, "micro_batch_tokens": 1024, "logp_chunk": 2048},
      "--logp-chunk: 2048 is out of range — must be >= 1 and <= 1024"),
@@ -461,7 +461,7 @@ def test_zero3_bf16_killed_and_resumed_keeps_the_fp32_masters(tmp_path, tiny_mod
     resumable state holds the fp32 masters and AdamW's moments, one file per rank."""
     from marscli.stages.sft import run_sft
 
-    opts = {"lr": 1e-6, "batch_size": 2, "epochs": 2, "schedule": "constant",
+    opts = {"lr": 1e-6, "batch_size": 2, "epochs": 2, "lr_schedule": "constant",
             "warmup_ratio": 0.0}
     single = tmp_path / "single"
     run_sft(str(traj), str(tiny_model), str(single), seed=0, **opts)

@@ -438,7 +438,8 @@ def test_tools_config_option_is_read_early_and_is_a_sample_setting(tmp_path):
     `check()` (before any model loads), and the schemas' hash is a sample setting."""
     import orjson
 
-    from marscli.agent.runner import GenerationOptions, sample_settings
+    from marscli.agent.generation import GenerationOptions
+    from marscli.agent.runner import sample_settings
 
     good = tmp_path / "tools.json"
     good.write_bytes(orjson.dumps(_schemas(_tools())))

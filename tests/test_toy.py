@@ -23,8 +23,8 @@ from marscli.errors import BadInput
 from marscli.records.schema import load_prompts
 from marscli.tools import ConvImage, ToolContext
 from marscli.tools.zoom import ZoomInTool
-from marscli.toy import build_world
 from marscli.toy.entities import COLOURS, PLATES
+from marscli.toy.world import build_world
 
 SPLITS = ("train", "test", "sft")
 SMALL = {"entities": 8, "train": 9, "test": 6, "sft": 12, "size": 512}

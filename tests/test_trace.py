@@ -19,8 +19,8 @@ import pytest
 from PIL import Image
 from rich.console import Console
 
+from marscli.agent.generation import GenerationOptions
 from marscli.agent.protocol import parse_turn
-from marscli.agent.runner import GenerationOptions
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.records.provenance import sha256_file
 from marscli.view.trace import LiveTrace, inline_image, inline_protocol, summary

@@ -273,8 +273,9 @@ def test_job_step_is_train_minibatch_with_its_metrics_reduced(tiny_model, exampl
     the stage's own numbers alongside; a name given twice is refused before the step."""
     import torch
 
+    from marscli.train.config import TrainOptions
     from marscli.train.distributed import seed_everything
-    from marscli.train.job import Job, Reduce, TrainOptions
+    from marscli.train.job import Job, Reduce
     from marscli.train.optim import OptimConfig
     from marscli.train.trainer import build_model, train_minibatch
 
@@ -370,7 +371,8 @@ def test_job_releases_the_models_it_built_before_closing_the_process_group(monke
     a ZeRO-3 rank sometimes aborted after the group was gone."""
     import marscli.train.job as jobmod
     import marscli.train.trainer as trainer
-    from marscli.train.job import Job, TrainOptions
+    from marscli.train.config import TrainOptions
+    from marscli.train.job import Job
 
     events: list[str] = []
 

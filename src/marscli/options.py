@@ -1,181 +1,194 @@
-"""The CLI's shared options, each declared once as a typer `Annotated` type.
+"""Each command-line option declared once, as a field of the config that owns it.
 
-A command names the type and gives the default (`temperature: opt.Temperature =
-opt.GEN.temperature`): the defaults come from `GenerationOptions` except where a stage chooses
-its own (eval and ask are greedy; ask's --policy is the released model).
+A config is a dataclass in a light module of its part (`GenerationOptions`, `UpdateConfig`,
+...). A field that is an option says so in its metadata: `option(default, "help")`, with its
+metavar, its other spellings and its old ones (`aliases`: accepted, hidden from --help). A
+command names the config as a parameter, and `@configured` turns each such field into a typer
+option, then hands the command the built config:
 
-Each stage's configuration is a dataclass whose fields are named as the command's parameters,
-built once from the command's `locals()`: `config(UpdateConfig, locals())`,
-`generation_options(locals())` (rollout, eval, ask), `judge_options(locals())` (eval). Only
-light modules are imported here: `marscli --help` reads these.
+    @app.command()
+    @configured
+    def update(adv: Annotated[str, typer.Argument()], cfg: UpdateConfig) -> None: ...
+
+A command may change a default, reword a help, keep a field off its command line (`only`) or
+fix its value (`fixed`): `gen: GenerationOptions = use(temperature=0.0)`. A field named in two
+of a command's configs is one option feeding both. A field whose metadata names a config of
+its own (`options_of(EngineOptions)`) gathers that config's options into a dict (the engine's
+own options, checked against each engine's `options`). The options' ranges are checked by the
+configs' `check()`, which name the option. Only light modules are imported here: `marscli
+--help` builds every command.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Annotated, Any
+import dataclasses
+import functools
+import inspect
+import typing
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field
+from typing import Annotated, Any
 
-import typer
-
-from marscli.agent.runner import GenerationOptions
-from marscli.configs import from_names
-from marscli.qwen.policy import DEFAULT_POLICY  # noqa: F401 - ask's default, re-exported
-
-if TYPE_CHECKING:
-    from marscli.scoring.judge import JudgeOptions
-
-GEN = GenerationOptions()  # the shared defaults
+OPTION, GROUP = "marscli.option", "marscli.options_of"
 
 
-def value_option(metavar: str, help: str) -> Any:
-    """An optional option that takes one value (a file, a URL, a spec), shown as METAVAR."""
-    return Annotated[str | None, typer.Option(metavar=metavar, help=help)]
+@dataclass(frozen=True)
+class Spec:
+    """How a field looks on the command line."""
+
+    help: str = ""
+    decls: tuple[str, ...] = ()  # spellings other than --field-name: "-o", "--json", "--x/--no-x"
+    metavar: str | None = None
+    hidden: bool = False
+    aliases: tuple[str, ...] = ()  # old spellings: accepted, hidden
 
 
-# engine
-Policy = Annotated[str | None, typer.Option(
-    help="Checkpoint folder or hub id (hf, vllm, replay engines).")]
-Engine = Annotated[str, typer.Option(
-    help="hf, vllm, server:URL (a `marscli serve` process), openai or replay.")]
-Device = Annotated[str, typer.Option(
-    help="auto (cuda when available, else cpu), cpu or cuda (hf, vllm).")]
-BaseUrl = value_option("URL", "openai: the server's base URL, e.g. http://127.0.0.1:8000/v1.")
-Model = Annotated[str | None, typer.Option(help="openai: the served model's name.")]
-ApiKeyEnv = value_option("VAR", "openai: environment variable holding the API key "
-                                "(default OPENAI_API_KEY).")
-TokenizeWith = value_option("CKPT", "openai: processor checkpoint for token-exact segments "
-                                    "(without it, segments carry text only).")
-Timeout = Annotated[float | None, typer.Option(
-    help="openai, server: seconds per request (default 300, 600).")]
-Retries = Annotated[int | None, typer.Option(
-    help="openai, server: retries after a failed request (default 3, 8).")]
-Concurrency = Annotated[int | None, typer.Option(
-    help="openai, server: requests in flight (default 8, 64).")]
-TensorParallel = Annotated[int | None, typer.Option(
-    help="vllm: GPUs per model (tensor parallelism).")]
-# The parameters above that go to the engine as `GenerationOptions.engine_opts`.
-ENGINE_OPTIONS = ("base_url", "model", "api_key_env", "tokenize_with", "timeout", "retries",
-                  "concurrency", "tensor_parallel")
-
-# sampling and limits
-Temperature = Annotated[float, typer.Option(help="Sampling temperature; 0: greedy.")]
-TopP = Annotated[float, typer.Option(help="Nucleus sampling mass.")]
-TopK = Annotated[int, typer.Option(help="Top-k sampling; 0: off.")]
-PresencePenalty = Annotated[float, typer.Option(
-    help="Presence penalty in -2..2 (vllm and openai engines; the release samples with 1.5).")]
-Seed = Annotated[int, typer.Option(help="Sampling seed.")]
-MaxTurns = Annotated[int | None, typer.Option(
-    help="Assistant turns at most (eval: 10 with --mode agent, 1 with direct).")]
-MaxTurnTokens = Annotated[int, typer.Option(help="Tokens per reply at most.")]
-MaxResponseTokens = Annotated[int, typer.Option(
-    help="Model + tool tokens after the prompt, at most.")]
-MaxPromptTokens = Annotated[int | None, typer.Option(
-    help="Refuse a row whose first prompt (system, question, images) is longer than this "
-         "(recorded with stop prompt_too_long, nothing generated); the model's context "
-         "bounds it always.")]
-BatchSize = Annotated[int, typer.Option(
-    help="Trajectories advanced together (the lock-step loop: the hf engine, --lockstep).")]
-MaxInflight = Annotated[int | None, typer.Option(
-    help="Trajectories in flight at once in the asynchronous loop (vllm, server, openai "
-         "engines; default: --batch-size).")]
-Lockstep = Annotated[bool, typer.Option(
-    "--lockstep", help="Advance trajectories together turn by turn even on an engine that "
-                       "batches continuously (each turn then waits for its slowest tool call).")]
-
-# inputs, tools and search
-Shard = value_option("i/N", "Only the rows whose id hashes to shard i of N (0-based): the N shards "
-                            "together give one run's ids.")
-ImageDir = value_option("DIR", "Folder the rows' image paths are relative to (default: the rows' "
-                               "own folder).")
-SystemPrompt = value_option("FILE", "File replacing the system prompt.")
-ToolsConfig = value_option("FILE", "Tool schemas (the release's tools_*.yaml or a JSON list of "
-                                   "OpenAI-style schemas): prompts are rendered by the policy's "
-                                   "chat template with tools= instead of marscli's own # Tools "
-                                   "block.")
-TextSearch = value_option("SPEC", "Text search backend: local:INDEX, retriever:URL or serper.")
-ImageSearch = value_option("SPEC", "Image search backend: data, local:INDEX or serper-lens.")
-SearchTimeout = Annotated[float, typer.Option(
-    help="Seconds per search request (text and image backends).")]
-SearchRetries = Annotated[int, typer.Option(
-    help="Retries after a failed search request (0: one attempt).")]
-
-Force = Annotated[bool, typer.Option(
-    "--force", help="Start over: remove the output, its media, sidecar and settings first "
-                    "(without it, a rerun resumes, and refuses other settings).")]
-
-# judging (reward and eval); the defaults are judge.JudgeOptions' (not imported: it loads
-# an HTTP client), --judge-retries counting the attempts after the first
-JUDGE, MAX_UNSCORED, JUDGE_TIMEOUT, JUDGE_RETRIES, JUDGE_CONCURRENCY = "exact", 0.05, 60.0, 2, 8
-Judge = Annotated[str, typer.Option(
-    help="exact (no judge: non-exact answers score 0) or openai:MODEL@URL (an OpenAI-compatible "
-         "chat API; key from OPENAI_API_KEY or JUDGE_API_KEY); the release judges with GPT-4o.")]
-MaxUnscored = Annotated[float, typer.Option(
-    help="Exit 1 when more than this fraction of rows is unscored (judge or engine failures).")]
-MAX_TOOL_FAILURE_RATE = 0.05  # marscli.agent.tool_health.MAX_TOOL_FAILURE_RATE (light here)
-MaxToolFailureRate = Annotated[float, typer.Option(
-    help="A search tool's failure rate over this fraction means a broken backend: eval marks "
-         "the benchmark and warns (also for the page fetches' or the judge's rate); rollout "
-         "exits 1, keeping its records.")]
-JudgeTimeout = Annotated[float, typer.Option(help="Seconds per judge request.")]
-JudgeRetries = Annotated[int, typer.Option(
-    help="Retries after a failed judge request (0: one attempt).")]
-JudgeConcurrency = Annotated[int, typer.Option(help="Judge requests in flight.")]
-JudgeCache = value_option("PATH", "SQLite verdict cache (default: "
-                                  "$MARSCLI_CACHE_DIR/judge.sqlite or "
-                                  "~/.cache/marscli/judge.sqlite).")
+def option(default: Any = None, help: str = "", *, decls: tuple[str, ...] = (),
+           metavar: str | None = None, hidden: bool = False,
+           aliases: tuple[str, ...] = ()) -> Any:
+    """A dataclass field that is also a command-line option `--<field-name>`."""
+    return field(default=default, metadata={OPTION: Spec(help, decls, metavar, hidden, aliases)})
 
 
-# training (update and sft); each stage gives its own defaults
-PolicyIn = Annotated[str, typer.Option(help="Input checkpoint (HF folder); left untouched.")]
-OutCkpt = Annotated[str, typer.Option(help="Output checkpoint folder (must not exist).")]
-AdamBeta1 = Annotated[float, typer.Option()]
-AdamBeta2 = Annotated[float, typer.Option()]
-AdamEps = Annotated[float, typer.Option()]
-WeightDecay = Annotated[float, typer.Option()]
-GradClip = Annotated[float, typer.Option(help="Clip the gradient norm (0: off).")]
-FreezeVision = Annotated[bool, typer.Option(
-    "--freeze-vision", help="Do not train the vision tower and projector.")]
-GradientCheckpointing = Annotated[bool, typer.Option(
-    "--gradient-checkpointing", help="Recompute activations in backward.")]
-LogpChunk = Annotated[int | None, typer.Option(
-    metavar="C", help="Loss positions whose logits [C, vocab] are formed at once: the "
-    "log-probs and their backward go a chunk at a time (default: the largest power of two "
-    "whose logits take at most 3 GiB, 1024 at Qwen's vocabulary, or --micro-batch-tokens "
-    "when smaller; at most --micro-batch-tokens).")]
-DeepSpeed = value_option("CONFIG", "DeepSpeed JSON config (recipes/ds_zero2.json, ds_zero3.json).")
-Metrics = value_option("FILE", "Metrics JSONL, one line per step (default: OUT/metrics.jsonl).")
-TrainDevice = Annotated[str, typer.Option(help="auto, cpu or cuda.")]
-Track = value_option("SPEC", "Also send metrics to a tracker: tensorboard:DIR, wandb:PROJECT "
-                             "(offline) or jsonl:FILE (default: $MARSCLI_TRACK, else none).")
-SaveDtype = Annotated[str, typer.Option(
-    help="Of the HF export engines load: auto (bfloat16 on CUDA, float32 on CPU), float32, "
-         "bfloat16 or input. The fp32 masters stay in OUT/train_state/.")]
-StateDir = value_option("DIR", "Write train_state/ into DIR/<OUT's name> (node-local storage: "
-                               "/dev/shm, a local NVMe) and OUT/train_state as a link to it "
-                               "(make rl STATE_DIR=...; `marscli state` copies it durably).")
+def same_as(cls: type, name: str) -> Any:
+    """`cls`'s option field `name` as it is (default, help, spellings): a question two commands
+    ask (plan asks update's `--micro-batch-tokens`) declared once."""
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    return field(default=f.default, metadata=f.metadata)
 
 
-# A stage's config (a dataclass) from a command's parameters (its `locals()`), by field name;
-# fields without a parameter keep their defaults. Checked by the stage.
-config = from_names
+def options_of(cls: type) -> Any:
+    """A dict field gathering the options of `cls` (a config of option fields), those given."""
+    return field(default_factory=dict, metadata={GROUP: cls})
 
 
-def generation_options(params: Mapping[str, Any]) -> GenerationOptions:
-    """A command's parameters as `GenerationOptions`: the fields by name, the engine options
-    given (not None) as `engine_opts`. Checked where it is used."""
-    return config(GenerationOptions, params,
-                  engine_opts={k: params.get(k) for k in ENGINE_OPTIONS})
+@dataclass(frozen=True)
+class Use:
+    """How one command uses a config (`use(...)`)."""
+
+    defaults: dict[str, Any]
+    help: dict[str, str]
+    only: tuple[str, ...] | None
+    fixed: dict[str, Any]
 
 
-def judge_options(params: Mapping[str, Any], check: bool = True) -> JudgeOptions:
-    """A command's `--judge-*` parameters as `judge.JudgeOptions`, checked (BadInput naming the
-    option) before anything is read; `check=False` leaves that to the stage (reward checks its
-    own options first, in the order its errors have always come)."""
-    from marscli.scoring.judge import JudgeOptions  # an HTTP client: not for --help
+def use(*, only: tuple[str, ...] | None = None, help: dict[str, str] | None = None,
+        fixed: dict[str, Any] | None = None, **defaults: Any) -> Any:
+    """A command's changes to a config: its defaults, helps, the fields it shows (`only`) and
+    those it sets without an option (`fixed`)."""
+    return Use(defaults, help or {}, only, fixed or {})
 
-    opts = JudgeOptions(timeout_s=params["judge_timeout"], attempts=params["judge_retries"] + 1,
-                        concurrency=params["judge_concurrency"],
-                        cache_path=params.get("judge_cache"))
-    if check:
-        opts.check()
-    return opts
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _fields(cls: type) -> list[tuple[dataclasses.Field, Any]]:
+    """`cls`'s option fields (and groups) with their evaluated types."""
+    hints = typing.get_type_hints(cls)
+    return [(f, hints[f.name]) for f in dataclasses.fields(cls)
+            if OPTION in f.metadata or GROUP in f.metadata]
+
+
+def _default(f: dataclasses.Field, u: Use) -> Any:
+    if f.name in u.defaults:
+        return u.defaults[f.name]
+    return f.default_factory() if f.default is MISSING else f.default  # type: ignore[misc]
+
+
+def _typer_param(name: str, tp: Any, spec: Spec, default: Any,
+                 help: str | None) -> inspect.Parameter:
+    import typer
+
+    decls = spec.decls or ((_flag(name),) if tp is bool and default is False else ())
+    info = typer.Option(*decls, help=help if help is not None else spec.help,
+                        metavar=spec.metavar, hidden=spec.hidden)
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY,
+                             annotation=Annotated[tp, info], default=default)
+
+
+def _alias_params(name: str, tp: Any, spec: Spec) -> list[inspect.Parameter]:
+    import typer
+
+    return [inspect.Parameter(f"{name}__alias{i}", inspect.Parameter.KEYWORD_ONLY,
+                              annotation=Annotated[tp | None, typer.Option(a, hidden=True)],
+                              default=None) for i, a in enumerate(spec.aliases)]
+
+
+@dataclass
+class _Group:
+    """One config parameter of a command: its class, its use, the options that fill it."""
+
+    cls: type
+    use: Use
+    names: list[str]  # option fields given by the command line
+    nested: dict[str, list[str]]  # a dict field → the options gathered into it
+
+
+def _expand(cls: type, u: Use, seen: dict[str, Any], params: list[inspect.Parameter],
+            aliases: dict[str, tuple[str, Any]]) -> _Group:
+    """Add `cls`'s options to `params` (once per name across the command) → its `_Group`."""
+    group = _Group(cls, u, [], {})
+    for f, tp in _fields(cls):
+        if (u.only is not None and f.name not in u.only) or f.name in u.fixed:
+            continue
+        if GROUP in f.metadata:
+            inner = _expand(f.metadata[GROUP], use(), seen, params, aliases)
+            group.nested[f.name] = inner.names
+            continue
+        group.names.append(f.name)
+        if f.name in seen:
+            continue
+        seen[f.name] = default = _default(f, u)
+        spec = f.metadata[OPTION]
+        params.append(_typer_param(f.name, tp, spec, default, u.help.get(f.name)))
+        for p in _alias_params(f.name, tp, spec):
+            params.append(p)
+            aliases[p.name] = (f.name, spec.aliases[int(p.name.rsplit("alias", 1)[1])])
+    return group
+
+
+def _take_aliases(kw: dict[str, Any], aliases: dict[str, tuple[str, Any]],
+                  defaults: dict[str, Any]) -> None:
+    """An old spelling's value goes to its option; both given is refused."""
+    from marscli.errors import BadInput
+
+    for key, (name, old) in aliases.items():
+        value = kw.pop(key)
+        if value is None:
+            continue
+        if kw[name] != defaults[name]:
+            raise BadInput(f"{old}: the old spelling of {_flag(name)} — give one of them")
+        kw[name] = value
+
+
+def configured(func: Callable[..., Any]) -> Callable[..., Any]:
+    """A command whose dataclass-typed parameters are filled from their fields' options."""
+    hints = typing.get_type_hints(func, include_extras=True)
+    params: list[inspect.Parameter] = []
+    groups: dict[str, _Group] = {}
+    seen: dict[str, Any] = {}
+    aliases: dict[str, tuple[str, Any]] = {}
+    for p in inspect.signature(func).parameters.values():
+        tp = hints.get(p.name, p.annotation)
+        if dataclasses.is_dataclass(tp):
+            u = p.default if isinstance(p.default, Use) else use()
+            groups[p.name] = _expand(tp, u, seen, params, aliases)
+        else:
+            params.append(p.replace(annotation=tp, kind=inspect.Parameter.KEYWORD_ONLY))
+    own = [p.name for p in params if p.name not in seen and p.name not in aliases]
+
+    @functools.wraps(func, assigned=("__module__", "__name__", "__qualname__", "__doc__"),
+                     updated=())
+    def command(**kw: Any) -> Any:
+        _take_aliases(kw, aliases, seen)
+        args = {name: kw[name] for name in own}
+        for name, g in groups.items():
+            values = {n: kw[n] for n in g.names}
+            values.update({d: {n: kw[n] for n in names} for d, names in g.nested.items()})
+            args[name] = g.cls(**{**g.use.defaults, **values, **g.use.fixed})
+        return func(**args)
+
+    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in params}
+    return command

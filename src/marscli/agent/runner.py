@@ -1,12 +1,6 @@
-"""One resumable generation loop for `rollout`, `eval` and `ask`, and the options that drive it.
+"""One resumable generation loop for `rollout`, `eval` and `ask`, driven by their
+`GenerationOptions` (generation.py).
 
-- `GenerationOptions` holds what the three stages share (engine, sampling, limits, tools,
-  search), declared once. `check()` validates it before anything is read or loaded: the ranges
-  here, the engine's own rules in the engine (`engines.check_engine`). Its `asdict` is the
-  stage's sidecar config, so a run records exactly the options that produced it.
-- Shards: `--shard i/N` (0-based) keeps the ids whose stable hash is i (`shard_of`), so the N
-  parts of a Slurm array together give exactly the ids of one run, whatever the row order; the
-  samples of a prompt share its shard.
 - `check_images`: every image must exist and decode before any generation (a draft decode of
   at most `CHECK_PIXELS`), so a bad row costs no model load and writes no output.
 - `generate`: an existing output is opened first (locked, a torn tail cut) and the ids already
@@ -37,185 +31,28 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import re
 import shutil
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from marscli.configs import from_names
-from marscli.engines import ENGINES, SamplingParams, check_engine, make_engine, split_engine
-from marscli.errors import BadInput, check_range
+from marscli.agent.generation import GenerationOptions
+from marscli.engines import make_engine
+from marscli.errors import BadInput
 from marscli.records.provenance import note_inputs, weights_fingerprint
 
 if TYPE_CHECKING:  # the CLI imports this module for the defaults: the rest loads when used
-    from marscli.agent.loop import AgentConfig, Event
+    from marscli.agent.loop import Event
     from marscli.records.outputs import AppendJsonl
     from marscli.records.schema import Prompt
 
 CHECK_PIXELS = 1_000_000  # the up-front image check decodes at most this (JPEG draft mode)
-# Upper bounds of the counts, so that a typo (-n 1000000000000) is refused before anything is
-# read rather than growing memory until the OOM killer: far above any real setting.
-MAX_SAMPLES = 1024  # -n, --samples: trajectories per prompt
-MAX_BATCH = 4096  # --batch-size
-MAX_TURNS = 100  # --max-turns (the paper: 10)
-MAX_TOKENS = 1 << 20  # --max-turn-tokens, --max-response-tokens (the paper: 16,384)
-
-
-@dataclass
-class GenerationOptions:
-    """What rollout, eval and ask generate with; the CLI's options of the same names."""
-
-    # engine
-    engine: str = "hf"
-    policy: str | None = None  # checkpoint folder or hub id (engines that load one)
-    device: str = "auto"  # auto: cuda when torch sees a GPU, else cpu
-    engine_opts: dict[str, Any] = field(default_factory=dict)  # the engine's own (`options`)
-    # sampling
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0: off
-    presence_penalty: float = 0.0  # the release samples with 1.5 (vllm and openai engines)
-    seed: int = 0
-    # limits
-    max_turns: int | None = 10  # None: the stage's default (eval: 10, or 1 with --mode direct)
-    max_turn_tokens: int = 2_048  # one reply
-    max_response_tokens: int = 16_384  # model + tool tokens after the prompt
-    max_prompt_tokens: int | None = None  # the first prompt (the release's prompt limit)
-    batch_size: int = 32  # lock-step loop: trajectories advanced together
-    max_inflight: int | None = None  # asynchronous loop: trajectories in flight (None: batch)
-    lockstep: bool = False  # the lock-step loop even on an engine with an asynchronous one
-    # tools and search
-    system_prompt: str | None = None  # a file replacing the system prompt
-    tools_config: str | None = None  # tool schemas (release YAML / JSON): render by template
-    text_search: str | None = None
-    image_search: str | None = None
-    search_timeout: float = 30.0
-    search_retries: int = 2
-    search_opts: dict[str, Any] = field(default_factory=dict)  # more SearchOptions fields (win)
-
-    def __post_init__(self) -> None:
-        self.engine_opts = {k: v for k, v in self.engine_opts.items() if v is not None}
-        self.engine, url = split_engine(self.engine)  # --engine server:http://HOST:PORT
-        if url is not None:
-            self.engine_opts["base_url"] = url
-
-    def check(self) -> None:
-        """BadInput naming the option, before anything is read or loaded; then the files
-        the stage will read besides its data (`read_paths`) are noted as its inputs."""
-        from marscli.http import MAX_RETRIES, MAX_TIMEOUT  # requests: not on --help's path
-
-        check_range("--temperature", self.temperature, 0)
-        check_range("--top-p", self.top_p, 0, 1, lo_open=True)
-        check_range("--top-k", self.top_k, 0)
-        check_range("--presence-penalty", self.presence_penalty, -2, 2)
-        if self.presence_penalty and not getattr(ENGINES.get(self.engine), "presence_penalty",
-                                                 False):
-            takes = [n for n in ENGINES.names() if getattr(ENGINES.get(n), "presence_penalty",
-                                                           False)]
-            raise BadInput(f"--presence-penalty: the {self.engine} engine has none — use "
-                           f"--engine {' or '.join(takes)}")
-        check_range("--max-turns", self.max_turns, 1, MAX_TURNS)
-        check_range("--max-turn-tokens", self.max_turn_tokens, 1, MAX_TOKENS)
-        check_range("--max-response-tokens", self.max_response_tokens, 1, MAX_TOKENS)
-        check_range("--max-prompt-tokens", self.max_prompt_tokens, 1, MAX_TOKENS)
-        check_range("--batch-size", self.batch_size, 1, MAX_BATCH)
-        check_range("--max-inflight", self.max_inflight, 1, MAX_BATCH)
-        check_range("--search-timeout", self.search_timeout, 0, MAX_TIMEOUT, lo_open=True)
-        check_range("--search-retries", self.search_retries, 0, MAX_RETRIES)
-        check_engine(self.engine, self.policy, self.engine_opts)
-        self.tool_schemas()  # a bad --tools-config fails before anything is loaded
-        # read as text, by transformers or by SQLite: the stage's outputs may not be them
-        note_inputs(*self.read_paths(), files_in_folders=True)
-
-    def tool_schemas(self) -> list[dict] | None:
-        """The schemas of `--tools-config` (tools_config.load_tool_schemas), None without one."""
-        if self.tools_config is None:
-            return None
-        from marscli.agent.tools_config import load_tool_schemas
-
-        return load_tool_schemas(self.tools_config)
-
-    def input_files(self) -> list[str]:
-        """The files besides the stage's data that decide its output (for the sidecar)."""
-        return [f for f in (self.system_prompt, self.tools_config) if f]
-
-    def read_paths(self) -> list[str]:
-        """What a tracker must never write into: `input_files`, the policy's folder (none for
-        a hub id or a served model's name: nothing on this disk) and the local search indexes
-        (`--text-search local:INDEX`, `--image-search local:INDEX`)."""
-        from marscli.search import parse_spec
-
-        folder = [self.policy] if self.policy and os.path.isdir(self.policy) else []
-        indexes = [arg for name, arg in map(parse_spec, filter(None, (
-            self.text_search, self.image_search))) if name == "local" and arg]
-        return [*self.input_files(), *folder, *indexes]
-
-    @property
-    def policy_name(self) -> str:
-        """What records carry as `policy`: the checkpoint, or the served model's name."""
-        return self.policy if self.policy is not None else str(self.engine_opts.get("model") or "")
-
-    def tools(self) -> list:
-        """The tools offered to the model: zoom-in always, search where a backend is set."""
-        from marscli.tools import build_tools
-
-        opts = {"timeout": self.search_timeout, "attempts": self.search_retries + 1,
-                **self.search_opts}
-        return build_tools(text_search=self.text_search, image_search=self.image_search, **opts)
-
-    @property
-    def sampling(self) -> SamplingParams:
-        """The fields of the same names; a reply's cap is `max_turn_tokens`."""
-        return from_names(SamplingParams, self, max_new_tokens=self.max_turn_tokens)
-
-    def agent_config(self, system_prompt: str | None) -> AgentConfig:
-        """The fields of the same names (limits, batching); `system_prompt`: the text (the
-        stage reads the file `self.system_prompt` early)."""
-        from marscli.agent.loop import AgentConfig
-
-        return from_names(
-            AgentConfig, self, system_prompt=system_prompt, tool_schemas=self.tool_schemas(),
-            max_turns=AgentConfig.max_turns if self.max_turns is None else self.max_turns,
-            sampling=self.sampling)
-
-    def sidecar(self, engine: Any) -> dict:
-        """The sidecar's config: these options, the records' policy name, and the engine's
-        own settings where it reports them (else the options it was given)."""
-        config = engine.config() if hasattr(engine, "config") else dict(self.engine_opts)
-        return {**asdict(self), "policy": self.policy_name, "engine_options": config}
 
 
 # ----------------------------------------------------------------------------- shards and images
-
-
-def parse_shard(spec: str | None, option: str = "--shard") -> tuple[int, int]:
-    """`"i/N"` → (i, N), shards numbered 0..N-1 (`$SLURM_ARRAY_TASK_ID/N` with `--array
-    0-(N-1)`); None → (0, 1), everything."""
-    if spec is None:
-        return 0, 1
-    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", spec)
-    if not m:
-        raise BadInput(f"{option}: {spec!r} is not i/N — e.g. 0/4 (shards are numbered 0..N-1)")
-    i, n = int(m[1]), int(m[2])
-    if n < 1:
-        raise BadInput(f"{option}: {spec}: N must be at least 1")
-    if i >= n:
-        raise BadInput(f"{option}: {spec}: shard {i} is out of range — the shards of {n} are "
-                       f"numbered 0..{n - 1}")
-    return i, n
-
-
-def shard_of(prompt_id: str, n: int) -> int:
-    """The shard of a prompt id: a stable hash (not Python's `hash`, which is salted per run)."""
-    return int.from_bytes(hashlib.sha256(prompt_id.encode()).digest()[:8], "big") % n
-
-
-def in_shard(prompt_id: str, shard: tuple[int, int]) -> bool:
-    return shard_of(prompt_id, shard[1]) == shard[0]
 
 
 def media_dir(output: str | Path) -> Path:
@@ -280,21 +117,13 @@ def generate(jobs: list[tuple[Prompt, int]], gen: GenerationOptions, tools: list
     says the output is complete (eval's summary), removed before new records are appended."""
     from marscli.agent.loop import Agent
     from marscli.agent.progress import progress_bar
-    from marscli.records.locks import OutputLock
     from marscli.records.outputs import AppendJsonl
 
     hashes = InputHashes(p for p, _ in jobs) if output else None
     for p, _ in jobs:  # no crop (`Agent._keep_image`) may be written onto a prompt's picture
         note_inputs(*p.image_paths())
     with contextlib.ExitStack() as stack:
-        out: AppendJsonl | StdoutSink | None = None
-        if output == "-":
-            out = StdoutSink(rel_to or Path.cwd())
-        elif output and Path(output).exists():
-            out = _resume(stack, output, settings, hashes)
-        elif output:  # a new output: locked now, created once the engine has loaded
-            _make_parent(output)
-            stack.enter_context(OutputLock(output))
+        out = _open_output(stack, output, settings, hashes, rel_to)
         pending = [(p, k) for p, k in jobs if out is None or f"{p.id}#{k}" not in out.ids]
         if pending and isinstance(out, AppendJsonl):  # a finished output that grows again:
             for done in (Path(f"{output}.meta.json"), *finished):  # a kill must not leave the
@@ -324,6 +153,24 @@ def generate(jobs: list[tuple[Prompt, int]], gen: GenerationOptions, tools: list
     if hasattr(eng, "stats"):
         run["engine"] = eng.stats()
     return Generated(run, eng)
+
+
+def _open_output(stack: contextlib.ExitStack, output: str | None, settings: dict | None,
+                 hashes: InputHashes | None,
+                 rel_to: Path | None) -> AppendJsonl | StdoutSink | None:
+    """The records already written, opened for appending (locked, checked against `settings`
+    and the rows' `hashes`), or stdout's sink; None for no output, and for a new one, which is
+    locked now and created once the engine has loaded."""
+    from marscli.records.locks import OutputLock
+
+    if output == "-":
+        return StdoutSink(rel_to or Path.cwd())
+    if output and Path(output).exists():
+        return _resume(stack, output, settings, hashes)
+    if output:
+        _make_parent(output)
+        stack.enter_context(OutputLock(output))
+    return None
 
 
 def _make_parent(output: str) -> None:

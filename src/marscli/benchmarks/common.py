@@ -204,6 +204,18 @@ def mcq_question(stem: str, choices: list[str]) -> str:
     return f"{stem.strip()}\nOptions:\n{opts}\nAnswer with the option's letter."
 
 
+def mcq_prompt(rid: str, stem: str, choices: list[str], letter: str, *, images: list[str],
+               base: Path, category: str | None, others: dict, benchmark: str) -> Prompt:
+    """A multiple-choice row as every loader puts it to the model: the question rendered with
+    its options (`mcq_question`, so each layout of an item gives the same prompt), the gold
+    letter as the answer, and in `extra` the row's `others` (its fields no column of the
+    prompt holds) that can ride along in records, with the benchmark's name."""
+    extra = {k: v for k, v in others.items() if jsonable(v)}
+    extra["benchmark"] = benchmark
+    return Prompt(id=rid, question=mcq_question(stem, choices), images=images, answer=[letter],
+                  base=base, choices=choices, category=category, extra=extra)
+
+
 def gold_letter(value: Any, n_options: int, where: str) -> str:
     """A gold option letter ("B", "(B)", "b") checked against the number of options."""
     s = str(value).strip().strip("()[]. ").upper() if not is_missing(value) else ""
@@ -228,5 +240,5 @@ def jsonable(v: Any) -> bool:
 
 
 __all__ = ["LETTERS", "LoadContext", "Loaded", "answers_of", "cache_image", "clip", "find_image",
-           "gold_letter", "image_dirs", "image_files", "is_missing", "jsonable", "mcq_question",
-           "split_options"]
+           "gold_letter", "image_dirs", "image_files", "is_missing", "jsonable", "mcq_prompt",
+           "mcq_question", "split_options"]

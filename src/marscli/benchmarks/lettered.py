@@ -49,8 +49,7 @@ from marscli.benchmarks.common import (
     image_dirs,
     image_files,
     is_missing,
-    jsonable,
-    mcq_question,
+    mcq_prompt,
 )
 from marscli.benchmarks.containers import columns_of, data_files, iter_file, unit_of, where
 from marscli.benchmarks.facts import Benchmark, Layout, Paper, declare, guess_name
@@ -211,13 +210,11 @@ def _row(row: dict, at: str, ctx: LoadContext, dirs: list[Path], name: str,
         paths = image_files(cell, ctx, dirs, f"{at}: {key}")
         images[rid] = paths[0]
     used = {"index", "question", "answer", OPTIONS_COL, "category", *IMAGE_COLS, *LETTERS}
-    extra = {k: v for k, v in row.items()
-             if k not in used and v != "" and k is not None and jsonable(v)}
-    extra["benchmark"] = name
+    others = {k: v for k, v in row.items() if k not in used and v != "" and k is not None}
     category = row.get("category")
-    p = Prompt(id=rid, question=mcq_question(_text(row["question"]), choices), images=paths,
-               answer=[letter], base=dirs[0], choices=choices,
-               category=None if is_missing(category) else _text(category), extra=extra)
+    p = mcq_prompt(rid, _text(row["question"]), choices, letter, images=paths, base=dirs[0],
+                   category=None if is_missing(category) else _text(category), others=others,
+                   benchmark=name)
     return p, ref
 
 

@@ -24,8 +24,7 @@ from marscli.benchmarks.common import (
     image_dirs,
     image_files,
     is_missing,
-    jsonable,
-    mcq_question,
+    mcq_prompt,
     split_options,
 )
 from marscli.benchmarks.containers import data_files, iter_file, unit_of, where
@@ -79,15 +78,13 @@ def _row(row: dict, n: int, at: str, ctx: LoadContext, dirs: list[Path], bench: 
     if image is None:
         raise BadInput(f"{at}: image: missing image")
     images = image_files(image, ctx, dirs, f"{at}: {ikey}") if ctx.keep(rid) else []
-    extra = {k: v for k, v in row.items() if k not in _USED and jsonable(v)}
-    extra["benchmark"] = bench
+    others = {k: v for k, v in row.items() if k not in _USED}
     category = row.get("category")
     if is_missing(category) and isinstance(image, str) and len(image) < 300:
         category = str(Path(image).parent)  # the original's folders are its categories
-    return Prompt(id=rid, question=mcq_question(stem, choices), images=images, answer=[letter],
-                  base=dirs[0], choices=choices,
-                  category=None if is_missing(category) or category == "." else str(category),
-                  extra=extra)
+    return mcq_prompt(rid, stem, choices, letter, images=images, base=dirs[0],
+                      category=None if is_missing(category) or category == "." else str(category),
+                      others=others, benchmark=bench)
 
 
 declare(

@@ -130,6 +130,15 @@ def request_seed(seed: int, key: str, turn: int) -> int:
     return int.from_bytes(h[:4], "big") >> 1
 
 
+def request_seeds(requests: list[GenRequest], seed: int, call: int) -> list[int]:
+    """The seeds of one engine call's requests (`request_seed`). A request without a key (a
+    direct caller's: the agent always sets one) is keyed by the engine's call counter and its
+    place in the call, so the call's requests draw apart and a fresh engine repeats its
+    draws."""
+    return [request_seed(seed, r.key or f"call {call}, request {k}", r.turn)
+            for k, r in enumerate(requests)]
+
+
 def make_engine(name: str, policy: str | None, **opts: Any) -> Engine:
     """Build an engine; a missing optional dependency (vLLM), whether its module or the engine
     imports it, becomes a `RuntimeFailure` saying how to install it."""

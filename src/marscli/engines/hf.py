@@ -37,7 +37,7 @@ from marscli.engines import (
     GenRequest,
     SamplingParams,
     check_policy,
-    request_seed,
+    request_seeds,
     resolve_device,
 )
 from marscli.qwen.policy import check_checkpoint, load_model, load_processor
@@ -85,8 +85,7 @@ class HFEngine:
         """Per-request seeds; requests without a key (direct callers) by call and position."""
         call = self._calls
         self._calls += 1
-        return [request_seed(params.seed, r.key or f"call {call}, request {k}", r.turn)
-                for k, r in enumerate(requests)]
+        return request_seeds(requests, params.seed, call)
 
     def _batch_inputs(self, requests: list[GenRequest]) -> dict[str, Any]:
         import torch

@@ -53,6 +53,7 @@ from marscli.engines import (
     SamplingParams,
     check_policy,
     request_seed,
+    request_seeds,
     resolve_device,
 )
 from marscli.errors import BadInput, RuntimeFailure, check_range
@@ -186,8 +187,8 @@ class VLLMEngine:
         """The lock-step loop's batch (vLLM schedules it `max_batch` at a time)."""
         call = self._calls
         self._calls += 1
-        preps = [self.prepare(r, params, f"call {call}, request {i}")
-                 for i, r in enumerate(requests)]
+        seeds = request_seeds(requests, params.seed, call)
+        preps = [self._prepare(r, params, seed) for r, seed in zip(requests, seeds)]
         slots = [i for i, p in enumerate(preps) if not isinstance(p, Generation)]
         out = list(preps)
         if slots and self.loop is not None:  # the loop's thread owns the engine now
@@ -221,7 +222,13 @@ class VLLMEngine:
     def prepare(self, r: GenRequest, params: SamplingParams, fallback_key: str
                  ) -> tuple[dict, Any] | Generation:
         """vLLM's prompt and sampling parameters for a request, or the empty generation of a
-        request with no room left in the context."""
+        request with no room left in the context; a request without a key is seeded under
+        `fallback_key`."""
+        return self._prepare(r, params, request_seed(params.seed, r.key or fallback_key, r.turn))
+
+    def _prepare(self, r: GenRequest, params: SamplingParams, seed: int
+                 ) -> tuple[dict, Any] | Generation:
+        """`prepare` with the request's seed given (a batch's come from `request_seeds`)."""
         from vllm import SamplingParams as VSamplingParams
 
         ids = [self.ids.image_pad if t < 0 else t for t in r.tokens]  # one per image
@@ -239,7 +246,7 @@ class VLLMEngine:
             temperature=0.0 if greedy else params.temperature,
             top_p=1.0 if greedy else params.top_p, top_k=params.top_k or 0,
             presence_penalty=params.presence_penalty, max_tokens=cap, logprobs=0,
-            seed=request_seed(params.seed, r.key or fallback_key, r.turn),
+            seed=seed,
             stop_token_ids=[self.ids.im_end], ignore_eos=True, logit_bias=self._ban,
             detokenize=False, skip_special_tokens=False)
         return prompt, sp

@@ -1,16 +1,22 @@
-"""A benchmark as evaluation reads it: its rows in marscli's prompt form, what was loaded
-(for `eval --check` and `eval`'s first line on stderr), and errors on one line of at most 200
-characters (`stages/eval_check.py`)."""
+"""A benchmark as evaluation reads it: the rows of a shard with their images checked
+(`load_shard`), its rows in marscli's prompt form, what was loaded (for `eval --check` and
+`eval`'s first line on stderr), and errors on one line of at most 200 characters
+(`stages/eval_check.py`)."""
 
 from __future__ import annotations
 
 import re
 import sys
 from collections import Counter
+from pathlib import Path
 from typing import IO, Any
 
-from marscli.benchmarks import Loaded
+from marscli.agent.runner import check_images
+from marscli.benchmarks import LoadContext, Loaded, load_benchmark
+from marscli.errors import BadInput
+from marscli.evaluation.paths import image_cache
 from marscli.records.schema import Prompt
+from marscli.records.shards import in_shard
 
 MAX_ERROR = 200 - len("error: ")  # the CLI prints `error: MESSAGE` on one line
 # a path in a message: anything with a slash up to a space, a colon (FILE:LINE) or a quote
@@ -81,3 +87,18 @@ def report_loaded(loaded: Any, n: int, shard: tuple[int, int]) -> None:
           f"{skipped}", file=sys.stderr)
     for note in loaded.notes:
         print(f"note: {note}", file=sys.stderr)
+
+
+def load_shard(bench: str, output: str, fmt: str, image_dir: str | None, benchmark: str | None,
+          split: str | None, shard: tuple[int, int]) -> tuple[Any, list]:
+    """BENCH's rows of this shard, every image checked, and a line on what was loaded."""
+    ctx = LoadContext(source=bench, cache_dir=image_cache(output),
+                      image_dir=Path(image_dir) if image_dir else None, benchmark=benchmark,
+                      split=split, keep=lambda pid: in_shard(pid, shard))
+    loaded = load_benchmark(bench, fmt, ctx)
+    rows = [(line, p) for line, p in loaded.prompts if in_shard(p.id, shard)]
+    if not rows and not loaded.rows:
+        raise BadInput(f"{bench}: no items")
+    check_images(bench, rows, loaded.unit, loaded.where)
+    report_loaded(loaded, len(rows), shard)
+    return loaded, rows

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from marscli.agent.runner import GenerationOptions
+from marscli.agent.generation import GenerationOptions
 from marscli.errors import BadInput
 
 MODES = ("agent", "direct")

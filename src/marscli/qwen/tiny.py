@@ -51,6 +51,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from marscli.errors import BadInput, save_errors
+from marscli.qwen.tiny_config import INIT_STD, TINY_MAX_PIXELS, TINY_MIN_PIXELS
 from marscli.records.outputs import AtomicDir
 
 # ids 0..6, in this order, special=True (skipped by decode(skip_special_tokens=True))
@@ -84,8 +85,6 @@ MODEL_MAX_LENGTH = 32768
 PATCH_SIZE = 16
 MERGE_SIZE = 2
 TEMPORAL_PATCH_SIZE = 2
-TINY_MIN_PIXELS = 65_536   # 256 x 256: 64 merged tokens
-TINY_MAX_PIXELS = 200_704  # 448 x 448: 196 merged tokens
 
 # Rendering, for every message: `<|im_start|>{role}\n` + content + `<|im_end|>\n`.
 # Content is a string or a list of parts: {"type": "image"} / {"type": "image_url"} render
@@ -315,9 +314,6 @@ def make_processor(tokenizer, min_pixels: int = TINY_MIN_PIXELS,
 # ------------------------------------------------------------------------------------- model
 
 
-# HF's initializer_range for Qwen3-VL, sized for its 4096-wide model. The tiny model's widths
-# are 64-128: 0.08 (about 1/sqrt(width)) left the seeing plateau about 3x sooner (docs/demo.md).
-INIT_STD = 0.02
 
 
 def check_init_std(init_std: float) -> None:

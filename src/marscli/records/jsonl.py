@@ -132,25 +132,12 @@ def follow_rows(path: str, *, grace_s: float = 10.0, poll_s: float = 0.1
     file replaced under its name (a new inode, or none), truncated below what was read, or
     rewritten in place (its last bytes read are others now) ends it with RuntimeFailure
     (`_same_file`): what was read is no longer that file."""
-    from time import monotonic, sleep
+    from time import sleep
 
     p, sidecar = Path(path), Path(f"{path}.meta.json")
     limit = max_row_bytes()
-    dead_since: float | None = None
-
-    def writer_gone() -> bool:
-        nonlocal dead_since
-        if writer_alive(p):
-            dead_since = None
-            return False
-        dead_since = dead_since or monotonic()
-        return monotonic() - dead_since > grace_s
-
-    while not p.exists():
-        if writer_gone():
-            raise RuntimeFailure(f"{path}: never appeared, and nothing is writing it — start the "
-                                 "stage that writes it (rollout) first, or drop --follow")
-        sleep(poll_s)
+    writer_gone = _writer_watch(p, grace_s)
+    _await_file(path, writer_gone, poll_s)
     fh = _open_in(path)
     inputs = current_inputs()
     entry = inputs.remember(path, fh)
@@ -160,10 +147,7 @@ def follow_rows(path: str, *, grace_s: float = 10.0, poll_s: float = 0.1
         while True:
             finished = sidecar.exists()  # before the read: all it covers is read below
             _same_file(path, fh, done, last)  # after it: a sidecar seen is this file's
-            fh.seek(done)  # an unfinished last line is read again: a resumed writer may cut it
-            data = fh.read()
-            *lines, tail = data.split(b"\n")
-            last = (last + data[: len(data) - len(tail)])[-FOLLOW_CHECK_BYTES:]
+            lines, tail, last = _read_on(fh, done, last)
             for raw in lines:
                 n += 1
                 done += len(raw) + 1
@@ -190,6 +174,45 @@ def follow_rows(path: str, *, grace_s: float = 10.0, poll_s: float = 0.1
         raise
     finally:
         fh.close()
+
+
+def _writer_watch(p: Path, grace_s: float) -> Callable[[], bool]:
+    """A check, called at each poll, whether the writer of `p` is gone: no live process has
+    held its lock for over `grace_s` seconds. Not at the first poll that finds none: a writer
+    that has not yet written its lock file reads as not alive."""
+    from time import monotonic
+
+    dead_since: float | None = None
+
+    def writer_gone() -> bool:
+        nonlocal dead_since
+        if writer_alive(p):
+            dead_since = None
+            return False
+        dead_since = dead_since or monotonic()
+        return monotonic() - dead_since > grace_s
+
+    return writer_gone
+
+
+def _await_file(path: str, writer_gone: Callable[[], bool], poll_s: float) -> None:
+    """Return once `path` exists; RuntimeFailure if its writer is gone before it does."""
+    from time import sleep
+
+    while not Path(path).exists():
+        if writer_gone():
+            raise RuntimeFailure(f"{path}: never appeared, and nothing is writing it — start the "
+                                 "stage that writes it (rollout) first, or drop --follow")
+        sleep(poll_s)
+
+
+def _read_on(fh: Any, done: int, last: bytes) -> tuple[list[bytes], bytes, bytes]:
+    """The complete lines written after offset `done`, the unfinished tail after them, and
+    `last` moved on to end where those complete lines end."""
+    fh.seek(done)  # an unfinished last line is read again: a resumed writer may cut it
+    data = fh.read()
+    *lines, tail = data.split(b"\n")
+    return lines, tail, (last + data[: len(data) - len(tail)])[-FOLLOW_CHECK_BYTES:]
 
 
 def _same_file(path: str, fh: Any, done: int, last: bytes) -> None:

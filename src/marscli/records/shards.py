@@ -1,10 +1,13 @@
-"""The shards of an array job (rollout's, eval's) before `marscli merge` joins them: which
+"""The shards of an array job (rollout's, eval's): which ids a shard holds (`--shard i/N`: the
+ids whose stable hash is i, so the N shards of a Slurm array together give exactly the ids of
+one run, whatever the row order); and, before `marscli merge` joins them, which
 files are shards and which their companions, whether each is finished, and whether what made
 each (`Made`: its sidecar and settings file, read by stages/merge.py) says they are the shards
 of one job, each once (stages/merge.py's docstring says the rules)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from dataclasses import dataclass
@@ -21,6 +24,32 @@ _TMP = re.compile(r"\.tmp-\d+$")
 PER_SHARD = frozenset({"shard", "base_url"})
 NOT_ONE_JOB = ("not shards of one job: merge the shards of one run (re-run a stray shard with "
                "the job's settings)")
+
+
+def parse_shard(spec: str | None, option: str = "--shard") -> tuple[int, int]:
+    """`"i/N"` → (i, N), shards numbered 0..N-1 (`$SLURM_ARRAY_TASK_ID/N` with `--array
+    0-(N-1)`); None → (0, 1), everything."""
+    if spec is None:
+        return 0, 1
+    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", spec)
+    if not m:
+        raise BadInput(f"{option}: {spec!r} is not i/N — e.g. 0/4 (shards are numbered 0..N-1)")
+    i, n = int(m[1]), int(m[2])
+    if n < 1:
+        raise BadInput(f"{option}: {spec}: N must be at least 1")
+    if i >= n:
+        raise BadInput(f"{option}: {spec}: shard {i} is out of range — the shards of {n} are "
+                       f"numbered 0..{n - 1}")
+    return i, n
+
+
+def shard_of(prompt_id: str, n: int) -> int:
+    """The shard of a prompt id: a stable hash (not Python's `hash`, which is salted per run)."""
+    return int.from_bytes(hashlib.sha256(prompt_id.encode()).digest()[:8], "big") % n
+
+
+def in_shard(prompt_id: str, shard: tuple[int, int]) -> bool:
+    return shard_of(prompt_id, shard[1]) == shard[0]
 
 
 def is_companion(path: str) -> bool:

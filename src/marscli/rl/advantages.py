@@ -247,14 +247,10 @@ def check_options(estimator: str, minibatches: int) -> None:
     ESTIMATORS.get(estimator)
 
 
-def run(rows: list[tuple[int, dict]], src: str, estimator: str = "bn-gspo", minibatches: int = 1,
-        filter_zero_std: bool = False, seed: int = 0,
-        mask_truncated: bool = False) -> tuple[list[dict], dict]:
-    """Scored rows → the same rows (dicts updated in place, in `_canonical` order) with `advantage`,
-    `group`, when M > 1 `minibatch`, and with `mask_truncated` `"masked": "truncated"` on rows
-    the turn limit or the token budget stopped; also the stage statistics for the sidecar.
-    Unscored rows are left out (and counted): groups are made of the scored rows only."""
-    check_options(estimator, minibatches)  # before looking at the data
+def _trainable(rows: list[tuple[int, dict]], src: str) -> tuple[list[tuple[int, dict]], int, int]:
+    """The rows that can train: neither unscored nor refused by rollout (`PROMPT_TOO_LONG`),
+    with how many of each were left out. BadInput when none is left, naming which kind took
+    them all, so that the fix it suggests is the right one."""
     scored = [(line, row) for line, row in rows if not is_unscored(row)]
     unscored = len(rows) - len(scored)
     if not scored:
@@ -267,6 +263,46 @@ def run(rows: list[tuple[int, dict]], src: str, estimator: str = "bn-gspo", mini
                        "refused their prompts) — nothing to train on: raise --max-prompt-tokens "
                        "or shorten the prompts")
     rows = [(line, row) for line, row in rows if row.get("stop") != PROMPT_TOO_LONG]
+    return rows, unscored, too_long
+
+
+def _annotate(row: dict, advantage: float, group: dict, minibatch: int | None,
+              truncated: bool) -> dict:
+    """`row` with its advantage, its group's statistics, its minibatch and its mask. Fields
+    that an earlier run of this stage wrote and this one does not are removed: the row may
+    come from a file that stage already annotated."""
+    row["advantage"] = advantage
+    row["group"] = group
+    if minibatch is not None:
+        row["minibatch"] = minibatch
+    else:
+        row.pop("minibatch", None)  # a stale split from an earlier run would mislead update
+    if truncated:
+        row["masked"] = "truncated"
+    elif row.get("masked") == "truncated":
+        row.pop("masked")  # stale, from an earlier run with --mask-truncated
+    return row
+
+
+def _pooled_std(r: np.ndarray, g: np.ndarray, mean: np.ndarray, std: np.ndarray,
+                kept: np.ndarray, cut: np.ndarray) -> float | None:
+    """The std of the group step's advantages over the rows that train (None: no such row).
+    BN-GSPO's mechanism, measured: the batch step divides the group-normalised advantages by
+    their pooled std, which flat groups (all zeros) pull below 1."""
+    group_step = np.where(std[g] > 0, (r - mean[g]) / (std[g] + EPS_GROUP), 0.0)[kept]  # [K]
+    train = group_step[~cut[kept]]
+    return float(train.std()) if train.size else None
+
+
+def run(rows: list[tuple[int, dict]], src: str, estimator: str = "bn-gspo", minibatches: int = 1,
+        filter_zero_std: bool = False, seed: int = 0,
+        mask_truncated: bool = False) -> tuple[list[dict], dict]:
+    """Scored rows → the same rows (dicts updated in place, in `_canonical` order) with `advantage`,
+    `group`, when M > 1 `minibatch`, and with `mask_truncated` `"masked": "truncated"` on rows
+    the turn limit or the token budget stopped; also the stage statistics for the sidecar.
+    Unscored rows are left out (and counted): groups are made of the scored rows only."""
+    check_options(estimator, minibatches)  # before looking at the data
+    rows, unscored, too_long = _trainable(rows, src)
     pids, r, stop = _validate(rows, src, stops=mask_truncated)
     rows, pids, r, stop = _canonical(rows, pids, r, stop)
     cut = np.array([s in TRUNCATED_STOPS for s in stop], bool)  # [N] all False without the flag
@@ -282,24 +318,12 @@ def run(rows: list[tuple[int, dict]], src: str, estimator: str = "bn-gspo", mini
     adv = compute(r[kept], g[kept], estimator, mb, masked=cut[kept])  # [K]
     out: list[dict] = []
     for j, i in enumerate(kept.tolist()):
-        row = rows[i][1]
         gi = g[i]
-        row["advantage"] = float(adv[j])
-        row["group"] = {"mean": float(mean[gi]), "std": float(std[gi]), "size": int(size[gi])}
-        if mb is not None:
-            row["minibatch"] = int(mb[j])
-        else:
-            row.pop("minibatch", None)  # a stale split from an earlier run would mislead update
-        if cut[i]:
-            row["masked"] = "truncated"
-        elif row.get("masked") == "truncated":
-            row.pop("masked")  # stale, from an earlier run with --mask-truncated
-        out.append(row)
+        group = {"mean": float(mean[gi]), "std": float(std[gi]), "size": int(size[gi])}
+        out.append(_annotate(rows[i][1], float(adv[j]), group,
+                             int(mb[j]) if mb is not None else None, bool(cut[i])))
     n_kept = int(np.unique(g[kept]).size)
-    # BN-GSPO's mechanism, measured: the batch step divides the group-normalised advantages by
-    # their pooled std, which flat groups (all zeros) pull below 1.
-    group_step = np.where(std[g] > 0, (r - mean[g]) / (std[g] + EPS_GROUP), 0.0)[kept]  # [K]
-    train = group_step[~cut[kept]]
+    pooled_std = _pooled_std(r, g, mean, std, kept, cut)
     stats = {
         "estimator": estimator,
         "groups": n_kept,
@@ -309,7 +333,7 @@ def run(rows: list[tuple[int, dict]], src: str, estimator: str = "bn-gspo", mini
         "dropped_groups": n - n_kept,
         "dropped_rows": len(r) - len(out),
         "zero_std_groups": int(flat.sum()),
-        "pooled_std": float(train.std()) if train.size else None,
+        "pooled_std": pooled_std,
         "masked_truncated": int(cut[kept].sum()),
         "truncated_stops": {s: sum(1 for i in kept.tolist() if stop[i] == s)
                             for s in TRUNCATED_STOPS} if mask_truncated else {},
@@ -320,4 +344,3 @@ def run(rows: list[tuple[int, dict]], src: str, estimator: str = "bn-gspo", mini
         else [len(out)],
     }
     return out, stats
-

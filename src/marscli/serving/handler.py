@@ -44,18 +44,60 @@ def token_check(token: str | None) -> Callable[[str | None], bool]:
     return check
 
 
+class _JsonHandler(BaseHTTPRequestHandler):
+    """What `make_handler`'s handler needs of HTTP apart from the server it serves: JSON bodies
+    in and out, and whether the client is still there."""
+
+    protocol_version = "HTTP/1.1"
+    timeout = IDLE_S  # an idle connection is closed, and its thread freed
+
+    def log_message(self, fmt: str, *args: Any) -> None:  # no line per request
+        pass
+
+    def _gone(self) -> bool:
+        """The client closed its end (readable, and a peek reads nothing)."""
+        try:
+            ready, _, _ = select.select([self.connection], [], [], 0)
+            return bool(ready) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
+    def _body(self) -> Any:
+        size = self.headers.get("Content-Length", "")
+        if not size.isdigit():
+            raise HttpFailure(411, "Content-Length required")
+        if int(size) > MAX_BODY:
+            raise HttpFailure(413, f"a {int(size):,} byte request, over {MAX_BODY:,}")
+        if int(size) == 0:  # `curl -X POST URL/sleep`: the defaults
+            return {}
+        try:
+            return orjson.loads(self.rfile.read(int(size)))
+        except orjson.JSONDecodeError as e:
+            raise HttpFailure(400, f"not JSON ({e})") from None
+
+    def _send(self, code: int, payload: dict, headers: dict[str, str] | None = None) -> None:
+        data = orjson.dumps(payload)
+        if code in (401, 503):  # its body may be unread: this connection cannot carry another
+            self.close_connection = True
+            headers = {**(headers or {}), "Connection": "close"}
+        try:
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(data)
+        except OSError:  # the client went away: nothing to tell it
+            self.close_connection = True
+
+
 def make_handler(server: PolicyServer, token: str | None = None
                  ) -> type[BaseHTTPRequestHandler]:
     """The HTTP handler over `server`; with `token`, every request but GET /health needs it."""
     authorized = token_check(token)
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        timeout = IDLE_S  # an idle connection is closed, and its thread freed
-
-        def log_message(self, fmt: str, *args: Any) -> None:  # no line per request
-            pass
-
+    class Handler(_JsonHandler):
         def _refused(self) -> bool:
             """401 (its body unread) unless the request carries the token."""
             if authorized(self.headers.get("Authorization")):
@@ -78,14 +120,8 @@ def make_handler(server: PolicyServer, token: str | None = None
                 body = self._body()
                 if self.path == "/generate":
                     self._generate(body)
-                elif self.path == "/reload":
-                    self._send(200, server.reload(_field(body, "policy")))
-                elif self.path == "/wake":
-                    self._send(200, server.wake(_field(body, "policy")))
-                elif self.path == "/sleep":
-                    self._send(200, server.sleep(_field(body, "level", 1)))
                 else:
-                    raise HttpFailure(404, f"no such endpoint: POST {self.path}")
+                    self._send(200, _control(server, self.path, body))
             except HttpFailure as e:
                 self._send(e.code, {"error": str(e)}, e.headers)
             except Exception as e:  # one request fails, the server stays
@@ -106,44 +142,19 @@ def make_handler(server: PolicyServer, token: str | None = None
                         return
             self._send(200, server.reply(engine, r, result))
 
-        def _gone(self) -> bool:
-            """The client closed its end (readable, and a peek reads nothing)."""
-            try:
-                ready, _, _ = select.select([self.connection], [], [], 0)
-                return bool(ready) and self.connection.recv(1, socket.MSG_PEEK) == b""
-            except OSError:
-                return True
-
-        def _body(self) -> Any:
-            size = self.headers.get("Content-Length", "")
-            if not size.isdigit():
-                raise HttpFailure(411, "Content-Length required")
-            if int(size) > MAX_BODY:
-                raise HttpFailure(413, f"a {int(size):,} byte request, over {MAX_BODY:,}")
-            if int(size) == 0:  # `curl -X POST URL/sleep`: the defaults
-                return {}
-            try:
-                return orjson.loads(self.rfile.read(int(size)))
-            except orjson.JSONDecodeError as e:
-                raise HttpFailure(400, f"not JSON ({e})") from None
-
-        def _send(self, code: int, payload: dict, headers: dict[str, str] | None = None) -> None:
-            data = orjson.dumps(payload)
-            if code in (401, 503):  # its body may be unread: this connection cannot carry another
-                self.close_connection = True
-                headers = {**(headers or {}), "Connection": "close"}
-            try:
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                for k, v in (headers or {}).items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(data)
-            except OSError:  # the client went away: nothing to tell it
-                self.close_connection = True
-
     return Handler
+
+
+def _control(server: PolicyServer, path: str, body: Any) -> dict:
+    """The reply to a POST that changes the server's state rather than generating: /reload,
+    /wake, /sleep; any other path is no endpoint (404)."""
+    if path == "/reload":
+        return server.reload(_field(body, "policy"))
+    if path == "/wake":
+        return server.wake(_field(body, "policy"))
+    if path == "/sleep":
+        return server.sleep(_field(body, "level", 1))
+    raise HttpFailure(404, f"no such endpoint: POST {path}")
 
 
 def _field(body: Any, key: str, default: Any = None) -> Any:

@@ -26,8 +26,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from marscli.agent.generation import GenerationOptions
 from marscli.agent.protocol import read_system_prompt
-from marscli.agent.runner import CHECK_PIXELS, GenerationOptions, generate
+from marscli.agent.runner import CHECK_PIXELS, generate
 from marscli.errors import BadInput
 from marscli.qwen.hub import check_hub_policy
 from marscli.qwen.images import open_image

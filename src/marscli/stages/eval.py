@@ -44,40 +44,67 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from marscli.agent.generation import MAX_SAMPLES, GenerationOptions, JobOptions
 from marscli.agent.protocol import read_system_prompt
 from marscli.agent.runner import (
-    MAX_SAMPLES,
-    GenerationOptions,
-    check_images,
     generate,
-    in_shard,
     sample_settings,
     start_over,
 )
 from marscli.agent.tool_health import MAX_TOOL_FAILURE_RATE
-from marscli.benchmarks import LoadContext, format_names, load_benchmark
-from marscli.errors import BadInput, RuntimeFailure, check_range, unknown_name
-from marscli.evaluation.check import report_loaded
+from marscli.benchmarks import format_names
+from marscli.errors import BadInput, check_range, unknown_name
+from marscli.evaluation.check import load_shard
+from marscli.evaluation.config import EvalConfig
+from marscli.evaluation.finish import finish_eval
 from marscli.evaluation.health import run_endpoints
 from marscli.evaluation.modes import DIRECT_PROMPT, MODES, for_mode
 from marscli.evaluation.paths import image_cache, summary_path
-from marscli.evaluation.summary import fail_if_unscored, summarize, write_summary
-from marscli.evaluation.table import print_summary
 from marscli.records.provenance import stage_inputs
-from marscli.records.sidecar import write_sidecar
 from marscli.records.trackers import check_tracker, log_stats, stats_tracker
 from marscli.scoring.judge import JudgeOptions, make_judge
+from marscli.scoring.judge_config import JudgeConfig
 from marscli.scoring.protocols import ScoreContext, make_protocol
+
+
+def main(bench: str | None, output: str | None, check: bool, ev: EvalConfig,
+         gen: GenerationOptions, judge: JudgeConfig, job: JobOptions,
+         summarize: str | None = None, rescore: bool = False) -> None:
+    """`marscli eval BENCH`: the run, `--check` (no model), or the old form of `eval
+    summarize|rescore` (`--summarize RESULTS.jsonl [--rescore]`)."""
+    if summarize is not None:
+        if bench is not None:
+            raise BadInput("--summarize: give the results file only, not BENCH too")
+        from marscli.stages.eval_summarize import rescore as run_rescore
+
+        run_rescore(summarize, judge, job, rescore=rescore, protocol=ev.protocol)
+        return
+    if bench is None:
+        raise BadInput("BENCH: missing — give a benchmark file or folder (or --summarize "
+                       "RESULTS.jsonl)")
+    if check:
+        from marscli.stages.eval_check import run_check
+
+        run_check(bench, fmt=ev.fmt, benchmark=ev.benchmark, image_dir=job.image_dir,
+                  split=ev.split, output=output)
+        return
+    if output is None:
+        raise BadInput("-o: missing — name the results file, e.g. -o results.jsonl")
+    if rescore:
+        raise BadInput("--rescore: only with --summarize RESULTS.jsonl")
+    run_eval(bench, output, gen, **vars(ev), judge_spec=judge.judge, judge_opts=judge.options(),
+             max_unscored=judge.max_unscored, **job.stage_kwargs())
 
 
 @stage_inputs()
 def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
              fmt: str = "auto", mode: str = "agent", samples: int = 1,
-             judge_spec: str = "exact", protocol: str = "mars",
+             judge_spec: str = "exact", protocol: str | None = "mars",
              shard: tuple[int, int] = (0, 1), benchmark: str | None = None,
              image_dir: str | None = None, max_unscored: float = 0.05,
              split: str | None = None,
@@ -88,17 +115,10 @@ def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
     write the summary; return it. `fields`: `GenerationOptions` fields, set over `gen`
     (default: greedy, and the turns `--mode` implies); `force`: start over."""
     started = time.time()
+    protocol = protocol or "mars"
     gen = replace(gen or GenerationOptions(temperature=0.0, max_turns=None), **fields)
-    check_range("--samples", samples, 1, MAX_SAMPLES)
-    check_range("--max-unscored", max_unscored, 0, 1)
-    check_range("--max-tool-failure-rate", max_tool_failure_rate, 0, 1)
-    if output == "-":
-        raise BadInput("-o -: eval appends to a file so that it can resume — name one, "
-                       "e.g. -o results.jsonl")
-    if mode not in MODES:
-        raise BadInput(f"--mode {mode!r}: choose agent or direct")
-    if fmt not in format_names():
-        raise unknown_name("--format", fmt, format_names())
+    _check_options(output, fmt, mode, samples, gen.temperature, max_unscored,
+                   max_tool_failure_rate)
     proto = make_protocol(protocol)
     gen = for_mode(gen, mode)
     gen.check()
@@ -108,25 +128,12 @@ def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
     judge = make_judge(judge_spec, judge_opts)  # a bad spec fails before anything is read
     stack = contextlib.ExitStack()
     try:
-        # opened before any work (loading the benchmark may fill the image cache): a tracker
-        # that cannot write, or would write into the stage's data, fails first
+        # opened first (loading may fill the image cache): a tracker that cannot write fails
         tracker = stats_tracker(track, stage="eval", output=output,
                                 inputs=[bench, image_dir, *gen.read_paths()],
                                 outputs=[summary_path(output), image_cache(output)])
         stack.callback(tracker.close)  # on a failure; on success log_stats closes it
-        ctx = LoadContext(source=bench, cache_dir=image_cache(output),
-                          image_dir=Path(image_dir) if image_dir else None, benchmark=benchmark,
-                          split=split, keep=lambda pid: in_shard(pid, shard))
-        loaded = load_benchmark(bench, fmt, ctx)
-        rows = [(line, p) for line, p in loaded.prompts if in_shard(p.id, shard)]
-        if not rows and not loaded.rows:
-            raise BadInput(f"{bench}: no items")
-        check_images(bench, rows, loaded.unit, loaded.where)
-        report_loaded(loaded, len(rows), shard)
-        if samples > 1 and gen.temperature == 0:
-            print(f"warning: --samples {samples} with --temperature 0: the samples of an item "
-                  "will be identical (greedy) — set a temperature to average real samples",
-                  file=sys.stderr)
+        loaded, rows = load_shard(bench, output, fmt, image_dir, benchmark, split, shard)
         sctx = ScoreContext(judge=judge, base=Path(output).parent)
         tools = gen.tools() if mode == "agent" else []
         endpoints = run_endpoints(tools, judge)
@@ -136,19 +143,10 @@ def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
                                    protocol=protocol, judge=judge_spec, format=loaded.fmt,
                                    benchmark=loaded.benchmark, split=loaded.split,
                                    shard=f"{shard[0]}/{shard[1]}")
-
-        def score(rec: dict) -> None:
-            rec["mode"] = mode
-            if loaded.split is not None:
-                rec["split"] = loaded.split
-            rec["score"] = proto.score(rec, sctx)
-            rec["endpoints"] = endpoints
-            if settings["weights"]:  # what the summary tells policies apart by
-                rec["weights"] = settings["weights"]
-
-        res = generate([(p, k) for _, p in rows for k in range(samples)], gen,
-                       tools, output=output,
-                       system_prompt=base_prompt, label=f"eval ({mode})", on_record=score,
+        score = _scorer(mode, loaded.split, proto, sctx, endpoints, settings["weights"])
+        res = generate([(p, k) for _, p in rows for k in range(samples)], gen, tools,
+                       output=output, system_prompt=base_prompt, label=f"eval ({mode})",
+                       on_record=score,
                        progress=progress, settings=settings,
                        finished=(summary_path(output),))
     except BaseException:
@@ -157,43 +155,45 @@ def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
     finally:
         judge.close()
     with stack:  # the tracker, closed on a failure below
-        summary = _finish(output, gen, res, settings, loaded, rows, mode, protocol, judge,
-                          samples, shard, max_unscored, max_tool_failure_rate, bench, started)
+        summary = finish_eval(output, gen, res, settings, loaded, rows, mode, protocol, judge,
+                              samples, shard, max_unscored, max_tool_failure_rate, bench,
+                              started)
         stack.pop_all()
     log_stats(tracker, output=output, stats=summary)
     return summary
 
 
-def _finish(output: str, gen: GenerationOptions, res: Any, settings: dict, loaded: Any,
-            rows: list, mode: str, protocol: str, judge: Any, samples: int,
-            shard: tuple[int, int], max_unscored: float, max_tool_failure_rate: float,
-            bench: str, started: float) -> dict:
-    """Summarise, refuse a failed run, write the sidecar and the summary (last)."""
-    run = res.stats
-    speed = f" in {run['generate_s']:.1f} s" if run["new"] else ""
-    print(f"eval: {run['new']} new, {run['skipped']} already in {output}{speed}",
-          file=sys.stderr)
-    summary = summarize(output, max_unscored=max_unscored,
-                        max_tool_failure_rate=max_tool_failure_rate)
-    print_summary(summary)
-    if res.all_failed:
-        summary_path(output).unlink(missing_ok=True)
-        raise RuntimeFailure(f"every trajectory of this run failed at the engine (first: "
-                             f"{run['first_error']}) — they are recorded unscored; fix the "
-                             "engine, drop them (jq -c 'select(.stop != \"engine_error\")') "
-                             "and re-run")
-    fail_if_unscored(summary, output)
-    config = {**gen.sidecar(res.engine), "bench": bench, "format": loaded.fmt,
-              "benchmark": loaded.benchmark, "split": loaded.split, "mode": mode,
-              "protocol": protocol,
-              "judge": judge.config(), "samples": samples, "shard": f"{shard[0]}/{shard[1]}",
-              "max_unscored": max_unscored, "max_tool_failure_rate": max_tool_failure_rate,
-              "weights": settings["weights"]}
-    stats = {"items_loaded": len(rows), "rows_read": loaded.rows, "rows_skipped": loaded.skipped,
-             **run, "trajectories": summary["trajectories"], "unscored": summary["unscored"]}
-    inputs = [bench] if Path(bench).is_file() else []
-    write_sidecar(output, stage="eval", seed=gen.seed, config=config,
-                  inputs=inputs + gen.input_files(), stats=stats, started=started)
-    write_summary(summary, output)  # last: make takes it for done
-    return summary
+def _check_options(output: str, fmt: str, mode: str, samples: int, temperature: float,
+                   max_unscored: float, max_tool_failure_rate: float) -> None:
+    """eval's own options → BadInput naming the option, before anything is read."""
+    check_range("--samples", samples, 1, MAX_SAMPLES)
+    if samples > 1 and temperature == 0:
+        print(f"warning: --samples {samples} with --temperature 0: the samples of an item "
+              "will be identical (greedy) — set a temperature to average real samples",
+              file=sys.stderr)
+    check_range("--max-unscored", max_unscored, 0, 1)
+    check_range("--max-tool-failure-rate", max_tool_failure_rate, 0, 1)
+    if output == "-":
+        raise BadInput("-o -: eval appends to a file so that it can resume — name one, "
+                       "e.g. -o results.jsonl")
+    if mode not in MODES:
+        raise BadInput(f"--mode {mode!r}: choose agent or direct")
+    if fmt not in format_names():
+        raise unknown_name("--format", fmt, format_names())
 
+
+def _scorer(mode: str, split: str | None, proto: Any, sctx: ScoreContext, endpoints: dict,
+            weights: str | None) -> Callable[[dict], None]:
+    """The hook each new record goes through before it is appended: scored, and marked with
+    what the summary tells runs and policies apart by."""
+
+    def score(rec: dict) -> None:
+        rec["mode"] = mode
+        if split is not None:
+            rec["split"] = split
+        rec["score"] = proto.score(rec, sctx)
+        rec["endpoints"] = endpoints
+        if weights:
+            rec["weights"] = weights
+
+    return score

@@ -15,9 +15,11 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 
+from marscli.agent.generation import JobOptions
 from marscli.agent.tool_health import MAX_TOOL_FAILURE_RATE
 from marscli.errors import BadInput, check_range
 from marscli.evaluation.compare import compare, find_summaries, print_table
@@ -27,7 +29,15 @@ from marscli.evaluation.table import print_summary
 from marscli.records.provenance import stage_inputs
 from marscli.records.sidecar import write_sidecar
 from marscli.scoring.judge import JudgeOptions
+from marscli.scoring.judge_config import JudgeConfig
 from marscli.scoring.protocols import make_protocol
+
+
+def rescore(results: str, judge: JudgeConfig, job: JobOptions, **kw: Any) -> dict:
+    """`run_summarize` with the command's judge options (`eval rescore`, `eval --summarize`)."""
+    return run_summarize(results, judge_spec=judge.judge, judge_opts=judge.options(),
+                         max_unscored=judge.max_unscored,
+                         max_tool_failure_rate=job.max_tool_failure_rate, **kw)
 
 
 @stage_inputs()

@@ -66,7 +66,7 @@ def _json_dict(path: str, key: str | None = None) -> dict | None:
 def made_of(path: str) -> Made:
     """`Made` from `PATH.meta.json` (absent for an unfinished shard) and `PATH.settings.json`
     (rollout and eval write it before their first record)."""
-    from marscli.agent.runner import parse_shard
+    from marscli.records.shards import parse_shard
 
     meta = _json_dict(f"{path}.meta.json") or {}
     settings = _json_dict(f"{path}.settings.json", "settings")

@@ -14,11 +14,11 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Mapping
 from typing import Any
 
 from marscli.configs import from_names
 from marscli.errors import BadInput, check_range
+from marscli.train.config import PlanConfig
 from marscli.train.memory import STAGES, GiB, Options, plan
 from marscli.train.plan_table import render
 from marscli.train.shape import check_tp, load_shape
@@ -63,7 +63,7 @@ def zero_from_deepspeed(path: str, hidden: int) -> dict[str, Any]:
 def check_options(o: Options) -> None:
     check_range("--gpus-per-node", o.gpus_per_node, 1, 1024)
     check_range("--nodes", o.nodes, 1, 100_000)
-    check_range("--tp", o.tp, 1, 1024)
+    check_range("--tensor-parallel", o.tp, 1, 1024)
     check_range("--max-model-len", o.max_model_len, 1)
     check_range("--max-num-seqs", o.max_num_seqs, 1)
     check_range("--gpu-memory-utilization", o.gpu_memory_utilization, 0, 1, lo_open=True)
@@ -89,8 +89,8 @@ def check_options(o: Options) -> None:
         raise BadInput("--sleep-level: only with --colocate (the engine sleeps on the "
                        "trainer's GPUs)")
     if o.tp > o.ranks and o.colocate:
-        raise BadInput(f"--tp {o.tp}: more than the {o.ranks} GPUs the trainer uses — a "
-                       "colocated engine runs on the trainer's GPUs")
+        raise BadInput(f"--tensor-parallel {o.tp}: more than the {o.ranks} GPUs the trainer "
+                       "uses — a colocated engine runs on the trainer's GPUs")
 
 
 def why_not(p: dict) -> str | None:
@@ -110,20 +110,20 @@ def why_not(p: dict) -> str | None:
     return "; ".join(why) or "the trainer and the engine do not fit together"
 
 
-def run_plan(policy: str, params: Mapping[str, Any], *, zero: int | None = None,
-             deepspeed: str | None = None, gpu_memory: str = "80GiB",
-             as_json: bool = False, check: bool = False) -> dict:
-    """Read the model, resolve the options (`params`: a command's parameters, those named as
-    memory.Options' fields taken), print the plan on stdout (a table, or JSON); returns it.
-    check: a plan that does not fit is BadInput (exit 2), its reason in one line."""
+def run_plan(policy: str, cfg: PlanConfig, *, as_json: bool = False,
+             check: bool = False) -> dict:
+    """Read the model, resolve the options (`cfg`, as memory.Options), print the plan on stdout
+    (a table, or JSON); returns it. check: a plan that does not fit is BadInput (exit 2), its
+    reason in one line."""
     from dataclasses import replace
 
+    zero, deepspeed = cfg.zero, cfg.deepspeed
     if zero is not None and deepspeed is not None:
         raise BadInput("--zero and --deepspeed: give one (the file says its stage)")
     if zero is not None and zero not in (0, 2, 3):
         raise BadInput(f"--zero: {zero} — use 0 (update without --deepspeed), 2 or 3")
-    o = from_names(Options, params, zero="torch" if zero == 0 else 3 if zero is None else zero,
-                   gpu_memory=parse_size(gpu_memory))
+    o = from_names(Options, cfg, zero="torch" if zero == 0 else 3 if zero is None else zero,
+                   tp=cfg.tensor_parallel, gpu_memory=parse_size(cfg.gpu_memory))
     shape, f = load_shape(policy)
     if deepspeed is not None:
         o = replace(o, **zero_from_deepspeed(deepspeed, shape.hidden))

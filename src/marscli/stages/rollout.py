@@ -49,13 +49,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from marscli.agent.generation import MAX_SAMPLES, GenerationOptions
 from marscli.agent.protocol import read_system_prompt
 from marscli.agent.runner import (
-    MAX_SAMPLES,
-    GenerationOptions,
     check_images,
     generate,
-    in_shard,
     media_dir,
     sample_settings,
     start_over,
@@ -66,6 +64,7 @@ from marscli.errors import RuntimeFailure, check_range
 from marscli.records.jsonl import iter_rows
 from marscli.records.provenance import stage_inputs
 from marscli.records.schema import load_prompts
+from marscli.records.shards import in_shard
 from marscli.records.sidecar import write_sidecar
 from marscli.records.trackers import check_tracker, log_stats, stats_tracker
 

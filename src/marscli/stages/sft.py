@@ -27,7 +27,7 @@
    split nor the number of ranks changes the gradient. (This is what Hugging Face's Trainer
    does since 4.46 when it normalises by the items in the batch over gradient accumulation;
    older trainers averaged per micro-batch means.)
-5. Learning rate: linear warm-up over ceil(`--warmup-ratio` × total steps), then `--schedule`
+5. Learning rate: linear warm-up over ceil(`--warmup-ratio` × total steps), then `--lr-schedule`
    (cosine towards `--min-lr-ratio` × lr, 0 by default, LLaMA-Factory's usual choice; constant
    or linear) — optim.lr_at, with the floor reached one step after the last (see `_lr`).
 6. Rank 0 writes OUT.tmp-PID (the HF export in `--save-dtype`, the policy's processor and
@@ -68,39 +68,17 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from marscli.errors import BadInput, check_range
 from marscli.records.provenance import check_no_input_inside, note_inputs, stage_inputs
 from marscli.train.batch import Spec
+from marscli.train.config import SftConfig
 from marscli.train.distributed import is_main_process
-from marscli.train.job import Job, TrainOptions, check_paths, deepspeed_config
+from marscli.train.job import Job, check_paths, deepspeed_config
 from marscli.train.sft import load_sft_rows, train
 from marscli.train.sft_resume import resume_fingerprint
-
-
-@dataclass
-class SftConfig(TrainOptions):
-    epochs: int = 3
-    lr: float = 1e-5
-    warmup_ratio: float = 0.03
-    schedule: str = "cosine"
-    min_lr_ratio: float = 0.0
-    batch_size: int = 32  # sequences per optimiser step
-    max_tokens: int = 32768  # per sequence
-    micro_batch_tokens: int | None = None  # None: max_tokens
-    system_prompt: str | None = None  # FILE: base prompt for message rows without a system turn
-    save_every_epoch: bool = False
-    skip_bad: bool = False
-
-    @property
-    def mbt(self) -> int:
-        return self.micro_batch_tokens or self.max_tokens
-
-    def optim(self, warmup_steps: int = 0):
-        return self.adamw(warmup_steps=warmup_steps, schedule=self.schedule,
-                          min_lr_ratio=self.min_lr_ratio)
 
 
 def check_config(cfg: SftConfig) -> None:
@@ -110,7 +88,7 @@ def check_config(cfg: SftConfig) -> None:
     check_range("--max-tokens", cfg.max_tokens, 2)
     check_range("--micro-batch-tokens", cfg.micro_batch_tokens, 1)
     check_range("--logp-chunk", cfg.logp_chunk, 1, cfg.mbt)  # a chunk ≤ a micro-batch
-    cfg.check_common(cfg.optim(), "--schedule")
+    cfg.check_common(cfg.optim())
 
 
 @stage_inputs()

@@ -11,21 +11,19 @@ from pathlib import Path
 from marscli.errors import BadInput
 from marscli.qwen.tiny import (
     DEFAULT_SIZE,
-    INIT_STD,
-    TINY_MAX_PIXELS,
-    TINY_MIN_PIXELS,
     VOCABS,
     build_tiny_model,
     check_init_std,
     count_parameters,
     read_texts,
 )
+from marscli.qwen.tiny_config import INIT_STD, TINY_MAX_PIXELS, TINY_MIN_PIXELS
 from marscli.records.provenance import check_no_input_inside, note_inputs, stage_inputs
 from marscli.records.sidecar import write_sidecar
 
 
 @stage_inputs()
-def main(out: str, seed: int = 0, text_files: Iterable[str] = (), size: str | None = None,
+def main(out: str, seed: int = 0, text_files: Iterable[str] | None = (), size: str | None = None,
          force: bool = False, min_pixels: int = TINY_MIN_PIXELS,
          max_pixels: int = TINY_MAX_PIXELS, vocab: str = "tiny",
          init_std: float = INIT_STD) -> Path:
@@ -34,7 +32,7 @@ def main(out: str, seed: int = 0, text_files: Iterable[str] = (), size: str | No
     import time
 
     started = time.time()
-    text_files = list(text_files)
+    text_files = list(text_files or ())
     if vocab not in VOCABS:  # before any file is read
         raise BadInput(f"--vocab: unknown vocabulary {vocab!r} — choose one of: "
                        f"{', '.join(VOCABS)}")

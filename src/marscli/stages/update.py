@@ -57,44 +57,17 @@ Where marscli departs from the paper or the released code (verl), and why:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from marscli.errors import BadInput, check_range
 from marscli.records.provenance import check_no_input_inside, note_inputs, stage_inputs
 from marscli.train.batch import Spec
-from marscli.train.job import Job, TrainOptions, check_paths, deepspeed_config
+from marscli.train.config import UpdateConfig
+from marscli.train.job import Job, check_paths, deepspeed_config
 from marscli.train.update import load_rows, train
 
 OLD_LOGP = ("recompute", "engine")  # where π_old comes from (--old-logp)
-
-
-@dataclass
-class UpdateConfig(TrainOptions):
-    loss: str = "gspo"
-    agg: str | None = None  # None: the loss's own (losses.Loss.agg)
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    kl: float = 0.0
-    ref: str | None = None
-    micro_batch_tokens: int = 32768
-    warmup_steps: int = 0
-    lr_schedule: str = "constant"
-    keep_optimizer: bool = False  # load POLICY/train_state's AdamW if present, write OUT's
-    old_logp: str = "recompute"  # or "engine": the rollout's log-probs as π_old (bypass mode)
-    rollout_is: str | None = None  # None: token-truncate with recompute, off with engine
-    rollout_is_cap: float = 2.0
-    rollout_is_floor: float = 0.0
-
-    @property
-    def is_mode(self) -> str:
-        """The rollout-correction mode this run uses (`rollout_is` resolved)."""
-        if self.rollout_is is not None:
-            return self.rollout_is
-        return "off" if self.old_logp == "engine" else "token-truncate"
-
-    def optim(self):
-        return self.adamw(warmup_steps=self.warmup_steps, schedule=self.lr_schedule)
 
 
 def check_config(cfg: UpdateConfig) -> None:
@@ -104,7 +77,7 @@ def check_config(cfg: UpdateConfig) -> None:
     check_range("--kl", cfg.kl, 0)
     check_range("--micro-batch-tokens", cfg.micro_batch_tokens, 1)
     check_range("--logp-chunk", cfg.logp_chunk, 1, cfg.micro_batch_tokens)
-    cfg.check_common(cfg.optim(), "--lr-schedule")
+    cfg.check_common(cfg.optim())
     if cfg.kl > 0 and not cfg.ref:
         raise BadInput("--kl: a KL penalty needs the reference policy — add --ref CKPT0")
     if cfg.ref and cfg.kl == 0:

@@ -14,7 +14,3 @@ How it departs from the paper's data, and why:
 3. Image search is precomputed per row (the `data` backend) from the world itself, not from a
    search engine: the true logo is always among the 5 results, at a seeded rank.
 """
-
-from marscli.toy.world import build_world
-
-__all__ = ["build_world"]

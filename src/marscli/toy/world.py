@@ -222,6 +222,38 @@ def _vocab(corpus: list[dict], splits: dict[str, list[dict]], ents: list[Entity]
     return "\n".join(lines) + "\n"
 
 
+def _write_logos(tmp: Path, ents: list[Entity]) -> None:
+    """Each entity's logo file (the search thumbnails) and `logos.jsonl`, the rows
+    `marscli index images` reads; also makes `images/` for the splits' scenes."""
+    (tmp / "logos").mkdir()
+    (tmp / "images").mkdir()
+    for e in ents:
+        render_logo(e.logo, LOGO_SIDE).save(tmp / "logos" / f"{e.slug}.png", format="PNG",
+                                            compress_level=PNG_LEVEL)
+    _write_jsonl(tmp / "logos.jsonl",
+                 [{"path": f"logos/{e.slug}.png", "title": e.name} for e in ents])
+
+
+def _write_perception(tmp: Path, perceive: int, seed: int, ents: list[Entity], size: int,
+                      grid: int, zoom_cells: int, clutter: float) -> None:
+    """`perceive*.jsonl`, the perception pre-training rows, on scenes of their own (keyed RNG:
+    the other splits stay as they were)."""
+    scenes = _split_rows("perceive", perceive, seed, ents, tmp, size, grid,
+                         ("perception",), zoom_cells, clutter)
+    _write_jsonl(tmp / "perceive.jsonl", perception_rows(scenes, tmp, PNG_LEVEL))
+    if zoom_cells > 1:
+        _write_jsonl(tmp / "perceive-zoomed.jsonl", zoomed_rows(scenes, zoom_cells))
+    _write_jsonl(tmp / "perceive-logos.jsonl", logo_rows(ents))
+
+
+def _vocab_extra(kinds: tuple[str, ...], perceive: int, direct: float) -> list[str]:
+    """The fixed phrases vocab.txt needs beyond the splits' questions and replies: the blind
+    expert's thinking lines (`direct`) and the perception rows' prompts (`perceive`)."""
+    searches = direct and set(kinds) - {"perception"}
+    return (([DIRECT] if direct else []) + ([DIRECT_SEARCH] if searches else [])
+            + ([SYSTEM, WHERE] if perceive else []))
+
+
 def build_world(out: str | Path, entities: int = 24, seed: int = 0, train: int = 240,
                 test: int = 60, sft: int = 120, size: int = 1024, grid: int = 8,
                 kinds: tuple[str, ...] = KINDS, zoom_cells: int = 1, perceive: int = 0,
@@ -243,13 +275,7 @@ def build_world(out: str | Path, entities: int = 24, seed: int = 0, train: int =
     _check_out(out, force)
     with AtomicDir(out) as ad:  # --force: the old world goes only once the new one is in place
         tmp = ad.tmp
-        (tmp / "logos").mkdir()
-        (tmp / "images").mkdir()
-        for e in ents:
-            render_logo(e.logo, LOGO_SIDE).save(tmp / "logos" / f"{e.slug}.png", format="PNG",
-                                                compress_level=PNG_LEVEL)
-        _write_jsonl(tmp / "logos.jsonl",
-                     [{"path": f"logos/{e.slug}.png", "title": e.name} for e in ents])
+        _write_logos(tmp, ents)
         corpus = make_corpus(_rng(seed, "corpus"), ents, shops, cities)
         _write_jsonl(tmp / "corpus.jsonl", corpus)
         counts = {"train": train, "test": test, "sft": sft}
@@ -257,17 +283,9 @@ def build_world(out: str | Path, entities: int = 24, seed: int = 0, train: int =
                                  clutter, direct if s == "sft" else 0.0) for s in SPLITS}
         for s, rows in splits.items():
             _write_jsonl(tmp / f"{s}.jsonl", rows)
-        if perceive:  # scenes of their own (keyed RNG: the other splits stay as they were)
-            scenes = _split_rows("perceive", perceive, seed, ents, tmp, size, grid,
-                                 ("perception",), zoom_cells, clutter)
-            _write_jsonl(tmp / "perceive.jsonl", perception_rows(scenes, tmp, PNG_LEVEL))
-            if zoom_cells > 1:
-                _write_jsonl(tmp / "perceive-zoomed.jsonl", zoomed_rows(scenes, zoom_cells))
-            _write_jsonl(tmp / "perceive-logos.jsonl", logo_rows(ents))
-        searches = direct and set(kinds) - {"perception"}
-        extra = (([DIRECT] if direct else []) + ([DIRECT_SEARCH] if searches else [])
-                 + ([SYSTEM, WHERE] if perceive else []))
-        text = _vocab(corpus, splits, ents, extra)
+        if perceive:
+            _write_perception(tmp, perceive, seed, ents, size, grid, zoom_cells, clutter)
+        text = _vocab(corpus, splits, ents, _vocab_extra(kinds, perceive, direct))
         (tmp / "vocab.txt").write_text(text, encoding="utf-8")
         names = [e.name for e in ents] + [e.founder for e in ents] + cities + shops
         (tmp / "syllables.txt").write_text(name_free_text(text, names), encoding="utf-8")
@@ -287,22 +305,9 @@ def build_world(out: str | Path, entities: int = 24, seed: int = 0, train: int =
     return stats
 
 
-def readme(world: dict, stats: dict) -> str:
-    ents = world["entities"]
-    e = ents[0]
-    example = json.dumps({k: e[k] for k in ("name", "founder", "city", "year", "logo")})
-    return f"""# Toy world (marscli toy-world, seed {world['seed']})
-
-A small synthetic, offline replica of the SenseNova-MARS task family, sized for a tiny model
-trained on CPU. {stats['entities']} made-up companies, each with a founder, a city, a founding
-year and a logo; {world['size']}x{world['size']} cluttered scenes with one logo drawn small
-(at most {stats['max_logo_area']:.2%} of the area) in one cell of the \
-{world['grid']}x{world['grid']} grid; a text corpus
-about the companies; prompts of three kinds and scripted expert replies.
-
-Example entity: `{example}`
-
-## Files
+def _files_table(stats: dict) -> str:
+    """The README's table of the world's files, with the counts this world has of each."""
+    return f"""## Files
 | path | what |
 |---|---|
 | `world.json` | entities and their attributes, cities, distractor shop names, options |
@@ -323,7 +328,25 @@ logo's own scale (each logo file, each perception question) |
 | `vocab.txt` | all the world's text, for `marscli tiny-model --text` |
 | `syllables.txt` | the same without the world's names, and the syllables names are made of: \
 a tokenizer for any world (`tiny-model --text`) |
+"""
 
+
+def readme(world: dict, stats: dict) -> str:
+    ents = world["entities"]
+    e = ents[0]
+    example = json.dumps({k: e[k] for k in ("name", "founder", "city", "year", "logo")})
+    return f"""# Toy world (marscli toy-world, seed {world['seed']})
+
+A small synthetic, offline replica of the SenseNova-MARS task family, sized for a tiny model
+trained on CPU. {stats['entities']} made-up companies, each with a founder, a city, a founding
+year and a logo; {world['size']}x{world['size']} cluttered scenes with one logo drawn small
+(at most {stats['max_logo_area']:.2%} of the area) in one cell of the \
+{world['grid']}x{world['grid']} grid; a text corpus
+about the companies; prompts of three kinds and scripted expert replies.
+
+Example entity: `{example}`
+
+{_files_table(stats)}
 Prompt rows: `{{v, id, image, question, answer, category, image_search, toy}}`. `category` is
 `perception` (shape colour, shape or letter of the logo: zoom, answer), `knowledge` (city,
 founder or year of a company the question names: text search, answer) or `both` (the same of

@@ -12,11 +12,10 @@
             job.sidecar(config, stats)                                        # written last
     # OUT.tmp-PID renamed onto OUT, "wrote OUT" logged, the process group closed
 
-`TrainOptions` holds the options both stages take (AdamW, DeepSpeed, seeding, output); each
-stage's config adds its own and keeps its own loop, its loss closure (`trainer.LossFn`) and its
-metric fields; the step between them (micro-batches, gradient accumulation, one AdamW step, the
-metrics reduced over ranks) is `Job.step`'s. Nothing here imports torch at import time: options
-are validated before anything heavy loads.
+The options both stages take are `config.TrainOptions`; each stage keeps its own loop, its
+loss closure (`trainer.LossFn`) and its metric fields; the step between them (micro-batches,
+gradient accumulation, one AdamW step, the metrics reduced over ranks) is `Job.step`'s.
+Nothing here imports torch at import time: options are validated before anything heavy loads.
 """
 
 from __future__ import annotations
@@ -31,14 +30,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
-from marscli.errors import BadInput, check_range
+from marscli.errors import BadInput
 from marscli.records.jsonl import dumps
 from marscli.records.locks import OutputLock
 from marscli.records.outputs import AtomicDir, remove_stale_tmp, tmp_path
 from marscli.records.provenance import check_not_input
 from marscli.records.sidecar import write_sidecar
 from marscli.train.batch import Example, Micro, Spec, collate, plan
-from marscli.train.checkpoint import check_out, check_save_dtype, save_dtype_name
+from marscli.train.checkpoint import check_out, save_dtype_name
+from marscli.train.config import TrainOptions
 from marscli.train.distributed import (
     Dist,
     all_reduce,
@@ -48,56 +48,9 @@ from marscli.train.distributed import (
     log,
     seed_everything,
 )
-from marscli.train.logprobs import chunk_size
-from marscli.train.optim import OptimConfig
 
 if TYPE_CHECKING:
     from marscli.train.trainer import LossFn, TrainModel
-
-
-@dataclass
-class TrainOptions:
-    """Options `update` and `sft` share (each stage's config adds its own, and may change a
-    default: sft trains 3 epochs at 1e-5)."""
-
-    epochs: int = 1
-    lr: float = 1e-6
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    deepspeed: str | None = None
-    gradient_checkpointing: bool = False
-    freeze_vision: bool = False
-    logp_chunk: int | None = None  # loss positions whose logits are formed at once (chunk())
-    seed: int = 0
-    metrics: str | None = None  # None: OUT/metrics.jsonl
-    device: str = "auto"
-    save_dtype: str = "auto"  # of the HF export: auto (bf16 on CUDA, else fp32) | float32 | ...
-    force: bool = False
-    state_dir: str | None = None  # --state-dir: train_state/ node-local, linked (persist.py)
-    track: str | None = None  # --track SPEC (None: $MARSCLI_TRACK, then none): trackers.py
-
-    def adamw(self, **schedule: Any) -> OptimConfig:
-        """AdamW's options with the stage's schedule (warmup_steps, schedule, min_lr_ratio)."""
-        return OptimConfig(lr=self.lr, betas=(self.adam_beta1, self.adam_beta2),
-                           eps=self.adam_eps, weight_decay=self.weight_decay,
-                           grad_clip=self.grad_clip, **schedule)
-
-    def chunk(self, micro_batch_tokens: int, vocab: int) -> int:
-        """--logp-chunk, or its default: logprobs.default_chunk(vocab), at most the
-        micro-batch."""
-        return chunk_size(self.logp_chunk, vocab, micro_batch_tokens)
-
-    def check_common(self, optim: OptimConfig, schedule_option: str) -> None:
-        """The shared options out of range → BadInput naming the option."""
-        check_range("--epochs", self.epochs, 1)
-        optim.check(schedule_option)
-        check_save_dtype(self.save_dtype)
-        from marscli.records.trackers import check_tracker
-
-        check_tracker(self.track)
 
 
 def check_paths(opts: TrainOptions, out: str, *inputs: str) -> None:

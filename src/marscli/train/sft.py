@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Any
 from marscli.errors import BadInput
 from marscli.records.jsonl import read_rows
 from marscli.train.batch import Example, Spec, load_example
-from marscli.train.job import Job, Minibatch
+from marscli.train.job import Job, MetricsWriter, Minibatch
 from marscli.train.sft_resume import partial_dir, read_partial, restore, save_partial
 
 if TYPE_CHECKING:
-    from marscli.train.trainer import LossFn
+    from marscli.train.optim import OptimConfig
+    from marscli.train.trainer import LossFn, TrainModel
 
 KILL_HOOK = "MARSCLI_SFT_KILL_AFTER_EPOCH"
 
@@ -105,16 +106,8 @@ def train(job: Job, policy, cfg, processor, spec, examples, bad, fp) -> dict:
         step = done * per_epoch
         for epoch in range(done, cfg.epochs):
             t0 = time.perf_counter()
-            order = epoch_order(len(examples), cfg.seed, epoch)
-            for i in range(0, len(order), cfg.batch_size):
-                mb = job.minibatch([examples[j] for j in order[i:i + cfg.batch_size]], cfg.mbt)
-                lr = _lr(step, total, optim)
-                row = _step(job, model, mb, spec, lr)
-                step += 1
-                summary = {"step": step, "epoch": epoch + 1, **row}
-                history.append(summary)
-                job.report(writer, summary, total, f"epoch {epoch + 1}  loss {row['loss']:.5f}  "
-                                                   f"lr {lr:.3g}")
+            step, summary = _run_epoch(job, model, writer, cfg, spec, examples, optim, epoch,
+                                       step, total, history, summary)
             secs = time.perf_counter() - t0
             ep = _epoch_summary(history, epoch + 1)
             job.log(f"sft: epoch {epoch + 1}/{cfg.epochs}  loss {ep['loss']:.5f}  "
@@ -124,20 +117,45 @@ def train(job: Job, policy, cfg, processor, spec, examples, bad, fp) -> dict:
                 if os.environ.get(KILL_HOOK) == str(epoch + 1):
                     os.kill(os.getpid(), signal.SIGKILL)
         job.save(model, policy, processor, steps=step)
-        epochs = [_epoch_summary(history, k) for k in range(1, cfg.epochs + 1)]
-        stats = {"steps": step, "epochs": cfg.epochs, "rows": len(examples) + len(bad),
-                 "examples": len(examples), "trajectory_rows": kinds["trajectory"],
-                 "message_rows": kinds["messages"], "skipped_rows": len(bad),
-                 "skipped": bad[:100], "ranks": d.world,
-                 "model_tokens": sum(e.n_model_tokens for e in examples),
-                 "tokens": sum(len(e) for e in examples),
-                 "resumed_after_epoch": done or None, "epoch_loss": epochs, **job.io_stats(),
-                 "last": summary}
+        stats = _run_stats(job, cfg, examples, bad, kinds, step, done, history, summary)
         job.sidecar({**asdict(cfg), "policy": policy, "out": out, "agg": "token-mean",
                      "warmup_steps": warmup, "deepspeed_resolved": ds_cfg}, stats)
     if d.main and part.exists():
         shutil.rmtree(part, ignore_errors=True)
     return stats
+
+
+def _run_epoch(job: Job, model: TrainModel, writer: MetricsWriter, cfg: Any, spec: Spec,
+               examples: list[Example], optim: OptimConfig, epoch: int, step: int, total: int,
+               history: list[dict], summary: dict) -> tuple[int, dict]:
+    """The steps of one epoch, each row reported and appended to `history`; returns the step
+    count after it and the last step's summary (`summary` as given when the epoch is empty)."""
+    order = epoch_order(len(examples), cfg.seed, epoch)
+    for i in range(0, len(order), cfg.batch_size):
+        mb = job.minibatch([examples[j] for j in order[i:i + cfg.batch_size]], cfg.mbt)
+        lr = _lr(step, total, optim)
+        row = _step(job, model, mb, spec, lr)
+        step += 1
+        summary = {"step": step, "epoch": epoch + 1, **row}
+        history.append(summary)
+        job.report(writer, summary, total, f"epoch {epoch + 1}  loss {row['loss']:.5f}  "
+                                           f"lr {lr:.3g}")
+    return step, summary
+
+
+def _run_stats(job: Job, cfg: Any, examples: list[Example], bad: list[str], kinds: Counter,
+               step: int, done: int, history: list[dict], summary: dict) -> dict:
+    """The run's statistics for the sidecar: rows read and skipped, tokens, each epoch's loss
+    (resumed epochs' from the history read back) and the last step."""
+    epochs = [_epoch_summary(history, k) for k in range(1, cfg.epochs + 1)]
+    return {"steps": step, "epochs": cfg.epochs, "rows": len(examples) + len(bad),
+            "examples": len(examples), "trajectory_rows": kinds["trajectory"],
+            "message_rows": kinds["messages"], "skipped_rows": len(bad),
+            "skipped": bad[:100], "ranks": job.dist.world,
+            "model_tokens": sum(e.n_model_tokens for e in examples),
+            "tokens": sum(len(e) for e in examples),
+            "resumed_after_epoch": done or None, "epoch_loss": epochs, **job.io_stats(),
+            "last": summary}
 
 
 def _lr(step: int, total: int, optim) -> float:

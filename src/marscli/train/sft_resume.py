@@ -21,7 +21,7 @@ from marscli.train.job import Job
 # Options that change the trained weights: a partial state of a run that differs in one of
 # these is not resumed. (micro_batch_tokens only regroups the same sums; device, logging and
 # output options do not matter.)
-_FINGERPRINT = ("epochs", "lr", "warmup_ratio", "schedule", "min_lr_ratio", "batch_size",
+_FINGERPRINT = ("epochs", "lr", "warmup_ratio", "lr_schedule", "min_lr_ratio", "batch_size",
                 "max_tokens", "adam_beta1", "adam_beta2", "adam_eps", "weight_decay",
                 "grad_clip", "freeze_vision", "seed", "skip_bad")
 

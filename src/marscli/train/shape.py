@@ -85,12 +85,12 @@ def check_tp(s: Shape, tp: int, f: Path) -> None:
         why = f"num_attention_heads {s.heads}"
     elif s.kv_heads % tp if s.kv_heads >= tp else tp % s.kv_heads:
         why = (f"num_key_value_heads {s.kv_heads} (vLLM splits KV heads evenly, or "
-               "replicates them when fewer than --tp, a whole number of times)")
+               "replicates them when fewer than --tensor-parallel, a whole number of times)")
     elif s.vision and s.vision.heads % tp:
         why = f"vision_config.num_heads {s.vision.heads}"
     if why:
-        raise BadInput(f"--tp {tp}: does not divide {f}'s {why} — vLLM refuses it; use a "
-                       "--tp that does")
+        raise BadInput(f"--tensor-parallel {tp}: does not divide {f}'s {why} — vLLM refuses "
+                       "it; use a --tensor-parallel that does")
 
 
 def _check_vision(v: Vision, f: Path) -> None:

@@ -299,20 +299,13 @@ def build_model(policy: str, d: Dist, *, optim: OptimConfig | None = None,
     loads the 16-bit module copy and, after `deepspeed.initialize`, seeds each rank's fp32
     partition from its slices of the masters, so no step of an earlier run is rounded away.
     The result's `master_load_seconds` is the time the masters took to read in (0 without)."""
-    from marscli.qwen.policy import load_model
     from marscli.train.trainstate import master_source, seed_masters
 
     bf16 = bf16_enabled(ds_config)
     stage = zero_stage(ds_config)
     source = master_source(policy)
     seconds = [0.0]  # reading the masters in, wherever it happens below
-    with zero3_init(ds_config if stage == 3 else None):
-        lm = load_model(policy, device="cpu", dtype="bfloat16" if bf16 else "float32")
-    if source is not None and source.separate:
-        check_masters(lm, source)
-        if stage != 3 and not bf16:  # the module is the fp32 copy: load the masters into it
-            with timed(seconds):
-                _load_whole(lm, source)
+    lm = _load_lm(policy, ds_config, stage, bf16, source, seconds)
     module = PolicyLM(lm, touch_visual=ds_config is not None and d.world > 1,
                       logp_chunk=logp_chunk)
     if freeze_vision:
@@ -322,19 +315,7 @@ def build_model(policy: str, d: Dist, *, optim: OptimConfig | None = None,
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     amp = torch.bfloat16 if d.device.startswith("cuda") and ds_config is None else None
     if optim is None:
-        module.requires_grad_(False)
-        if ds_config is not None and stage == 3:  # partition the reference too
-            import deepspeed
-
-            cfg = {k: v for k, v in ds_config.items() if k != "gradient_clipping"}
-            engine, *_ = deepspeed.initialize(model=module, config=cfg)
-            engine.eval()
-            if source is not None and source.separate:
-                with timed(seconds):
-                    seed_masters(module, source, trained=False, bf16=bf16)
-            return _timed_model(TrainModel(module, d, engine=engine, zero_stage=3), seconds)
-        module.to(d.device).eval()
-        return _timed_model(TrainModel(module, d, autocast=amp), seconds)
+        return _reference_model(module, d, ds_config, stage, source, bf16, amp, seconds)
     params = [p for p in module.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=optim.lr, betas=optim.betas, eps=optim.eps,
                             weight_decay=optim.weight_decay)
@@ -351,6 +332,45 @@ def build_model(policy: str, d: Dist, *, optim: OptimConfig | None = None,
     module.to(d.device)
     return _timed_model(TrainModel(module, d, optimizer=opt, grad_clip=optim.grad_clip,
                                    autocast=amp), seconds)
+
+
+def _load_lm(policy: str, ds_config: dict | None, stage: int | None, bf16: bool, source: Any,
+             seconds: list[float]) -> nn.Module:
+    """The HF module on CPU, partitioned as it loads under ZeRO-3; where the masters are
+    separate and the module is their fp32 copy (no ZeRO-3, no bf16), they are loaded into it
+    here, since no later step seeds them."""
+    from marscli.qwen.policy import load_model
+
+    with zero3_init(ds_config if stage == 3 else None):
+        lm = load_model(policy, device="cpu", dtype="bfloat16" if bf16 else "float32")
+    if source is not None and source.separate:
+        check_masters(lm, source)
+        if stage != 3 and not bf16:  # the module is the fp32 copy: load the masters into it
+            with timed(seconds):
+                _load_whole(lm, source)
+    return lm
+
+
+def _reference_model(module: PolicyLM, d: Dist, ds_config: dict | None, stage: int | None,
+                     source: Any, bf16: bool, amp: torch.dtype | None,
+                     seconds: list[float]) -> TrainModel:
+    """The frozen policy, for scoring only: under ZeRO-3 an engine without an optimiser
+    (partitioned like the policy), else the whole module on this rank's device."""
+    from marscli.train.trainstate import seed_masters
+
+    module.requires_grad_(False)
+    if ds_config is not None and stage == 3:  # partition the reference too
+        import deepspeed
+
+        cfg = {k: v for k, v in ds_config.items() if k != "gradient_clipping"}
+        engine, *_ = deepspeed.initialize(model=module, config=cfg)
+        engine.eval()
+        if source is not None and source.separate:
+            with timed(seconds):
+                seed_masters(module, source, trained=False, bf16=bf16)
+        return _timed_model(TrainModel(module, d, engine=engine, zero_stage=3), seconds)
+    module.to(d.device).eval()
+    return _timed_model(TrainModel(module, d, autocast=amp), seconds)
 
 
 @contextmanager
