@@ -3,7 +3,7 @@
 # Qwen3-VL-8B's layer shapes (MFU, peak memory against `marscli plan`, fp32 masters' save/load).
 #
 # NOT RUN ON A GPU YET: the development machines have none (the CPU paths are tested by
-# `make test-vllm` and tests/test_gpu_smoke.py). Run it on a machine with an NVIDIA GPU:
+# `make test-vllm` and tests/loop/test_gpu_smoke.py). Run it on a machine with an NVIDIA GPU:
 #     bash scripts/gpu-smoke.sh            # a fresh .venv-gpu with CUDA vLLM (needs a network)
 #     USE_CURRENT_VENV=1 bash scripts/gpu-smoke.sh   # the active Python as it is (offline)
 # Either way marscli comes from this checkout (PYTHONPATH=src), so USE_CURRENT_VENV runs on a
@@ -12,7 +12,7 @@
 # Without vLLM, the vLLM parts (2-5) are skipped with one line and the update benchmark runs.
 # It prints a verdict line `gpu-smoke: PASS ...` or `gpu-smoke: FAIL ...` and exits 0 / 1.
 # DEVICE=cpu rehearses the script itself without a GPU (no vLLM parts, the update benchmark's
-# CPU shapes): tests/test_gpu_smoke.py runs it so.
+# CPU shapes): tests/loop/test_gpu_smoke.py runs it so.
 #
 # What it does:
 #  1. installs CUDA vLLM (VLLM_SPEC, default `vllm`, which brings its own torch) and then

@@ -1,5 +1,5 @@
 """One training step of a checkpoint on one micro-batch, once per log-prob chunk size, under
-DeepSpeed (for tests/test_logprobs.py; under torchrun, 2 ranks).
+DeepSpeed (for tests/train/test_logprobs.py; under torchrun, 2 ranks).
 
     python logp_worker.py RESULT.json CKPT ADV.jsonl DS_CONFIG CHUNK [CHUNK ...]   (0: None)
 

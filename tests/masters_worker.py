@@ -1,5 +1,5 @@
 """Load a checkpoint's training state into a DeepSpeed engine and check it against the files,
-then save it again without a step (for tests/test_masters.py; one process, or several under
+then save it again without a step (for tests/train/test_masters.py; one process, or several under
 torchrun).
 
     python masters_worker.py RESULT.json CKPT DS_CONFIG OUT [CKPT DS_CONFIG OUT ...]

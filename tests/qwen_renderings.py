@@ -1,5 +1,5 @@
 """What the chat template published with Qwen3-VL-8B-Instruct renders for the cases of
-tests/test_chat_template.py (rendered with transformers 5.19's chat-template environment; the
+tests/qwen/test_chat_template.py (rendered with transformers 5.19's chat-template environment; the
 template itself is not in this tree). Shared by the template and protocol tests."""
 
 EXPECTED: dict[str, str] = {

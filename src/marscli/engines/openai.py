@@ -15,7 +15,7 @@ fails at once, unretried. A request that keeps failing becomes `Generation(finis
 error=...)` — the agent ends that trajectory with `stop: "engine_error"` — never an exception
 for the whole run, never an empty answer. A conversation the server refuses as longer than
 its context (HTTP 400, "maximum context length": what vLLM answers once the turns outgrow
-`--max-model-len`, seen against a real server, tests/test_openai_vllm.py) is
+`--max-model-len`, seen against a real server, tests/engines/test_openai_vllm.py) is
 `finish="context"`: the trajectory stops at its token limit (`stop: "max_tokens"`) and is
 scored as it stands, rather than left unscored as an engine failure. The API key comes from
 an environment variable and goes only into the `Authorization` header: error texts are

@@ -10,7 +10,7 @@ How it meets the engine contract (engines/__init__.py), as checked on vLLM 0.32 
 2. Log-probs are vLLM's default `raw_logprobs`: log-softmax of the model's logits before
    temperature, top-p/top-k and logit bias, i.e. log p(token) at temperature 1 — what the HF
    engine records and the trainer recomputes (measured: within 1e-6 of a transformers
-   forward in float32, tests/test_vllm_engine.py). `logprobs=0` returns the sampled token's.
+   forward in float32, tests/engines/test_vllm_engine.py). `logprobs=0` returns the sampled token's.
    Records say so: `logprobs_mode: "raw"` (engines.LOGPROBS_MODES). They are the sampling
    distribution's only at temperature 1 without top-k/top-p.
 3. Vision placeholders (`<|image_pad|>`, `<|video_pad|>`, `<|vision_start|>`, `<|vision_end|>`)

@@ -3,7 +3,7 @@
 A released SenseNova-MARS or Qwen3-VL checkpoint was trained on prompts rendered by Qwen3-VL's
 template with `tools=`. `QWEN3_VL_TEMPLATE` is marscli's own Jinja template (written here, not a
 copy of Qwen's) whose output is byte for byte that of the template published with
-Qwen3-VL-8B-Instruct; tests/test_chat_template.py holds that template's renderings of the cases
+Qwen3-VL-8B-Instruct; tests/qwen/test_chat_template.py holds that template's renderings of the cases
 below as expected strings. What it renders:
 - A first `system` message: its text parts only (images in a system message are dropped) inside
   `<|im_start|>system\\n...<|im_end|>\\n`. Later system messages are not rendered at all.

@@ -17,7 +17,7 @@ Plus DeepSpeed's communication buckets (bf16) and a CUDA context.
 
 Trainer, activations of one micro-batch of M tokens in rows padded to the longest, T tokens:
 what autograd keeps for the backward in transformers' Qwen3-VL modules under SDPA (no [T, T]
-scores), as tests/test_plan.py measures them on CPU. w is the compute dtype's bytes: 2 (bf16,
+scores), as tests/train/test_plan.py measures them on CPU. w is the compute dtype's bytes: 2 (bf16,
 what update runs on GPUs, and what the plan prints), 4 (fp32, update on CPU: the tests measure
 both). Per token and decoder layer, with h hidden, q = heads x head_dim, kv = kv_heads x
 head_dim, f intermediate:

@@ -19,7 +19,7 @@ link dangles: `check` re-points it at the durable copy when there is one; otherw
 `redo-from` names the newest checkpoint whose state is there (ckpt-0's always is), make redoes
 the updates since then from the same advantage rows into STATE/redo/ (the rollouts were a
 function of the exported weights and the seeds, so nothing else is redone), and `adopt` links
-the result: bit for bit what the lost state was, on CPU (`tests/test_state_dir.py`).
+the result: bit for bit what the lost state was, on CPU (`tests/train/test_state_dir.py`).
 Importing this module is cheap: no torch (the trainer's helpers import it inside).
 """
 

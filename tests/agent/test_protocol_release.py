@@ -88,7 +88,7 @@ def test_tool_response_is_what_the_template_writes(text, n, content):
 
 
 def test_tool_response_matches_qwen3_vl_instruct_rendering():
-    """Against the published template's own rendering (tests/test_chat_template.py)."""
+    """Against the published template's own rendering (tests/qwen/test_chat_template.py)."""
     from qwen_renderings import EXPECTED
 
     piece = format_tool_response("<image> image first", 1)

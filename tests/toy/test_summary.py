@@ -12,7 +12,7 @@ import pytest
 
 from helpers import MARSCLI
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def eval_summary(acc: float, zoom: float, cats: dict[str, float]) -> dict:

@@ -27,7 +27,7 @@ from marscli.train.persist import DURABLE, LINK
 
 from helpers import file_size_limit, invoke, trajectory, write_jsonl
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # One intra-op thread: on 2 shared cores OpenMP's spinning threads slow a contended run, and
 # runs compared bit for bit must use the same count.
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "NO_COLOR": "1",

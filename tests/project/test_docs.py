@@ -210,7 +210,7 @@ def test_links_between_pages_resolve():
 
 CITED = re.compile(r"(docs/[\w./-]+\.md)(?:,?\s+\"([^\"]+)\")?")
 CODE = [*(ROOT / "src").rglob("*.py"), *(ROOT / "scripts").glob("*"),
-        *(ROOT / "tests").glob("*.py"), *(ROOT / "stages").glob("*.sh"),
+        *(ROOT / "tests").rglob("*.py"), *(ROOT / "stages").glob("*.sh"),
         *(ROOT / "recipes").glob("*.mk"), *(ROOT / "bench").glob("*.py"), ROOT / "Makefile"]
 
 

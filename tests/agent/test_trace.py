@@ -329,7 +329,7 @@ def test_ask_demo_zooms_on_the_sign_and_answers(tiny_model, tmp_path):
     the answer is what the sign says."""
     from marscli.stages.ask import ask, load_replies
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     res = subprocess.run([sys.executable, str(root / "scripts" / "demo_image.py"),
                           str(tmp_path / "scene.png"), "--replies", str(tmp_path / "r.json")],
                          capture_output=True, text=True, timeout=60)

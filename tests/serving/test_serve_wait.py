@@ -10,7 +10,7 @@ from pathlib import Path
 
 from fakes import FakeServer, always
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # The fake prints the lines of STATES_DIR/<n> on its n-th call (the last file repeats), and on
 # the call that first prints RUNNING moves the url files of STATES_DIR/urls into the URL folder,
 # as servers that start only once their task runs.

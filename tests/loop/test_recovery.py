@@ -1,7 +1,7 @@
 """kill -9 at random moments, then the same command again: rollout, eval, update, sft, and one
 `make rl-iter` of the tiny recipe. And SIGTERM and SIGINT to a rollout on a real model: it stops
 within seconds and the same command again finishes it (`reward --follow`'s:
-tests/test_hardening_round2.py).
+tests/cli/test_nothing_silently_wrong.py).
 
 Each stage is killed (its whole process group, SIGKILL) in 5 seeded trials, at moments drawn
 uniformly within the duration of an uninterrupted run of the same command, which is also the
@@ -49,7 +49,7 @@ from helpers import (
     write_prompts,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRIALS = 5
 # One intra-op thread: on 2 shared cores, OpenMP's spinning threads slow a contended run
 # tenfold; the reference and the trials run alike, so results still compare bit for bit.

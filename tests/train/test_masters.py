@@ -23,7 +23,7 @@ from marscli.errors import BadInput
 
 from helpers import bf16_config, torchrun, varied_rows, weights, write_jsonl
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/: the workers
 WORKER = HERE / "masters_worker.py"
 
 

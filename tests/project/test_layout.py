@@ -9,7 +9,7 @@ from pathlib import Path
 
 from helpers import ROOT
 
-SOURCES = sorted([*(ROOT / "src").rglob("*.py"), *(ROOT / "tests").glob("*.py"),
+SOURCES = sorted([*(ROOT / "src").rglob("*.py"), *(ROOT / "tests").rglob("*.py"),
                   *(ROOT / "bench").glob("*.py"), *(ROOT / "scripts").glob("*.py")])
 
 
@@ -26,7 +26,7 @@ def test_no_private_names_imported_across_modules():
 
 def test_test_modules_never_import_each_other():
     bad = [f"{p.relative_to(ROOT)}:{n.lineno}: from {n.module}"
-           for p in (ROOT / "tests").glob("*.py") for n in imports(p)
+           for p in (ROOT / "tests").rglob("*.py") for n in imports(p)
            if (n.module or "").startswith(("test_", "tests.test_"))]
     assert bad == []
 
@@ -152,3 +152,14 @@ def test_stages_only_stage():
     long = {p.name: n for p in (PACKAGE / "stages").glob("*.py")
             if (n := len(p.read_text().splitlines())) >= STAGE_LINES}
     assert long == {}
+
+
+def test_tests_are_grouped_by_part():
+    """tests/<part>/ for each part of the package (docs/development.md, "How the tests are
+    organised"), plus the loop, the CLI boundary and the project; no test module at the top,
+    and no two with one name (pytest imports them by name)."""
+    groups = {p.parent.name for p in (ROOT / "tests").rglob("test_*.py")}
+    assert groups <= set(LAYERS) - {"base", "stages"} | {"loop", "project"}, groups
+    assert not list((ROOT / "tests").glob("test_*.py"))
+    names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
+    assert len(names) == len(set(names))

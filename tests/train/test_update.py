@@ -31,7 +31,7 @@ from helpers import (
     write_jsonl,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # Linear AdamW (eps ≫ |g|, no clipping): the update is lr·g/eps, so any error in the scale of the
 # gradient (accumulation weights, the world-size factor) shows in the weights. Plain AdamW's first
 # step is sign(g)·lr whatever the scale, and would hide it.

