@@ -180,10 +180,11 @@ def reward(
         "TRAJ.meta.json appears, so that judging overlaps generation (make rl does).")] = False,
 ) -> None:
     """Add `reward` (accuracy + format) to trajectory rows; torch-free with --judge exact."""
+    from marscli.scoring.judge import judge_options
     from marscli.stages.reward import main as reward_main
 
     reward_main(traj, output, judge.judge, format_weight, judge.max_unscored,
-                judge.options(check=False), protocol=protocol, follow=follow)
+                judge_options(judge, check=False), protocol=protocol, follow=follow)
 
 
 @command(app)

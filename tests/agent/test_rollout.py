@@ -453,7 +453,6 @@ def test_a_failure_rate_under_the_threshold_passes(tiny_model, tmp_path):
 
 
 def test_the_threshold_is_declared_once():
-    from marscli import options
-    from marscli.agent.tool_health import MAX_TOOL_FAILURE_RATE
+    from marscli.agent.generation import MAX_TOOL_FAILURE_RATE, JobOptions
 
-    assert options.MAX_TOOL_FAILURE_RATE == MAX_TOOL_FAILURE_RATE
+    assert JobOptions().max_tool_failure_rate == MAX_TOOL_FAILURE_RATE

@@ -124,15 +124,15 @@ def test_generation_options_derive_the_agent_config():
 
 def test_judge_options_from_the_command_options():
     from marscli.errors import BadInput
-    from marscli.scoring.judge import JudgeOptions
+    from marscli.scoring.judge import JudgeOptions, judge_options
     from marscli.scoring.judge_config import JudgeConfig
 
     cfg = JudgeConfig(judge_timeout=5.0, judge_retries=0, judge_concurrency=3,
                       judge_cache="j.sqlite")
-    assert cfg.options() == JudgeOptions(timeout_s=5.0, attempts=1, concurrency=3,
+    assert judge_options(cfg) == JudgeOptions(timeout_s=5.0, attempts=1, concurrency=3,
                                          cache_path="j.sqlite")
     with pytest.raises(BadInput, match=r"--judge-retries: -1 is out of range"):
-        JudgeConfig(judge_retries=-1).options()
+        judge_options(JudgeConfig(judge_retries=-1))
     with pytest.raises(BadInput, match=r"--judge-concurrency: 0 is out of range"):
         JudgeOptions(concurrency=0).check()
 

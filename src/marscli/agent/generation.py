@@ -30,6 +30,8 @@ MAX_SAMPLES = 1024  # -n, --samples: trajectories per prompt
 MAX_BATCH = 4096  # --batch-size
 MAX_TURNS = 100  # --max-turns (the paper: 10)
 MAX_TOKENS = 1 << 20  # --max-turn-tokens, --max-response-tokens (the paper: 16,384)
+# A search tool failing more often than this means a broken backend (agent/tool_health.py).
+MAX_TOOL_FAILURE_RATE = 0.05
 
 
 @dataclass
@@ -204,9 +206,9 @@ class JobOptions:
         None, "Folder the rows' image paths are relative to (default: the rows' own folder).",
         metavar="DIR")
     max_tool_failure_rate: float = option(
-        0.05, "A search tool's failure rate over this fraction means a broken backend: eval "
-              "marks the benchmark and warns (also for the page fetches' or the judge's rate); "
-              "rollout exits 1, keeping its records.")
+        MAX_TOOL_FAILURE_RATE, "A search tool's failure rate over this fraction means a "
+        "broken backend: eval marks the benchmark and warns (also for the page fetches' or the "
+        "judge's rate); rollout exits 1, keeping its records.")
     force: bool = option(
         False, "Start over: remove the output, its media, sidecar and settings first (without "
                "it, a rerun resumes, and refuses other settings).")

@@ -1,8 +1,8 @@
-"""How a run's tools fared, per tool, from its trajectory records, and the threshold over which a
-tool's backend counts as broken. Shared by eval, which marks the benchmark and warns
-(`evaluation/health.py`), and rollout, which exits 1 (`agent/tally.py`): a search backend
-that keeps failing turns into observations of failures, and a policy trained on them learns the
-backend's outage, not the task.
+"""How a run's tools fared, per tool, from its trajectory records, against the threshold over
+which a tool's backend counts as broken (`--max-tool-failure-rate`, generation.py). Shared by
+eval, which marks the benchmark and warns (`evaluation/health.py`), and rollout, which exits 1
+(`agent/tally.py`): a search backend that keeps failing turns into observations of failures,
+and a policy trained on them learns the backend's outage, not the task.
 
 A call has failed when its tool segment says `"failed": true` (the record's `tool_failures`);
 `tool_health` splits them by kind (`backend_error`, `timeout` after the retries; `empty`: the
@@ -20,7 +20,6 @@ from collections.abc import Mapping
 
 from marscli.tools import FAILURE_KINDS
 
-MAX_TOOL_FAILURE_RATE = 0.05  # the default of --max-tool-failure-rate (options.py)
 BACKEND_FAILURES = ("backend_error", "timeout")
 
 

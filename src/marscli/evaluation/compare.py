@@ -33,7 +33,7 @@ from pathlib import Path
 
 import orjson
 
-from marscli.agent.tool_health import MAX_TOOL_FAILURE_RATE
+from marscli.agent.generation import MAX_TOOL_FAILURE_RATE
 from marscli.errors import BadInput
 from marscli.evaluation.health import (
     checkpoint_cells,

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from marscli.agent.tool_health import MAX_TOOL_FAILURE_RATE, tool_rates, tool_warnings
+from marscli.agent.generation import MAX_TOOL_FAILURE_RATE
 from marscli.agent.tool_health import rate as _rate
+from marscli.agent.tool_health import tool_rates, tool_warnings
 from marscli.agent.tools_config import RELEASE_TOOLS
 
 ENDPOINT_KEYS = ("text_search", "summarizer", "image_search", "judge")

@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from marscli.agent.tool_health import MAX_TOOL_FAILURE_RATE
+from marscli.agent.generation import MAX_TOOL_FAILURE_RATE
 from marscli.benchmarks.paper import reported
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.evaluation.health import group_health

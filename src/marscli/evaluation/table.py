@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import sys
 
-from marscli.agent.tool_health import MAX_TOOL_FAILURE_RATE
+from marscli.agent.generation import MAX_TOOL_FAILURE_RATE
 from marscli.evaluation.health import health_cells, health_lines
 from marscli.scoring.protocols import make_protocol
 

@@ -48,6 +48,12 @@ import orjson
 from marscli.errors import BadInput, RuntimeFailure, check_range
 from marscli.http import MAX_JSON_BYTES, MAX_RETRIES, MAX_TIMEOUT, HttpClient, HttpError
 from marscli.registry import Registry
+from marscli.scoring.judge_config import (
+    JUDGE_ATTEMPTS,
+    JUDGE_CONCURRENCY,
+    JUDGE_TIMEOUT,
+    JudgeConfig,
+)
 from marscli.secrets import REDACTED, public, redact
 
 PROMPT_VERSION = 1  # part of the cache key: a new prompt must not reuse the old prompt's verdicts
@@ -87,9 +93,9 @@ MAX_CONCURRENCY = 256  # --judge-concurrency: threads, each holding a request in
 
 @dataclass
 class JudgeOptions:
-    timeout_s: float = 60.0
-    attempts: int = 3  # in all, the first one included
-    concurrency: int = 8  # HTTP requests in flight at once
+    timeout_s: float = JUDGE_TIMEOUT
+    attempts: int = JUDGE_ATTEMPTS  # in all, the first one included
+    concurrency: int = JUDGE_CONCURRENCY  # HTTP requests in flight at once
     cache_path: str | None = None  # None: $MARSCLI_CACHE_DIR/judge.sqlite or ~/.cache/marscli
     backoff_s: float = 1.0  # first retry waits backoff_s * (1..2), then doubles
     max_tokens: int = 256  # room for a judge that thinks before its tag
@@ -100,6 +106,16 @@ class JudgeOptions:
         check_range("--judge-timeout", self.timeout_s, 0, MAX_TIMEOUT, lo_open=True)
         check_range("--judge-retries", self.attempts - 1, 0, MAX_RETRIES)
         check_range("--judge-concurrency", self.concurrency, 1, MAX_CONCURRENCY)
+
+
+def judge_options(cfg: JudgeConfig, check: bool = True) -> JudgeOptions:
+    """A command's `JudgeConfig` as `JudgeOptions`, checked (BadInput naming the option) unless
+    `check=False` (reward checks its own options first, in the order its errors always came)."""
+    opts = JudgeOptions(timeout_s=cfg.judge_timeout, attempts=cfg.judge_retries + 1,
+                        concurrency=cfg.judge_concurrency, cache_path=cfg.judge_cache)
+    if check:
+        opts.check()
+    return opts
 
 
 @dataclass

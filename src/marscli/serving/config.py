@@ -7,6 +7,9 @@ from dataclasses import dataclass
 
 from marscli.options import option
 
+MAX_REQUEST_PIXELS = 100_000_000  # one request's images (rollout's own source limit)
+MAX_INFLIGHT_PIXELS = 200_000_000  # all requests' images being decoded at once (~600 MB RGB)
+
 
 @dataclass
 class ServeConfig:
@@ -32,9 +35,10 @@ class ServeConfig:
         None, "A folder whose images and checkpoints requests may name (repeat it; default: "
               "the working folder and POLICY's parent).", metavar="DIR")
     max_request_pixels: int = option(
-        100_000_000, "Pixels of one request's images at most (413 beyond).")
+        MAX_REQUEST_PIXELS, "Pixels of one request's images at most (413 beyond).")
     max_inflight_pixels: int = option(
-        200_000_000, "Pixels being decoded at once, all requests (503 + Retry-After beyond).")
+        MAX_INFLIGHT_PIXELS,
+        "Pixels being decoded at once, all requests (503 + Retry-After beyond).")
     api_key_file: str | None = option(
         None, "A file (mode 600) holding a token: every request but GET /health must send "
               "Authorization: Bearer <token> (401 otherwise); clients read it from "

@@ -27,6 +27,8 @@ from http.server import HTTPServer
 from pathlib import Path
 from typing import Any
 
+from marscli.serving.config import MAX_INFLIGHT_PIXELS, MAX_REQUEST_PIXELS
+
 
 class HttpFailure(Exception):
     def __init__(self, code: int, reason: str, headers: dict[str, str] | None = None) -> None:
@@ -39,8 +41,6 @@ class HttpFailure(Exception):
 IDLE_S = 5.0
 BACKLOG = 1024  # the listen queue: 64 requests a shard, several shards, on fresh connections
 WORKERS = 512  # handler threads at most (each generation holds one); beyond, they queue
-MAX_REQUEST_PIXELS = 100_000_000  # one request's images (rollout's own source limit)
-MAX_INFLIGHT_PIXELS = 200_000_000  # all requests' images being decoded at once (~600 MB RGB)
 BUDGET_WAIT_S = 2.0  # how long a request waits for decoding room before its 503
 NOT_ALLOWED = "not an image this server may read"
 NOT_A_CHECKPOINT = "policy: not a checkpoint this server may load (a folder under its --allow-dir)"

@@ -51,12 +51,7 @@ from typing import Any
 
 from marscli.agent.generation import MAX_SAMPLES, GenerationOptions, JobOptions
 from marscli.agent.protocol import read_system_prompt
-from marscli.agent.runner import (
-    generate,
-    sample_settings,
-    start_over,
-)
-from marscli.agent.tool_health import MAX_TOOL_FAILURE_RATE
+from marscli.agent.runner import generate, sample_settings, start_over
 from marscli.benchmarks import format_names
 from marscli.errors import BadInput, check_range, unknown_name
 from marscli.evaluation.check import load_shard
@@ -67,7 +62,7 @@ from marscli.evaluation.modes import DIRECT_PROMPT, MODES, for_mode
 from marscli.evaluation.paths import image_cache, summary_path
 from marscli.records.provenance import stage_inputs
 from marscli.records.trackers import check_tracker, log_stats, stats_tracker
-from marscli.scoring.judge import JudgeOptions, make_judge
+from marscli.scoring.judge import JudgeOptions, judge_options, make_judge
 from marscli.scoring.judge_config import JudgeConfig
 from marscli.scoring.protocols import ScoreContext, make_protocol
 
@@ -97,8 +92,9 @@ def main(bench: str | None, output: str | None, check: bool, ev: EvalConfig,
         raise BadInput("-o: missing — name the results file, e.g. -o results.jsonl")
     if rescore:
         raise BadInput("--rescore: only with --summarize RESULTS.jsonl")
-    run_eval(bench, output, gen, **vars(ev), judge_spec=judge.judge, judge_opts=judge.options(),
-             max_unscored=judge.max_unscored, **job.stage_kwargs())
+    run_eval(bench, output, gen, **vars(ev), judge_spec=judge.judge,
+             judge_opts=judge_options(judge), max_unscored=judge.max_unscored,
+             **job.stage_kwargs())
 
 
 @stage_inputs()
@@ -108,7 +104,7 @@ def run_eval(bench: str, output: str, gen: GenerationOptions | None = None, *,
              shard: tuple[int, int] = (0, 1), benchmark: str | None = None,
              image_dir: str | None = None, max_unscored: float = 0.05,
              split: str | None = None,
-             max_tool_failure_rate: float = MAX_TOOL_FAILURE_RATE,
+             max_tool_failure_rate: float = JobOptions.max_tool_failure_rate,
              judge_opts: JudgeOptions | None = None, progress: bool = True,
              force: bool = False, track: str | None = None, **fields: Any) -> dict:
     """Generate and score the missing trajectories of BENCH (this shard) into `output`, then

@@ -19,8 +19,7 @@ from typing import Any
 
 import orjson
 
-from marscli.agent.generation import JobOptions
-from marscli.agent.tool_health import MAX_TOOL_FAILURE_RATE
+from marscli.agent.generation import MAX_TOOL_FAILURE_RATE, JobOptions
 from marscli.errors import BadInput, check_range
 from marscli.evaluation.compare import compare, find_summaries, print_table
 from marscli.evaluation.rescore import rescore_file, rescored_settings, settings_of
@@ -28,14 +27,14 @@ from marscli.evaluation.summary import fail_if_unscored, summarize, write_summar
 from marscli.evaluation.table import print_summary
 from marscli.records.provenance import stage_inputs
 from marscli.records.sidecar import write_sidecar
-from marscli.scoring.judge import JudgeOptions
+from marscli.scoring.judge import JudgeOptions, judge_options
 from marscli.scoring.judge_config import JudgeConfig
 from marscli.scoring.protocols import make_protocol
 
 
 def rescore(results: str, judge: JudgeConfig, job: JobOptions, **kw: Any) -> dict:
     """`run_summarize` with the command's judge options (`eval rescore`, `eval --summarize`)."""
-    return run_summarize(results, judge_spec=judge.judge, judge_opts=judge.options(),
+    return run_summarize(results, judge_spec=judge.judge, judge_opts=judge_options(judge),
                          max_unscored=judge.max_unscored,
                          max_tool_failure_rate=job.max_tool_failure_rate, **kw)
 

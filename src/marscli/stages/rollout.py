@@ -49,7 +49,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from marscli.agent.generation import MAX_SAMPLES, GenerationOptions
+from marscli.agent.generation import MAX_SAMPLES, MAX_TOOL_FAILURE_RATE, GenerationOptions
 from marscli.agent.protocol import read_system_prompt
 from marscli.agent.runner import (
     check_images,
@@ -59,7 +59,6 @@ from marscli.agent.runner import (
     start_over,
 )
 from marscli.agent.tally import TALLIED, fail_if_tools_broken, tally
-from marscli.agent.tool_health import MAX_TOOL_FAILURE_RATE
 from marscli.errors import RuntimeFailure, check_range
 from marscli.records.jsonl import iter_rows
 from marscli.records.provenance import stage_inputs
