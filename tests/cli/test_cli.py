@@ -67,7 +67,8 @@ def test_every_config_field_is_an_option():
     """A command's config is built from its options by field name: a field of a config that a
     command names, without an option of its name, would silently keep its default."""
     from marscli import cli
-    from marscli.agent.generation import EngineOptions, GenerationOptions, JobOptions
+    from marscli.agent.generation import GenerationOptions, JobOptions
+    from marscli.engines import EngineOptions
     from marscli.train.config import SftConfig, UpdateConfig
 
     def names(cls) -> set[str]:

@@ -107,7 +107,8 @@ def test_an_old_spelling_is_accepted_and_both_at_once_are_refused():
 def test_every_field_of_a_commands_config_is_an_option_or_named_otherwise():
     """A config field without option metadata never reaches the command line: each such field
     must be one the stages fill themselves (listed here), or it would keep its default."""
-    from marscli.agent.generation import EngineOptions, GenerationOptions, JobOptions
+    from marscli.agent.generation import GenerationOptions, JobOptions
+    from marscli.engines import EngineOptions
     from marscli.evaluation.config import EvalConfig
     from marscli.qwen.tiny_config import TinyConfig
     from marscli.rl.config import AdvantagesConfig

@@ -3,10 +3,10 @@
 The three commands share these options (declared once here, `options.option`); each changes
 only what it must (eval and ask are greedy; ask runs one trajectory). `check()` validates them
 before anything is read or loaded: the ranges here, the engine's own rules in the engine
-(`engines.check_engine`), which also refuses an option (`EngineOptions`) the engine does not
-take. Their `asdict` is the stage's sidecar config, so a run records exactly the options that
-produced it. `JobOptions` are what a rollout or eval job reads and writes besides. Light: the
-CLI imports this for `--help`.
+(`engines.check_engine`), which also refuses an option (`engines.EngineOptions`) the engine
+does not take. Their `asdict` is the stage's sidecar config, so a run records exactly the
+options that produced it. `JobOptions` are what a rollout or eval job reads and writes
+besides. Light: the CLI imports this for `--help`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from marscli.configs import from_names
-from marscli.engines import ENGINES, SamplingParams, check_engine, split_engine
+from marscli.engines import ENGINES, EngineOptions, SamplingParams, check_engine, split_engine
 from marscli.errors import BadInput, check_range
 from marscli.options import option, options_of
 from marscli.records.provenance import note_inputs
@@ -32,27 +32,6 @@ MAX_TURNS = 100  # --max-turns (the paper: 10)
 MAX_TOKENS = 1 << 20  # --max-turn-tokens, --max-response-tokens (the paper: 16,384)
 # A search tool failing more often than this means a broken backend (agent/tool_health.py).
 MAX_TOOL_FAILURE_RATE = 0.05
-
-
-@dataclass
-class EngineOptions:
-    """The engines' own options: each engine takes those in its `options` (None: not given)."""
-
-    base_url: str | None = option(
-        help="openai: the server's base URL, e.g. http://127.0.0.1:8000/v1.", metavar="URL")
-    model: str | None = option(help="openai: the served model's name.")
-    api_key_env: str | None = option(
-        help="openai: environment variable holding the API key (default OPENAI_API_KEY).",
-        metavar="VAR")
-    tokenize_with: str | None = option(
-        help="openai: processor checkpoint for token-exact segments (without it, segments "
-             "carry text only).", metavar="CKPT")
-    timeout: float | None = option(help="openai, server: seconds per request (default 300, 600).")
-    retries: int | None = option(
-        help="openai, server: retries after a failed request (default 3, 8).")
-    concurrency: int | None = option(help="openai, server: requests in flight (default 8, 64).")
-    tensor_parallel: int | None = option(
-        help="vllm: GPUs per model (tensor parallelism).")
 
 
 @dataclass
@@ -75,7 +54,7 @@ class GenerationOptions:
     # limits
     max_turns: int | None = option(
         10, "Assistant turns at most (eval: 10 with --mode agent, 1 with direct).")
-    max_turn_tokens: int = option(2_048, "Tokens per reply at most.")
+    max_turn_tokens: int = option(2_048, "Tokens per reply at most.", aliases=("--max-new-tokens",))
     max_response_tokens: int = option(16_384, "Model + tool tokens after the prompt, at most.")
     max_prompt_tokens: int | None = option(
         None, "Refuse a row whose first prompt (system, question, images) is longer than this "

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from marscli.errors import BadInput, RuntimeFailure
+from marscli.options import option
 from marscli.registry import Registry
 
 # What an engine's log-probs are of. `raw` is the quantity `update` recomputes as π_old, so raw
@@ -40,6 +41,28 @@ LOGPROBS_MODES = {
     "processed": "log-softmax after temperature, top-k/top-p, suppressed tokens and penalties: "
                  "the distribution sampled from",
 }
+
+
+@dataclass
+class EngineOptions:
+    """The engines' own options, as `--base-url` ... on the command line: each engine takes those
+    in its `options` (None: not given); `GenerationOptions.engine_opts` gathers them."""
+
+    base_url: str | None = option(
+        help="openai: the server's base URL, e.g. http://127.0.0.1:8000/v1.", metavar="URL")
+    model: str | None = option(help="openai: the served model's name.")
+    api_key_env: str | None = option(
+        help="openai: environment variable holding the API key (default OPENAI_API_KEY).",
+        metavar="VAR")
+    tokenize_with: str | None = option(
+        help="openai: processor checkpoint for token-exact segments (without it, segments "
+             "carry text only).", metavar="CKPT")
+    timeout: float | None = option(help="openai, server: seconds per request (default 300, 600).")
+    retries: int | None = option(
+        help="openai, server: retries after a failed request (default 3, 8).")
+    concurrency: int | None = option(help="openai, server: requests in flight (default 8, 64).")
+    tensor_parallel: int | None = option(
+        help="vllm: GPUs per model (tensor parallelism).")
 
 
 @dataclass
