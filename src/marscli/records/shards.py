@@ -2,7 +2,7 @@
 ids whose stable hash is i, so the N shards of a Slurm array together give exactly the ids of
 one run, whatever the row order); and, before `marscli merge` joins them, which
 files are shards and which their companions, whether each is finished, and whether what made
-each (`Made`: its sidecar and settings file, read by stages/merge.py) says they are the shards
+each (`made_of`: its sidecar and settings file) says they are the shards
 of one job, each once (stages/merge.py's docstring says the rules)."""
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from marscli.errors import BadInput, RuntimeFailure
 from marscli.records.locks import live_writer
@@ -183,3 +185,33 @@ def agreed(made: list[Made]) -> dict:
     settings = first["settings"]
     return {"of_stage": first["stage"], "shard_count": first["shard"] and first["shard"][1],
             "settings": settings and {k: v for k, v in settings.items() if k not in PER_SHARD}}
+
+
+def _json_dict(path: str, key: str | None = None) -> dict | None:
+    """The object in a JSON file (or its `key`), None when absent or not one: a shard's files
+    that say nothing are compared on nothing (hand-made shards, an older marscli)."""
+    try:
+        data = orjson.loads(Path(path).read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    if key is not None:
+        data = data.get(key) if isinstance(data, dict) else None
+    return data if isinstance(data, dict) and data else None
+
+
+def made_of(path: str) -> Made:
+    """`Made` from `PATH.meta.json` (absent for an unfinished shard) and `PATH.settings.json`
+    (rollout and eval write it before their first record)."""
+    meta = _json_dict(f"{path}.meta.json") or {}
+    settings = _json_dict(f"{path}.settings.json", "settings")
+    spec = (settings or {}).get("shard") or (meta.get("config") or {}).get("shard")
+    try:
+        shard = parse_shard(spec) if isinstance(spec, str) else None
+    except BadInput:
+        shard = None
+    inputs = meta.get("inputs")
+    stage = meta.get("stage") if isinstance(meta.get("stage"), str) else None
+    if stage is None and settings is not None:  # unfinished: its settings tell (eval's: mode)
+        stage = "eval" if "mode" in settings else "rollout" if "n" in settings else None
+    return Made(path, stage, inputs if isinstance(inputs, dict) and inputs else None, settings,
+                shard)

@@ -33,54 +33,20 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import orjson
-
 from marscli.errors import BadInput
 from marscli.records.jsonl import get_field, iter_rows
 from marscli.records.outputs import AtomicJsonl
 from marscli.records.provenance import current_inputs, stage_inputs
 from marscli.records.shards import (
-    Made,
     agree,
     agreed,
     is_companion,
+    made_of,
     missing_shards,
     same_file,
     unfinished,
 )
 from marscli.records.sidecar import write_sidecar
-
-
-def _json_dict(path: str, key: str | None = None) -> dict | None:
-    """The object in a JSON file (or its `key`), None when absent or not one: a shard's files
-    that say nothing are compared on nothing (hand-made shards, an older marscli)."""
-    try:
-        data = orjson.loads(Path(path).read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None
-    if key is not None:
-        data = data.get(key) if isinstance(data, dict) else None
-    return data if isinstance(data, dict) and data else None
-
-
-def made_of(path: str) -> Made:
-    """`Made` from `PATH.meta.json` (absent for an unfinished shard) and `PATH.settings.json`
-    (rollout and eval write it before their first record)."""
-    from marscli.records.shards import parse_shard
-
-    meta = _json_dict(f"{path}.meta.json") or {}
-    settings = _json_dict(f"{path}.settings.json", "settings")
-    spec = (settings or {}).get("shard") or (meta.get("config") or {}).get("shard")
-    try:
-        shard = parse_shard(spec) if isinstance(spec, str) else None
-    except BadInput:
-        shard = None
-    inputs = meta.get("inputs")
-    stage = meta.get("stage") if isinstance(meta.get("stage"), str) else None
-    if stage is None and settings is not None:  # unfinished: its settings tell (eval's: mode)
-        stage = "eval" if "mode" in settings else "rollout" if "n" in settings else None
-    return Made(path, stage, inputs if isinstance(inputs, dict) and inputs else None, settings,
-                shard)
 
 
 @stage_inputs()

@@ -22,6 +22,7 @@ from marscli.train.job import Job, MetricsWriter, Minibatch
 from marscli.train.sft_resume import partial_dir, read_partial, restore, save_partial
 
 if TYPE_CHECKING:
+    from marscli.train.config import SftConfig
     from marscli.train.optim import OptimConfig
     from marscli.train.trainer import LossFn, TrainModel
 
@@ -69,14 +70,14 @@ def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
     return order
 
 
-def schedule_of(n_examples: int, cfg: Any) -> tuple[int, int, int]:
+def schedule_of(n_examples: int, cfg: SftConfig) -> tuple[int, int, int]:
     """(steps per epoch, total steps, warm-up steps)."""
     per_epoch = math.ceil(n_examples / cfg.batch_size)
     total = per_epoch * cfg.epochs
     return per_epoch, total, math.ceil(total * cfg.warmup_ratio)
 
 
-def train(job: Job, policy, cfg, processor, spec, examples, bad, fp) -> dict:
+def train(job: Job, policy, cfg: SftConfig, processor, spec, examples, bad, fp) -> dict:
     d, ds_cfg, out = job.dist, job.ds_cfg, job.out
     if ds_cfg is not None:
         fp = {**fp, "world": d.world}
@@ -125,7 +126,7 @@ def train(job: Job, policy, cfg, processor, spec, examples, bad, fp) -> dict:
     return stats
 
 
-def _run_epoch(job: Job, model: TrainModel, writer: MetricsWriter, cfg: Any, spec: Spec,
+def _run_epoch(job: Job, model: TrainModel, writer: MetricsWriter, cfg: SftConfig, spec: Spec,
                examples: list[Example], optim: OptimConfig, epoch: int, step: int, total: int,
                history: list[dict], summary: dict) -> tuple[int, dict]:
     """The steps of one epoch, each row reported and appended to `history`; returns the step
@@ -143,7 +144,7 @@ def _run_epoch(job: Job, model: TrainModel, writer: MetricsWriter, cfg: Any, spe
     return step, summary
 
 
-def _run_stats(job: Job, cfg: Any, examples: list[Example], bad: list[str], kinds: Counter,
+def _run_stats(job: Job, cfg: SftConfig, examples: list[Example], bad: list[str], kinds: Counter,
                step: int, done: int, history: list[dict], summary: dict) -> dict:
     """The run's statistics for the sidecar: rows read and skipped, tokens, each epoch's loss
     (resumed epochs' from the history read back) and the last step."""

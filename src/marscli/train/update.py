@@ -16,6 +16,7 @@ from marscli.train.batch import Example, Spec, collate, load_example
 from marscli.train.job import Job, Minibatch, Reduce
 
 if TYPE_CHECKING:
+    from marscli.train.config import UpdateConfig
     from marscli.train.trainer import LossFn
 
 
@@ -65,7 +66,8 @@ def _check_engine_logprobs(row: dict, path: str, line: int) -> None:
                            "on every model token; use --old-logp recompute")
 
 
-def train(job: Job, policy, ref, cfg, agg, loss, processor, spec, examples, masked) -> dict:
+def train(job: Job, policy, ref, cfg: UpdateConfig, agg, loss, processor, spec, examples,
+          masked) -> dict:
     from marscli.rl import rollout_correction as rc
     from marscli.train.optim import lr_at
     from marscli.train.trainstate import read_state
@@ -141,7 +143,7 @@ def score_all(model, plans, spec, d) -> dict:
     return out
 
 
-def old_logps(model, plans, spec, d, cfg: Any, examples: list[Example]
+def old_logps(model, plans, spec, d, cfg: UpdateConfig, examples: list[Example]
               ) -> tuple[dict, dict]:
     """π_old [T] by `Example.index` (stages/update.py's docstring, point 3) as
     `{"old_logp": ...}`, plus `"rollout_is_w"` [T] when a correction mode is on; and the rollout
@@ -174,7 +176,7 @@ def old_logps(model, plans, spec, d, cfg: Any, examples: list[Example]
 SUMMED = ("loss", "pg_loss", "kl", "clip_frac", "approx_kl", "ratio_mean")
 
 
-def train_step(job: Job, model, mb: Minibatch, spec: Spec, cfg: Any, agg: str, loss_fn,
+def train_step(job: Job, model, mb: Minibatch, spec: Spec, cfg: UpdateConfig, agg: str, loss_fn,
                lr: float, logps: dict, rollout: dict) -> tuple[dict, dict]:
     """One optimiser step over a minibatch; returns its metrics (all ranks reduced) and the
     totals of its rollout metrics (rollout_correction.merge)."""
@@ -192,7 +194,7 @@ def train_step(job: Job, model, mb: Minibatch, spec: Spec, cfg: Any, agg: str, l
     return row, totals
 
 
-def _policy_loss(mb: Minibatch, cfg: Any, agg: str, loss_fn) -> LossFn:
+def _policy_loss(mb: Minibatch, cfg: UpdateConfig, agg: str, loss_fn) -> LossFn:
     """The loss closure: the policy loss (plus the KL penalty) of a micro-batch, weighted by
     its share of the minibatch (losses.micro_weight), and its metrics weighted alike."""
     from marscli.rl.losses import add_kl, micro_weight
