@@ -37,7 +37,7 @@ def test_test_modules_never_import_each_other():
 LAYERS = ("base", "records", "qwen", "search", "tools", "engines", "agent", "benchmarks", "scoring",
           "rl", "train", "evaluation", "serving", "view", "toy", "stages", "cli")
 TOP_LEVEL = {"__init__": "base", "errors": "base", "secrets": "base", "registry": "base",
-             "http": "base", "configs": "base", "cli": "cli", "options": "base",
+             "http": "base", "configs": "base", "cli": "cli", "app": "cli", "options": "base",
              "__main__": "cli"}
 PACKAGE = ROOT / "src" / "marscli"
 

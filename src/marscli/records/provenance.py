@@ -7,7 +7,7 @@
   is written. An input opened while it is being written (`merge OUT ... OUT`) is refused the
   same way. Inputs read another way (a corpus the indexer reads, images, a checkpoint folder,
   a system prompt) are remembered with `note_inputs`, by each stage before its first output.
-- `stage_inputs()` gives each stage its own memory: `with stage_inputs():` (cli.guard, around
+- `stage_inputs()` gives each stage its own memory: `with stage_inputs():` (app.guard, around
   every command) or `@stage_inputs()` on a stage's run function, so that a Python caller of a
   stage is protected as a command is, and two stages never see each other's inputs. A scope
   opened inside another is the same scope (a command calling a stage function is one stage).
