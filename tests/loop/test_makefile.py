@@ -636,6 +636,7 @@ def test_the_committed_tiny_vlm_is_what_make_tiny_vlm_builds(tmp_path):
     zooms = [ln for ln in lines if f"sft {x}/zoom.jsonl " in ln]
     assert [ln.split("--policy ")[1].split()[0] for ln in zooms] == [f"{run}-6", f"{run}-7"]
     cfg = meta["config"]
+    cfg.setdefault("lr_schedule", cfg.get("schedule"))  # sft's field before --lr-schedule
     assert (cfg["epochs"], cfg["lr"], cfg["batch_size"], cfg["lr_schedule"], cfg["seed"]) == (
         int(opt["epochs"]), float(opt["lr"]), int(opt["batch_size"]), opt["lr_schedule"],
         int(opt["seed"]))
