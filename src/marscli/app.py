@@ -112,13 +112,15 @@ def command(group: typer.Typer, name: str | None = None, callback: bool = False)
     `guard()`; `callback`: the group's own command (`eval BENCH`)."""
 
     def register(func: Any) -> Any:
-        @functools.wraps(func)
+        configured_func = configured(func)
+
+        @functools.wraps(configured_func)  # its signature: the configs' options
         def guarded(**kw: Any) -> Any:
-            with guard():
-                return func(**kw)
+            with guard():  # building the configs too (an old spelling beside the new one)
+                return configured_func(**kw)
 
         if callback:
-            return group.callback(invoke_without_command=True)(configured(guarded))
-        return group.command(name)(configured(guarded))
+            return group.callback(invoke_without_command=True)(guarded)
+        return group.command(name)(guarded)
 
     return register
