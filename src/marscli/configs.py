@@ -1,9 +1,8 @@
 """Configurations are dataclasses, built by field name.
 
-A command's parameters are named after the fields of its stage's config, so one helper builds
-any config from a command's `locals()` (`from_names(UpdateConfig, locals())`), and derives one
-config from another where they share names (`GenerationOptions` → `SamplingParams`). Nothing is
-copied field by field, so a new option is a new field and a new parameter of the same name.
+One config is derived from another where they share names (`GenerationOptions` →
+`SamplingParams`, `PlanConfig` → `memory.Options`), so nothing is copied field by field. (A
+command builds its configs from their options: options.py.)
 """
 
 from __future__ import annotations

@@ -107,12 +107,14 @@ def _typer_param(name: str, tp: Any, spec: Spec, default: Any,
                              annotation=Annotated[tp, info], default=default)
 
 
-def _alias_params(name: str, tp: Any, spec: Spec) -> list[inspect.Parameter]:
+def _alias_param(name: str, tp: Any, old: str) -> inspect.Parameter:
+    """A hidden option for an old spelling of `--name`."""
     import typer
 
-    return [inspect.Parameter(f"{name}__alias{i}", inspect.Parameter.KEYWORD_ONLY,
-                              annotation=Annotated[tp | None, typer.Option(a, hidden=True)],
-                              default=None) for i, a in enumerate(spec.aliases)]
+    return inspect.Parameter(f"{name}__{old.lstrip('-').replace('-', '_')}",
+                             inspect.Parameter.KEYWORD_ONLY,
+                             annotation=Annotated[tp | None, typer.Option(old, hidden=True)],
+                             default=None)
 
 
 @dataclass
@@ -142,9 +144,9 @@ def _expand(cls: type, u: Use, seen: dict[str, Any], params: list[inspect.Parame
         seen[f.name] = default = _default(f, u)
         spec = f.metadata[OPTION]
         params.append(_typer_param(f.name, tp, spec, default, u.help.get(f.name)))
-        for p in _alias_params(f.name, tp, spec):
-            params.append(p)
-            aliases[p.name] = (f.name, spec.aliases[int(p.name.rsplit("alias", 1)[1])])
+        for old in spec.aliases:
+            params.append(p := _alias_param(f.name, tp, old))
+            aliases[p.name] = (f.name, old)
     return group
 
 
