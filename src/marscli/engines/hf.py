@@ -9,17 +9,15 @@ trainer recomputes (`logprobs_mode = "raw"`): the log-softmax of `generate`'s
 vision placeholders. They are the sampling distribution's only at temperature 1 without
 top-k/top-p (placeholders aside, which the model gives ~0 mass once trained).
 
-Sampling is per row: each request draws from its own `torch.Generator`, seeded from
-(`--seed`, trajectory id, turn) (`engines.request_seed`), so a trajectory samples the same
-tokens whatever shares its batch (a resumed run, a shard, an uninterrupted run). `generate`
-has one global RNG per batch, so the sampling happens in a last logits processor
-(`RowSampler`): after the suppression of placeholders it applies temperature, top-k and top-p
-(transformers' own warpers, in generate's order), draws each row's token and hands back a
-one-hot mask that greedy decoding (`do_sample=False`) picks; the checkpoint's own
-generation_config sampling settings (a release's top_k=20, say) are therefore never applied
-behind marscli's back. Different batch padding changes the logits in their last bits (raw
-log-probs by ≤ 1e-6), and so could, rarely, flip a draw: measured on the tiny model, 0 of 96
-rows (4,591 draws) changed between one batch of 32 and shuffled batches of 5.
+Sampling is per row and batch-invariant: each request's token at step t is drawn with one
+uniform hashed from its seed (`--seed`, trajectory id, turn: `engines.request_seed`) and t
+(`engines.sampling`), so a trajectory samples the same tokens whatever shares its batch (a
+resumed run, a shard, an uninterrupted run). `generate` has one global RNG per batch, so the
+sampling happens in a last logits processor (`sampling.RowSampler`) whose one-hot mask greedy
+decoding (`do_sample=False`) picks; the checkpoint's own generation_config sampling settings
+(a release's top_k=20, say) are therefore never applied behind marscli's back. Different batch
+padding changes the logits in their last bits (raw log-probs by ≤ 1e-6), and so could, rarely,
+flip a draw (tests/engines/test_sampling.py measures it).
 
 Streaming (`streams = True`): `generate(..., on_tokens=f)` calls `f(i, ids)` with each new
 token of request i as it is generated — the ids its Generation will hold, in order, nothing
@@ -40,6 +38,7 @@ from marscli.engines import (
     request_seeds,
     resolve_device,
 )
+from marscli.engines.sampling import RowSampler
 from marscli.qwen.policy import check_checkpoint, load_model, load_processor
 from marscli.qwen.tokens import expand, never_sampled, special_ids
 
@@ -111,22 +110,28 @@ class HFEngine:
         import torch
         from transformers import LogitsProcessorList
 
+        from marscli.engines.kv_cache import preallocated_cache
+
         inputs = self._batch_inputs(requests)
-        max_new = max(r.max_new_tokens or params.max_new_tokens for r in requests)
+        width = inputs["input_ids"].shape[1]
         caps = [r.max_new_tokens or params.max_new_tokens for r in requests]
+        max_new = max(caps)
         seeds = self._seeds(requests, params)
         procs: list[Any] = [FiniteLogits(self.policy)]  # first: before any draw
         if params.temperature > 0:
-            procs.append(RowSampler(seeds, params, inputs["input_ids"].device))
+            procs.append(RowSampler(seeds, params, width))
         streamer = None if on_tokens is None else RowStreamer(on_tokens, caps, self.ids.im_end)
+        # the call's longest sequence, allocated once (engines/kv_cache.py)
+        cache = preallocated_cache(self.model.config.get_text_config().num_hidden_layers,
+                                   width + max_new)
         with torch.no_grad():
             res = self.model.generate(
                 **inputs, max_new_tokens=max_new, do_sample=False, temperature=None,
                 top_p=None, top_k=None, logits_processor=LogitsProcessorList(procs),
                 suppress_tokens=self.banned, eos_token_id=self.ids.im_end,
                 pad_token_id=self.ids.pad, output_logits=True, return_dict_in_generate=True,
-                streamer=streamer)
-        new = res.sequences[:, inputs["input_ids"].shape[1]:]  # [B, T_new]
+                streamer=streamer, past_key_values=cache)
+        new = res.sequences[:, width:]  # [B, T_new]
         logits = torch.stack(res.logits, dim=1).float()  # [B, T_new, V], raw (unprocessed)
         logp = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
         gens = []
@@ -147,7 +152,7 @@ def _offset(f: Callable[[int, list[int]], None], start: int) -> Callable[[int, l
 
 class FiniteLogits:
     """A logits processor that refuses logits of nan or +inf (a diverged checkpoint) in one
-    line (RuntimeFailure, exit 1) naming the checkpoint, before the sampler's multinomial or
+    line (RuntimeFailure, exit 1) naming the checkpoint, before the sampler or
     greedy's argmax meets them. -inf is allowed: the suppressed placeholders hold it."""
 
     def __init__(self, policy: str) -> None:
@@ -161,38 +166,6 @@ class FiniteLogits:
                                  "(nan or inf) — its weights diverged (an update at too high "
                                  "--lr?); sample from an earlier checkpoint")
         return scores
-
-
-class RowSampler:
-    """The last logits processor: samples each row with its own generator (module docstring).
-
-    Called with the scores after generate's own processors (the suppression of vision
-    placeholders); returns 0 at each row's draw and -inf elsewhere, which greedy decoding
-    picks. The raw logits that `output_logits` records are untouched."""
-
-    def __init__(self, seeds: list[int], params: SamplingParams, device: Any) -> None:
-        import torch
-        from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
-
-        self.generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
-        self.warpers: list[Any] = []  # generate's sampling order: temperature, top-k, top-p
-        if params.temperature != 1.0:
-            self.warpers.append(TemperatureLogitsWarper(params.temperature))
-        if params.top_k:
-            self.warpers.append(TopKLogitsWarper(top_k=params.top_k))
-        if params.top_p < 1.0:
-            self.warpers.append(TopPLogitsWarper(top_p=params.top_p))
-
-    def __call__(self, input_ids: Any, scores: Any) -> Any:
-        import torch
-
-        for w in self.warpers:
-            scores = w(input_ids, scores)
-        probs = torch.softmax(scores, dim=-1)  # [B, V]
-        picks = torch.cat([torch.multinomial(probs[b], 1, generator=g)  # [B]
-                           for b, g in enumerate(self.generators)])
-        out = torch.full_like(scores, float("-inf"))
-        return out.scatter_(1, picks[:, None], 0.0)
 
 
 class RowStreamer:
