@@ -13,6 +13,7 @@ RESULT.pt, [chunk index][name] → tensor.
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from pathlib import Path
@@ -84,6 +85,12 @@ def main(argv: list[str]) -> None:
     if d.main:
         Path(result).write_text(json.dumps({"runs": runs}))
         torch.save(deltas, Path(result).with_suffix(".pt"))
+    # as job.py's exit does: the released engines' cycles (ZeRO-3 parameters, Gloo work) freed
+    # while the group is up, and no rank tearing its groups down while another still works
+    # (left to interpreter exit, a rank sometimes aborted: "terminate called without an
+    # active exception")
+    gc.collect()
+    torch.distributed.barrier()
     close_distributed(d)
 
 

@@ -117,7 +117,15 @@ def close_distributed(d: Dist) -> None:
     import torch
 
     if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+        # DeepSpeed's own destroy also drops its references to the groups it made (its world
+        # group is a separate Gloo group from `new_group`, with its own worker threads); with
+        # torch's alone, that group lived on into interpreter exit, where a rank sometimes
+        # aborted ("terminate called without an active exception") after its work was done.
+        ds_comm = sys.modules.get("deepspeed.comm.comm")
+        if ds_comm is not None and ds_comm.cdb is not None:
+            ds_comm.destroy_process_group()
+        else:
+            torch.distributed.destroy_process_group()
 
 
 def all_reduce(values: Sequence[float], d: Dist, op: str = "sum") -> list[float]:
