@@ -17,7 +17,7 @@ sampling happens in a last logits processor (`sampling.RowSampler`) whose one-ho
 decoding (`do_sample=False`) picks; the checkpoint's own generation_config sampling settings
 (a release's top_k=20, say) are therefore never applied behind marscli's back. Different batch
 padding changes the logits in their last bits (raw log-probs by ≤ 1e-6), and so could, rarely,
-flip a draw (tests/engines/test_sampling.py measures it).
+flip a draw (tests/engines/test_sampling.py checks rows alone against a batch of 32).
 
 Streaming (`streams = True`): `generate(..., on_tokens=f)` calls `f(i, ids)` with each new
 token of request i as it is generated — the ids its Generation will hold, in order, nothing
