@@ -152,3 +152,17 @@ def test_the_preallocated_cache_changes_no_token_and_no_logprob(demo_base, monke
     diff = max(abs(a - b) for g, h in zip(ours, theirs) for a, b in zip(g.logprobs, h.logprobs))
     assert diff <= 1e-5
     assert sum(len(g.tokens) for g in ours) > 40, "enough tokens to compare"
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_nan_or_a_positive_inf_anywhere_in_the_batch_is_refused(bad):
+    from marscli.engines.hf import FiniteLogits
+    from marscli.errors import RuntimeFailure
+
+    check = FiniteLogits("ckpt-3")
+    scores = torch.zeros(4, 10)
+    scores[:, 2] = float("-inf")  # suppressed placeholders: allowed
+    assert check(None, scores) is scores
+    scores[3, 7] = bad
+    with pytest.raises(RuntimeFailure, match="ckpt-3: the model's logits are not finite"):
+        check(None, scores)

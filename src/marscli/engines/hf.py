@@ -132,8 +132,9 @@ class HFEngine:
                 pad_token_id=self.ids.pad, output_logits=True, return_dict_in_generate=True,
                 streamer=streamer, past_key_values=cache)
         new = res.sequences[:, width:]  # [B, T_new]
-        logits = torch.stack(res.logits, dim=1).float()  # [B, T_new, V], raw (unprocessed)
-        logp = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        # a step at a time: stacking the raw logits first would copy [B, T_new, V] twice more
+        logp = torch.stack([torch.log_softmax(step.float(), dim=-1).gather(1, new[:, t, None])
+                            for t, step in enumerate(res.logits)], dim=1).squeeze(-1)
         gens = []
         for b, cap in enumerate(caps):
             toks, lps = new[b].tolist(), logp[b].tolist()
@@ -159,7 +160,8 @@ class FiniteLogits:
         self.policy = policy
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
-        if bool((scores.isnan() | scores.isposinf()).any()):
+        top = scores.amax(-1)  # nan where a row holds one, else +inf where a row holds one
+        if bool((top.isnan() | top.isposinf()).any()):
             from marscli.errors import RuntimeFailure
 
             raise RuntimeFailure(f"--policy: {self.policy}: the model's logits are not finite "

@@ -42,7 +42,7 @@ def inverse_cdf(weights: Any, uniforms: Any) -> Any:
     same cumulative weight, which is the index itself for every token of positive weight."""
     import torch
 
-    cdf = weights.double().cumsum_(-1)  # [B, V]
+    cdf = torch.cumsum(weights, -1, dtype=torch.float64)  # [B, V]
     target = (uniforms.to(cdf.device) * cdf[:, -1])[:, None]  # [B, 1]
     idx = torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.shape[-1] - 1)
     return torch.searchsorted(cdf, cdf.gather(1, idx)).squeeze(1)
@@ -77,7 +77,8 @@ class RowSampler:
             scores = w(input_ids, scores)
         step = input_ids.shape[1] - self.prompt_width
         uniforms = torch.tensor([row_uniform(s, step) for s in self.seeds], dtype=torch.float64)
-        weights = torch.exp(scores.float() - scores.amax(-1, keepdim=True).float())
+        scores = scores.float()
+        weights = torch.sub(scores, scores.amax(-1, keepdim=True)).exp_()
         picks = inverse_cdf(weights, uniforms)
         out = torch.full_like(scores, float("-inf"))
         return out.scatter_(1, picks[:, None], 0.0)
