@@ -61,7 +61,7 @@ def bench_stage(run: Path) -> None:
     print(f"startup: rollout of 1 prompt x 1 token {start:.2f} s (median of 3) | one "
           f"{RECIPE} iteration {iteration:.1f} s")
     print(f"startup: stage_startup_s={start:.2f} iteration_s={iteration:.1f} "
-          f"stage_startup_ratio={start / iteration:.2f} (goal: at most 0.20)")
+          f"stage_startup_ratio={start / iteration:.3f} (goal: at most 0.20)")
 
 
 def main() -> None:

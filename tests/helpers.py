@@ -74,6 +74,13 @@ class Stopped(NamedTuple):
     stderr: str
 
 
+def _default_sigint() -> None:
+    """A test run started in the background by a non-interactive shell (`nohup ... &`, a CI
+    runner's job) has SIGINT ignored, its children inherit that, and Python then leaves it
+    ignored: Ctrl-C's test would send a signal nothing hears. The child gets the default."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def signal_after_first_record(args: list[str], out: Path, sig: int, timeout: float = 120,
                               stop_s: float = 60) -> Stopped:
     """Start `marscli ARGS`, send it `sig` once OUT holds a complete line and wait for it to
@@ -83,7 +90,7 @@ def signal_after_first_record(args: list[str], out: Path, sig: int, timeout: flo
 
     with tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen([*MARSCLI, *args], stdout=subprocess.DEVNULL, stderr=err,
-                                env=ENV)
+                                env=ENV, preexec_fn=_default_sigint)
         deadline = time.monotonic() + timeout
         while not (out.exists() and b"\n" in out.read_bytes()):
             assert proc.poll() is None, f"marscli {args[0]} ended before it could be signalled"
