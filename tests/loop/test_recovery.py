@@ -278,9 +278,8 @@ def test_eval_survives_kill_9(zygote, tiny_model, tmp_path):
 
 
 def hf_rollout(prompts: Path, policy: Path, out: Path) -> list[str]:
-    """A real model (the hf engine on the tiny model), one trajectory at a time: a record
-    every fraction of a second (16 tokens each: a faster engine must not finish all 24 before
-    the signal lands), so that a signal lands mid-run."""
+    """A real model (the hf engine on the tiny model), one trajectory at a time of 16 tokens:
+    a record every fraction of a second, so that a signal lands mid-run."""
     return ["rollout", str(prompts), "-o", str(out), "--policy", str(policy), "--engine", "hf",
             "--device", "cpu", "-n", "2", "--batch-size", "1", "--max-turns", "1",
             "--max-turn-tokens", "16", "--seed", "3"]
