@@ -133,8 +133,8 @@ class HFEngine:
                 streamer=streamer, past_key_values=cache)
         new = res.sequences[:, width:]  # [B, T_new]
         # a step at a time: stacking the raw logits first would copy [B, T_new, V] twice more
-        logp = torch.stack([torch.log_softmax(step.float(), dim=-1).gather(1, new[:, t, None])
-                            for t, step in enumerate(res.logits)], dim=1).squeeze(-1)
+        logp = torch.cat([torch.log_softmax(step.float(), dim=-1).gather(1, new[:, t, None])
+                          for t, step in enumerate(res.logits)], dim=1)  # [B, T_new]
         gens = []
         for b, cap in enumerate(caps):
             toks, lps = new[b].tolist(), logp[b].tolist()
